@@ -19,7 +19,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 V=.venv/bin/python
 # pip warns about every absent local index entry on this machine; keep real errors only.
-pipq() { $V -m pip install -q "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true; }
+pipq() {
+  local out rc=0
+  out=$($V -m pip install -q "$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -v -e "is ignored: it is neither a file nor a directory" -e '^$' >&2 || true
+  return $rc
+}
 
 $V -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null \
   || pipq "torch==2.13.0"
