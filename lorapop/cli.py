@@ -14,12 +14,71 @@ def _cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def resolve_config_path(name: str) -> str:
+    """A YAML path, or the name of a shipped config (``cpu_demo``, ``single``, ``4T+4S`` ...)."""
+    from pathlib import Path
+
+    p = Path(name)
+    if p.is_file():
+        return str(p)
+    shipped = Path(__file__).parent / "configs" / f"{name.removesuffix('.yaml')}.yaml"
+    if shipped.is_file():
+        return str(shipped)
+    names = sorted(q.stem for q in (Path(__file__).parent / "configs").glob("*.yaml"))
+    raise FileNotFoundError(f"config '{name}' is neither a file nor a shipped config ({', '.join(names)})")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lorapop.configlib import ConfigError
+
+    try:
+        if args.resume:
+            from lorapop.config import load_config
+            from lorapop.train.loop import load_run_config, prepare_run_dir
+
+            run_dir = Path(args.resume)
+            if not (run_dir / "config.yaml").is_file():
+                raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+            cfg = load_run_config(run_dir, args.overrides)
+            if args.config:  # a config given beside --resume must describe the same run
+                from lorapop.train.loop import check_compatible
+                from lorapop.configlib import to_dict
+
+                check_compatible(load_config(resolve_config_path(args.config), []), to_dict(cfg))
+        else:
+            from lorapop.config import load_config
+            from lorapop.train.loop import prepare_run_dir
+
+            cfg = load_config(resolve_config_path(args.config) if args.config else None, args.overrides)
+        run_dir = prepare_run_dir(cfg, resume=bool(args.resume))
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"lorapop train: {e}", file=sys.stderr)
+        return 2
+    from lorapop.train.loop import Trainer
+
+    trainer = Trainer(cfg, run_dir, resume=bool(args.resume))
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    print(f"run finished: {run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lorapop", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     pm = sub.add_parser("prepare-model", help="resolve a base model and cache it as safetensors (embedded default)")
     pm.add_argument("model", nargs="?", default="embedded", help="'embedded', a Hugging Face id, or a local path")
     pm.set_defaults(func=_cmd_prepare_model)
+    tr = sub.add_parser("train", help="run self-play training (population or single-agent baseline)",
+                        description="lorapop train [CONFIG] [--section.key=value ...] | lorapop train --resume RUN_DIR")
+    tr.add_argument("config", nargs="?", help="YAML file or shipped config name (cpu_demo, single, 1T+1S, 4T+4S, "
+                    "8T+8S, cpu_single)")
+    tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
+    tr.set_defaults(func=_cmd_train, accepts_overrides=True)
     return p
 
 

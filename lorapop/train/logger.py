@@ -1,0 +1,134 @@
+"""Per-step logging: ``metrics.jsonl`` (one line per step, TRL-style names), TensorBoard events beside it, and a
+live progress display that degrades to plain lines when stdout is not a terminal."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class JsonlWriter:
+    """Append-only JSONL; each line is flushed and fsynced so a SIGKILL can only tear the line being written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fh: TextIO = open(path, "a")
+
+    def write(self, *records: dict[str, Any]) -> None:
+        self.fh.write("".join(json.dumps(r, default=_jsonable) + "\n" for r in records))
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+class Progress:
+    """Step, stage, valid rate, solve rates, rewards and time per stage: a rich live table on a terminal, plain
+    lines elsewhere (CI logs), nothing with mode 'none'."""
+
+    def __init__(self, mode: str, total_steps: int, stream: TextIO | None = None):
+        self.stream = stream or sys.stdout
+        if mode == "auto":
+            mode = "rich" if self.stream.isatty() else "plain"
+        self.mode = mode
+        self.total = total_steps
+        self.live = None
+        self.stage_times: dict[str, float] = {}
+        self.step = 0
+        self.stage = ""
+        self.last: dict[str, Any] = {}
+        if mode == "rich":
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=4)
+            self.live.start()
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        t = Table(title=f"lorapop  step {self.step}/{self.total}  stage: {self.stage}", expand=False)
+        t.add_column("metric")
+        t.add_column("value", justify="right")
+        for key in ("valid_rate", "format_error_rate", "student/solve_rate", "teacher/reward", "student/reward"):
+            if key in self.last:
+                t.add_row(key, f"{self.last[key]:.3f}")
+        for stage, sec in self.stage_times.items():
+            t.add_row(f"time/{stage}", f"{sec:.1f}s")
+        return t
+
+    def begin_stage(self, step: int, stage: str) -> None:
+        self.step, self.stage = step, stage
+        if self.live is not None:
+            self.live.update(self._render())
+        elif self.mode == "plain":
+            print(f"[step {step}/{self.total}] {stage} ...", file=self.stream, flush=True)
+
+    def end_step(self, step: int, metrics: dict[str, Any], stage_times: dict[str, float]) -> None:
+        self.last, self.stage_times, self.stage = metrics, stage_times, "done"
+        if self.live is not None:
+            self.live.update(self._render())
+        elif self.mode == "plain":
+            keys = ("valid_rate", "format_error_rate", "student/solve_rate", "teacher/reward", "student/reward")
+            parts = [f"{k}={metrics[k]:.3f}" for k in keys if isinstance(metrics.get(k), (int, float))]
+            times = " ".join(f"{k}={v:.1f}s" for k, v in stage_times.items())
+            print(f"[step {step}/{self.total}] {' '.join(parts)} | {times}", file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.live is not None:
+            self.live.console.print(text)
+        elif self.mode != "none":
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, tensorboard: bool, purge_step: int | None = None):
+        self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
+        self.tasks = JsonlWriter(run_dir / "tasks.jsonl")
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                # purge_step hides events a killed run wrote past its last checkpoint, so curves are not doubled
+                self.tb = SummaryWriter(str(run_dir), purge_step=purge_step)
+            except ImportError:  # tensorboard is a dependency, but a broken install must not stop training
+                self.tb = None
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, "time": time.time(), **metrics}
+        self.metrics.write(record)
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def log_tasks(self, records: list[dict[str, Any]]) -> None:
+        if records:
+            self.tasks.write(*records)
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.tasks.close()
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,113 @@
+"""What a step records: the metric names of docs/ARCHITECTURE.md (TRL-style where they fit) and tasks.jsonl rows."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from lorapop.train.stages import Rollout, SolveJob
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else 0.0
+
+
+def _std(xs: list[float]) -> float:
+    return statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def compute_step_metrics(trainer: Any, step: int, proposals: list[Rollout], jobs: list[SolveJob],
+                         batch: list[Rollout], train_stats: dict[int, dict[str, float]],
+                         lineage: list[dict[str, Any]], task_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    answers = [r for j in jobs for r in j.rollouts]
+    m: dict[str, Any] = {}
+    student_rewards = [r.reward for r in answers]
+    m["reward"] = _mean(student_rewards)
+    m["reward_std"] = _std(student_rewards)
+    lengths = [len(r.completion.token_ids) for r in proposals + answers]
+    m["completions/mean_length"] = _mean(lengths)
+    m["teacher/reward"] = _mean([r.reward for r in proposals])
+    m["student/reward"] = m["reward"]
+    m["student/solve_rate"] = _mean([r.status == "correct" for r in answers])
+    m["valid_rate"] = _mean([r.status == "valid" for r in proposals])
+    m["format_error_rate"] = _mean([r.status == "format_error" for r in proposals + answers])
+    m["teacher/format_error_rate"] = _mean([r.status == "format_error" for r in proposals])
+    m["student/format_error_rate"] = _mean([r.status == "format_error" for r in answers])
+    own = [j for j in jobs if j.teacher is not None]
+    m["matched_solve_rate"] = _mean([j.solve_rate for j in own])
+    m["n_valid_tasks"] = sum(r.status == "valid" for r in proposals)
+    for tt in trainer.cfg.selfplay.task_types:
+        props = [r for r in proposals if r.task_type == tt]
+        m[f"{tt}/valid_rate"] = _mean([r.status == "valid" for r in props])
+        m[f"{tt}/solve_rate"] = _mean([r.status == "correct" for r in answers if r.task_type == tt])
+
+    # per member: a teacher's numbers come from its proposals, a student's from its answers, the agent has both
+    by_member: dict[str, list[Rollout]] = defaultdict(list)
+    for r in proposals + answers:
+        by_member[r.member.id].append(r)
+    batch_by_member: dict[str, list[Rollout]] = defaultdict(list)
+    for r in batch:
+        batch_by_member[r.member.id].append(r)
+    for mem in trainer.population.members:
+        rs = by_member.get(mem.id, [])
+        props = [r for r in rs if r.role == "teacher"]
+        ans = [r for r in rs if r.role == "student"]
+        key = f"member/{mem.id}"
+        m[f"{key}/reward"] = _mean([r.reward for r in rs])
+        m[f"{key}/mean_length"] = _mean([len(r.completion.token_ids) for r in rs])
+        m[f"{key}/format_error_rate"] = _mean([r.status == "format_error" for r in rs])
+        if props:
+            m[f"{key}/valid_rate"] = _mean([r.status == "valid" for r in props])
+            m[f"{key}/teacher_reward"] = _mean([r.reward for r in props])
+        if ans:
+            m[f"{key}/solve_rate"] = _mean([r.status == "correct" for r in ans])
+            m[f"{key}/student_reward"] = _mean([r.reward for r in ans])
+        trained = batch_by_member.get(mem.id, [])
+        m[f"{key}/n_samples"] = len(trained)
+        m[f"{key}/n_tokens"] = sum(len(r.completion.token_ids) for r in trained)
+        m[f"{key}/n_generated_tokens"] = sum(len(r.completion.token_ids) for r in rs)
+        stats = train_stats.get(mem.slot, {})
+        for k in ("loss", "grad_norm"):
+            if k in stats:
+                m[f"{key}/{k}"] = float(stats[k])
+        m[f"{key}/age"] = mem.age(step)
+        m[f"trueskill/{mem.id}/mu"] = trainer.ratings.mu(mem.id)
+        m[f"trueskill/{mem.id}/sigma"] = trainer.ratings.sigma(mem.id)
+        m[f"trueskill/{mem.id}/expose"] = trainer.ratings.expose(mem.id)
+    m["evolve/replacements"] = len(lineage)
+
+    # program descriptors of this step's valid tasks, overall and per proposing teacher
+    per_teacher: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for row in task_rows:
+        per_teacher[row["proposer"]].append(row["diagnostics"])
+    all_desc = [d for ds in per_teacher.values() for d in ds]
+    for stat in sorted({k for d in all_desc for k in d}):
+        m[f"complexity/{stat}"] = _mean([float(d[stat]) for d in all_desc if stat in d])
+        for t_id, ds in per_teacher.items():
+            m[f"complexity/{t_id}/{stat}"] = _mean([float(d[stat]) for d in ds if stat in d])
+    cov = trainer.coverage
+    m["coverage"] = cov.coverage()
+    for t_id, v in cov.coverage_by_teacher().items():
+        m[f"coverage/teacher/{t_id}"] = v
+    for s_id, v in cov.coverage_by_student().items():
+        m[f"coverage/student/{s_id}"] = v
+    return m
+
+
+def task_records(trainer: Any, step: int, jobs: list[SolveJob]) -> list[dict[str, Any]]:
+    """One tasks.jsonl row per valid task proposed this step (with who solved it and how well); also feeds the
+    coverage archive, so coverage counts exactly the tasks that were logged."""
+    from lorapop.diagnostics.complexity import program_descriptors
+
+    rows = []
+    for job in jobs:
+        if job.teacher is None:
+            continue
+        task = job.task
+        desc = program_descriptors(task.program, list(task.inputs))
+        trainer.coverage.add(desc, job.teacher.id, job.student.id)
+        rows.append({"step": step, "type": job.task_type, "proposer": job.teacher.id, "solver": job.student.id,
+                     "program": task.program, "inputs": list(task.inputs), "outputs": list(task.outputs),
+                     "message": getattr(task, "message", None), "solve_rate": job.solve_rate, "diagnostics": desc})
+    return rows

@@ -1,0 +1,60 @@
+"""TrueSkill ratings in one rating space shared by teachers and students (the game is zero-sum).
+
+Every (valid task, matched student) pair is one 1v1 match: the student wins when it solves at least half of its
+samples, else the teacher wins (SPEC section 3 step 7). Fitness is TrueSkill's ``expose`` (mu - 3 sigma), compared
+within a role only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trueskill
+
+
+@dataclass
+class MatchResult:
+    teacher: str
+    student: str
+    student_won: bool
+
+
+class Ratings:
+    def __init__(self, mu: float = 25.0, sigma: float = 25.0 / 3, beta: float = 25.0 / 6, tau: float = 25.0 / 300,
+                 draw_probability: float = 0.0):
+        self.env = trueskill.TrueSkill(mu=mu, sigma=sigma, beta=beta, tau=tau, draw_probability=draw_probability,
+                                       backend=None)
+        self.ratings: dict[str, trueskill.Rating] = {}
+
+    def add(self, member_id: str, mu: float | None = None) -> None:
+        """A new member starts at the prior (or at ``mu``, e.g. its parents' mean) with the prior sigma."""
+        self.ratings[member_id] = self.env.create_rating(mu=self.env.mu if mu is None else mu)
+
+    def remove(self, member_id: str) -> None:
+        self.ratings.pop(member_id, None)
+
+    def mu(self, member_id: str) -> float:
+        return self.ratings[member_id].mu
+
+    def sigma(self, member_id: str) -> float:
+        return self.ratings[member_id].sigma
+
+    def expose(self, member_id: str) -> float:
+        return self.env.expose(self.ratings[member_id])
+
+    def quality(self, a: str, b: str) -> float:
+        return self.env.quality_1vs1(self.ratings[a], self.ratings[b])
+
+    def record(self, match: MatchResult) -> None:
+        t, s = self.ratings[match.teacher], self.ratings[match.student]
+        if match.student_won:
+            s, t = self.env.rate_1vs1(s, t)
+        else:
+            t, s = self.env.rate_1vs1(t, s)
+        self.ratings[match.teacher], self.ratings[match.student] = t, s
+
+    def state_dict(self) -> dict:
+        return {k: [r.mu, r.sigma] for k, r in self.ratings.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ratings = {k: self.env.create_rating(mu=mu, sigma=sigma) for k, (mu, sigma) in state.items()}
