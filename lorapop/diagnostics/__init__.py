@@ -1,0 +1,7 @@
+"""Program diagnostics (complexity descriptors) and program-space coverage (CVT archive). Importing the package is
+cheap; pyribs is imported only when a `CoverageTracker` is built."""
+
+from lorapop.diagnostics.complexity import DESCRIPTOR_KEYS, program_descriptors
+from lorapop.diagnostics.coverage import COVERAGE_DESCRIPTORS, CoverageConfig, CoverageTracker
+
+__all__ = ["COVERAGE_DESCRIPTORS", "DESCRIPTOR_KEYS", "CoverageConfig", "CoverageTracker", "program_descriptors"]

@@ -1,0 +1,369 @@
+"""`lorapop report RUN_DIR [RUN_DIR ...]`: one self-contained report.html for one run or several overlaid.
+
+The page is static HTML with inline SVG (lorapop/report_svg.py) and inline CSS: no script, nothing fetched, so it
+opens from disk on an offline machine and in a CI artifact viewer. Runs are read tolerantly (lorapop/report_data.py);
+whatever was skipped is listed at the top of the page.
+
+With several runs, run-level curves (rewards by role, solve rate, validity, complexity, coverage, lengths) share axes
+with one colour per run; per-member plots, the lineage and the config are shown run by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from lorapop.report_data import (RunData, RunDirError, complexity_series, complexity_stats, complexity_teachers,
+                                 in_role, lineage, load_run, member_ids, roles)
+from lorapop.report_svg import DASHES, Life, Series, color, line_chart, lineage_timeline, no_data
+
+RATE = (0.0, 1.0)
+ZERO = (0.0, 0.0)  # anchors the y axis at 0 without stretching it to 1: coverage of 512 cells stays small
+ROLE_COLORS = {"teacher": "#d62728", "student": "#1f77b4", "both": "#9467bd", "member": "#7f7f7f"}
+SECTIONS = [("summary", "Runs"), ("rewards", "Rewards"), ("solve", "Solve rates"),
+            ("validity", "Valid tasks and format errors"), ("complexity", "Program complexity"),
+            ("coverage", "Coverage"), ("trueskill", "TrueSkill"), ("lineage", "Lineage"),
+            ("lengths", "Response lengths"), ("timing", "Stage timings"), ("eval", "Evaluation"),
+            ("config", "Config")]
+
+CSS = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1260px;padding:8px 16px;
+color:#222;background:#fff}
+h1{font-size:22px;margin:10px 0}h2{font-size:18px;border-bottom:1px solid #ccc;margin-top:26px;padding-bottom:3px}
+h3{font-size:15px;margin:14px 0 4px}nav a{margin-right:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:8px 14px}
+figure.chart{margin:0}figure.wide{grid-column:1/-1}svg.plot{width:100%;height:auto;display:block}
+svg.plot .ttl{font-size:13px;font-weight:600}svg.plot .tick{font-size:10px;fill:#555}
+svg.plot .axl{font-size:11px;fill:#333}svg.plot .grid{stroke:#e6e6e6;stroke-width:1}
+svg.plot .frame{fill:none;stroke:#999;stroke-width:1}svg.plot .series path{fill:none;stroke-width:1.8}
+svg.plot .band{fill-opacity:.15;stroke:none}svg.plot .barl{font-size:10px;fill:#fff}
+svg.plot .link{stroke:#444;stroke-width:1;stroke-dasharray:3 2;fill:none}svg.plot .linkdot{fill:#444}
+svg.plot .opl{font-size:10px;fill:#222}
+.legend{font-size:12px;margin:0 0 6px 58px}.legend .li{margin-right:12px;white-space:nowrap}
+.legend svg{vertical-align:middle;margin-right:3px}
+.noplot{border:1px dashed #bbb;padding:10px;color:#777;min-height:60px}.noplot .ptitle{font-weight:600}
+table{border-collapse:collapse;font-size:12px;margin:4px 0 10px}td,th{border:1px solid #ddd;padding:2px 6px;
+text-align:left;vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.notes{background:#fff6e0;border:1px solid #e0b050;padding:6px 12px;margin:8px 0}.notes li{font-family:monospace}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:8px;overflow:auto;max-height:520px;font-size:12px}
+.muted{color:#777}.tw{overflow-x:auto;max-width:100%}
+"""
+
+
+# ---- small helpers -------------------------------------------------------------------------------------------------
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "<td></td>"
+    if isinstance(v, bool):
+        return f"<td>{v}</td>"
+    if isinstance(v, (int, float)):
+        return f'<td class="num">{escape(f"{v:.4g}" if isinstance(v, float) else str(v))}</td>'
+    if isinstance(v, (list, tuple)) and all(not isinstance(x, (dict, list)) for x in v):
+        return f"<td>{escape(', '.join(map(str, v)))}</td>"
+    if isinstance(v, (dict, list)):
+        return f"<td><code>{escape(json.dumps(v, sort_keys=True, default=str)[:400])}</code></td>"
+    return f"<td>{escape(str(v))}</td>"
+
+
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return '<p class="muted">(empty)</p>'
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(r.get(c, "")) for c in columns) + "</tr>" for r in rows)
+    return f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _flatten(d: dict, prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and depth < 2:
+            out.update(_flatten(v, key + ".", depth + 1))
+        else:
+            out[key] = v
+    return out
+
+
+def _depth(v: Any) -> int:
+    if isinstance(v, dict):
+        return 1 + max((_depth(x) for x in v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max((_depth(x) for x in v), default=0)
+    return 0
+
+
+def json_tables(obj: Any, title: str = "") -> str:
+    """Any JSON as tables: a dict of dicts is one row per key, a list of dicts one row per item, scalars a key/value
+    table; deeper nesting is flattened into dotted column names. Used for eval.json, whose exact shape belongs to
+    another module and may grow."""
+    h = f"<h3>{escape(title)}</h3>" if title else ""
+    if isinstance(obj, dict):
+        # One row per key when the values are records (scalars, or one level of dicts such as per-member scores);
+        # deeper values get a table of their own, or a benchmark table would grow one column per member per bench.
+        if obj and all(isinstance(v, dict) and _depth(v) <= 2 for v in obj.values()):
+            return h + table([{"": k, **_flatten(v)} for k, v in obj.items()])
+        scalars = {k: v for k, v in obj.items() if not isinstance(v, (dict, list))}
+        parts = [h]
+        if scalars:
+            parts.append(table([{"key": k, "value": v} for k, v in scalars.items()]))
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                parts.append(json_tables(v, f"{title} / {k}" if title else str(k)))
+        return "".join(parts)
+    if isinstance(obj, list):
+        if obj and all(isinstance(v, dict) for v in obj):
+            return h + table([_flatten(v) for v in obj])
+        return h + table([{"#": i, "value": v} for i, v in enumerate(obj)])
+    return h + f"<p>{escape(str(obj))}</p>"
+
+
+def _grid(items: list[str]) -> str:
+    return '<div class="grid">' + "".join(items) + "</div>"
+
+
+# ---- plots -----------------------------------------------------------------------------------------------------------
+
+def overlay(runs: list[RunData], keys: list[tuple[str, str]], title: str, *, ylabel: str = "",
+            y_range: tuple[float, float] | None = None) -> str:
+    """Run-level keys of every run on one chart: colour per run (per key when there is one run), dash per key."""
+    multi = len(runs) > 1
+    series = []
+    for i, run in enumerate(runs):
+        for j, (key, label) in enumerate(keys):
+            series.append(Series(label=f"{run.name} · {label}" if multi else label, points=run.series(key),
+                                 color=color(i) if multi else color(j), dash=DASHES[j % len(DASHES)] if multi else ""))
+    return line_chart(series, title, ylabel=ylabel, y_range=y_range,
+                      why_empty=f"{', '.join(k for k, _ in keys)} not in metrics.jsonl")
+
+
+def per_member(run: RunData, role: str, metric: str, title: str, *, key_fmt: str = "member/{id}/{metric}",
+               y_range: tuple[float, float] | None = None, ylabel: str = "") -> str:
+    r, ids = roles(run), member_ids(run)
+    series = []
+    for mid in ids:
+        if not in_role(r.get(mid, "member"), role):
+            continue
+        key = key_fmt.format(id=mid, metric=metric)
+        if run.has(key):
+            series.append(Series(mid, run.series(key), color=color(ids.index(mid))))
+    return line_chart(series, f"{title} — {run.name}", ylabel=ylabel, y_range=y_range,
+                      why_empty=f"no {key_fmt.format(id='<' + role + ' id>', metric=metric)} keys")
+
+
+def trueskill_chart(run: RunData, role: str) -> str:
+    r, ids = roles(run), member_ids(run)
+    series = []
+    for mid in ids:
+        if not in_role(r.get(mid, "member"), role) or not run.has(f"trueskill/{mid}/mu"):
+            continue
+        mu, sg = dict(run.series(f"trueskill/{mid}/mu")), dict(run.series(f"trueskill/{mid}/sigma"))
+        band = [(s, mu[s] - sg[s], mu[s] + sg[s]) for s in mu if mu[s] is not None and sg.get(s) is not None]
+        series.append(Series(mid, list(mu.items()), color=color(ids.index(mid)), band=band))
+    return line_chart(series, f"TrueSkill μ ± σ, {role}s — {run.name}", ylabel="μ",
+                      why_empty=f"no trueskill/<{role} id>/mu keys")
+
+
+def complexity_section(runs: list[RunData]) -> str:
+    stats: dict[str, None] = {}
+    for run in runs:
+        stats.update(dict.fromkeys(complexity_stats(run)))
+    if not stats:
+        return no_data("Program complexity", "no complexity/* keys and no diagnostics in tasks.jsonl")
+    multi = len(runs) > 1
+    figs = []
+    for stat in stats:
+        series = [Series(run.name if multi else "all teachers", complexity_series(run, stat), color=color(i))
+                  for i, run in enumerate(runs)]
+        figs.append(line_chart(series, f"{stat} (mean over the step's valid tasks)", ylabel=stat))
+    parts = ["<h3>All runs</h3>" if multi else "", _grid(figs)]
+    for run in runs:
+        ids, figs = member_ids(run), []
+        for stat in complexity_stats(run):
+            series = [Series(t, complexity_series(run, stat, t), color=color(ids.index(t) if t in ids else 0))
+                      for t in complexity_teachers(run)]
+            figs.append(line_chart(series, f"{stat} per teacher — {run.name}", ylabel=stat))
+        counts = [{"proposer": p, "type": t, "valid tasks": n} for (p, t), n in sorted(run.task_counts.items())]
+        parts.append(f"<h3>{escape(run.name)}: per teacher</h3>" + _grid(figs)
+                     + f"<details><summary>valid tasks in tasks.jsonl: {run.n_tasks}</summary>{table(counts)}"
+                       "</details>")
+    return "".join(parts)
+
+
+def lives(run: RunData) -> tuple[list[list[Life]], list[str]]:
+    """Timeline rows: each initial member starts a row, a child takes the row of the member it replaced."""
+    r, last = roles(run), run.last_step
+    pop = run.population or {}
+    info = {str(m["id"]): m for m in pop.get("members", []) if isinstance(m, dict) and "id" in m} \
+        if isinstance(pop.get("members"), list) else {}
+    events = lineage(run)
+    children = {str(e["child"]) for e in events if e.get("child") is not None}
+    life: dict[str, Life] = {}
+    rows: list[list[Life]] = []
+    row_of: dict[str, int] = {}
+    for mid in member_ids(run):
+        if mid in children:
+            continue
+        born = info.get(mid, {}).get("born_step", 0)
+        life[mid] = Life(mid, r.get(mid, "member"), float(born) if isinstance(born, (int, float)) else 0.0, last,
+                         False)
+        row_of[mid] = len(rows)
+        rows.append([life[mid]])
+    for e in events:
+        step = float(e.get("step") or 0)
+        old = str(e["replaced"]) if e.get("replaced") is not None else None
+        if old in life:
+            life[old].end, life[old].died = step, True
+        if e.get("child") is None:
+            continue
+        child = str(e["child"])
+        parents = tuple(str(p) for p in e.get("parents") or [])
+        life[child] = Life(child, r.get(child, str(e.get("role", "member"))), step, last, False,
+                           str(e.get("operator") or "?"), parents)
+        if old in row_of:
+            row_of[child] = row_of[old]
+            rows[row_of[old]].append(life[child])
+        else:
+            row_of[child] = len(rows)
+            rows.append([life[child]])
+    labels = []
+    for row in rows:
+        slot = next((info[x.member].get("slot") for x in row if x.member in info
+                     and info[x.member].get("slot") is not None), None)
+        labels.append(f"{'slot ' + str(slot) + ' · ' if slot is not None else ''}{row[0].role}")
+    return rows, labels
+
+
+def lineage_section(run: RunData) -> str:
+    rows, labels = lives(run)
+    fig = lineage_timeline(rows, labels, f"Population over steps — {run.name}", run.last_step, ROLE_COLORS)
+    ev = [{k: e.get(k) for k in ("step", "child", "replaced", "parents", "operator", "role", "params")}
+          for e in lineage(run)]
+    pop = run.population or {}
+    members = [m for m in pop.get("members", []) if isinstance(m, dict)] if isinstance(pop.get("members"), list) \
+        else []
+    cols = ["id", "slot", "role", "mu", "sigma", "age", "born_step", "parents", "operator"]
+    return (f"<h3>{escape(run.name)}</h3>" + fig
+            + f"<h3>Replacements and births ({len(ev)})</h3>"
+            + (table(ev) if ev else '<p class="muted">no lineage events (no replacement yet)</p>')
+            + f"<h3>Members at step {escape(str(pop.get('step', '?')))}</h3>"
+            + (table(members, cols) if members else '<p class="muted">no population.json</p>'))
+
+
+# ---- page ------------------------------------------------------------------------------------------------------------
+
+def build_html(runs: list[RunData], notes: list[str]) -> str:
+    multi = len(runs) > 1
+    S: dict[str, str] = {}
+    summary = [{"run": r.name, "path": str(r.path), "steps logged": len(r.metrics),
+                "last step": r.last_step, "members": len(member_ids(r)), "valid tasks": r.n_tasks,
+                "lineage events": len(lineage(r)), "files": ", ".join(
+                    f for f in ("config.yaml", "metrics.jsonl", "tasks.jsonl", "population.json", "eval.json")
+                    if (r.path / f).is_file())} for r in runs]
+    all_notes = notes + [f"{r.name}: {n}" for r in runs for n in r.notes]
+    S["summary"] = table(summary) + (
+        '<div class="notes"><b>Skipped or missing</b><ul>' + "".join(f"<li>{escape(n)}</li>" for n in all_notes)
+        + "</ul></div>" if all_notes else '<p class="muted">every file was read in full</p>')
+    S["rewards"] = _grid(
+        [overlay(runs, [("teacher/reward", "teacher"), ("student/reward", "student")], "Reward by role"),
+         overlay(runs, [("reward", "reward")], "Mean student-sample reward")]
+        + [per_member(r, role, "reward", f"Reward per {role}") for r in runs for role in ("teacher", "student")])
+    S["solve"] = _grid([overlay(runs, [("student/solve_rate", "solve rate")], "Student solve rate", y_range=RATE)]
+                       + [per_member(r, "student", "solve_rate", "Solve rate per student", y_range=RATE)
+                          for r in runs])
+    S["validity"] = _grid(
+        [overlay(runs, [("valid_rate", "valid")], "Valid-task rate", y_range=RATE),
+         overlay(runs, [("format_error_rate", "format errors")], "Format-error rate", y_range=RATE)]
+        + [f for r in runs for f in (
+            per_member(r, "teacher", "valid_rate", "Valid-task rate per teacher", y_range=RATE),
+            per_member(r, "member", "format_error_rate", "Format-error rate per member", y_range=RATE))])
+    S["complexity"] = complexity_section(runs)
+    S["coverage"] = _grid(
+        [overlay(runs, [("coverage", "coverage")], "Coverage (fraction of CVT cells ever filled)", y_range=ZERO)]
+        + [f for r in runs for f in (
+            per_member(r, "teacher", "", "Coverage by teacher (tasks proposed)", key_fmt="coverage/teacher/{id}",
+                       y_range=ZERO),
+            per_member(r, "student", "", "Coverage by student (tasks faced)", key_fmt="coverage/student/{id}",
+                       y_range=ZERO))])
+    S["trueskill"] = _grid([trueskill_chart(r, role) for r in runs for role in ("teacher", "student")])
+    S["lineage"] = "".join(lineage_section(r) for r in runs)
+    S["lengths"] = _grid([overlay(runs, [("completions/mean_length", "all completions")],
+                                  "Mean completion length", ylabel="tokens")]
+                         + [per_member(r, "member", "mean_length", "Mean completion length per member",
+                                       ylabel="tokens") for r in runs])
+    timing = []
+    for r in runs:
+        stages = sorted({k for k in r.keys() if k.startswith("time/")})
+        timing.append(line_chart([Series(k[5:], r.series(k), color=color(i)) for i, k in enumerate(stages)],
+                                 f"Seconds per stage — {r.name}", ylabel="s", why_empty="no time/* keys"))
+    S["timing"] = _grid(timing)
+    S["eval"] = "".join(f"<h3>{escape(r.name)}</h3>" + (
+        json_tables(r.eval) if r.eval is not None else '<p class="muted">no eval.json (run `lorapop eval`)</p>')
+        for r in runs)
+    S["config"] = "".join(
+        f"<details{'' if multi else ' open'}><summary>config.yaml — {escape(r.name)}</summary>"
+        + (f"<pre>{escape(r.config_text)}</pre>" if r.config_text is not None else '<p class="muted">no config.yaml</p>')
+        + "</details>" for r in runs)
+    nav = "".join(f'<a href="#{sid}">{escape(t)}</a>' for sid, t in SECTIONS)
+    body = "".join(f'<section id="{sid}"><h2>{escape(t)}</h2>{S[sid]}</section>' for sid, t in SECTIONS)
+    title = "lorapop report — " + ", ".join(r.name for r in runs)
+    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body>'
+            f'<h1>{escape(title)}</h1><p class="muted">generated {now}; hover a line for its label</p>'
+            f"<nav>{nav}</nav>{body}</body></html>\n")
+
+
+def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
+    """Reads the runs, writes report.html, returns its path. Unreadable runs are skipped with a note as long as one
+    run is readable; otherwise RunDirError. Default output: <first readable run>/report.html."""
+    if not run_dirs:
+        raise RunDirError("no run directory given")
+    runs, notes = [], []
+    for d in run_dirs:
+        try:
+            runs.append(load_run(d))
+        except RunDirError as e:
+            notes.append(f"skipped run: {e}")
+    if not runs:
+        raise RunDirError("; ".join(n.removeprefix("skipped run: ") for n in notes))
+    names = [r.name for r in runs]
+    for r in runs:  # runs/a/x and runs/b/x would otherwise share a legend label
+        if names.count(r.name) > 1:
+            r.name = f"{r.path.resolve().parent.name}/{r.name}"
+    out = Path(out) if out is not None else runs[0].path / "report.html"
+    if out.is_dir():
+        out = out / "report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    html = build_html(runs, notes)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")  # the run may be viewed while it is being rewritten
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lorapop report", description=__doc__.splitlines()[0])
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output file (or directory); default RUN_DIR/report.html of the first run")
+    args = p.parse_args(argv)
+    try:
+        path = write_report(args.run_dirs, args.out)
+    except (RunDirError, OSError) as e:
+        print(f"lorapop report: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Reading a run directory for the report, tolerantly.
+
+A run may still be in progress or may have been killed mid-write, so every file is optional and every line is
+checked on its own: what cannot be read is skipped and described in `RunData.notes`, which the report shows. Only a
+directory with nothing readable at all raises `RunDirError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KNOWN_FILES = ("config.yaml", "metrics.jsonl", "tasks.jsonl", "population.json", "eval.json")
+
+
+class RunDirError(Exception):
+    """The path holds nothing the report can show."""
+
+
+@dataclass
+class RunData:
+    path: Path
+    name: str
+    config_text: str | None = None
+    config: dict[str, Any] | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # one dict per step, sorted by step
+    population: dict[str, Any] | None = None
+    eval: Any = None
+    # tasks.jsonl aggregated while streaming: a long run has too many tasks to hold.
+    task_diag: dict[tuple[int, str], dict[str, list[float]]] = field(default_factory=dict)  # (step, proposer)
+    task_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer, type) -> valid tasks
+    n_tasks: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[float]:
+        return [m["step"] for m in self.metrics]
+
+    @property
+    def last_step(self) -> float:
+        s = [m["step"] for m in self.metrics]
+        if self.population and isinstance(self.population.get("step"), (int, float)):
+            s.append(self.population["step"])
+        s += [k[0] for k in self.task_diag]
+        return float(max(s)) if s else 0.0
+
+    def keys(self) -> set[str]:
+        out: set[str] = set()
+        for m in self.metrics:
+            out.update(m)
+        return out
+
+    def series(self, key: str) -> list[tuple[float, float | None]]:
+        """(step, value) over every logged step; None where the key is absent or not a finite number."""
+        return [(m["step"], _num(m.get(key))) for m in self.metrics]
+
+    def has(self, key: str) -> bool:
+        return any(v is not None for _, v in self.series(key))
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _read_text(path: Path, notes: list[str]) -> str | None:
+    if not path.is_file():
+        return None
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as e:
+        notes.append(f"{path.name}: unreadable ({type(e).__name__}: {e}), skipped")
+        return None
+
+
+def _jsonl(path: Path, notes: list[str]):
+    """Yields (line number, object) for every line that is a JSON object; notes the others."""
+    text = _read_text(path, notes)
+    if text is None:
+        return
+    lines = text.split("\n")
+    ends_clean = text.endswith("\n")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            last = i == len(lines) and not ends_clean
+            notes.append(f"{path.name} line {i}: {'truncated' if last else 'not valid JSON'}, skipped")
+            continue
+        if not isinstance(obj, dict):
+            notes.append(f"{path.name} line {i}: not a JSON object, skipped")
+            continue
+        yield i, obj
+
+
+def _read_metrics(run: RunData) -> None:
+    by_step: dict[float, dict] = {}
+    dup = 0
+    for i, obj in _jsonl(run.path / "metrics.jsonl", run.notes):
+        step = _num(obj.get("step"))
+        if step is None:
+            run.notes.append(f"metrics.jsonl line {i}: no numeric 'step', skipped")
+            continue
+        obj["step"] = step
+        if step in by_step:
+            dup += 1
+        by_step[step] = obj  # a resumed run re-logs the steps after its checkpoint: the later line is the truth
+    if dup:
+        run.notes.append(f"metrics.jsonl: {dup} step(s) logged more than once (resumed run?); the later line kept")
+    run.metrics = [by_step[s] for s in sorted(by_step)]
+
+
+def _read_tasks(run: RunData) -> None:
+    diag: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for _, t in _jsonl(run.path / "tasks.jsonl", run.notes):
+        run.n_tasks += 1
+        proposer = str(t.get("proposer", "?"))
+        counts[(proposer, str(t.get("type", "?")))] += 1
+        step, d = _num(t.get("step")), t.get("diagnostics")
+        if step is None or not isinstance(d, dict):
+            continue
+        for k, v in d.items():
+            v = _num(v)
+            if v is not None:
+                diag[(step, proposer)][k].append(v)
+    run.task_diag = {k: dict(v) for k, v in diag.items()}
+    run.task_counts = dict(counts)
+
+
+def _read_json(path: Path, notes: list[str]) -> Any:
+    text = _read_text(path, notes)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        notes.append(f"{path.name}: not valid JSON ({e}), skipped")
+        return None
+
+
+def load_run(path: str | Path) -> RunData:
+    path = Path(path)
+    if not path.exists():
+        raise RunDirError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise RunDirError(f"{path}: not a directory")
+    present = [f for f in KNOWN_FILES if (path / f).is_file()]
+    if not present:
+        raise RunDirError(f"{path}: not a run directory (none of {', '.join(KNOWN_FILES)})")
+    run = RunData(path=path, name=path.resolve().name or str(path))
+    run.config_text = _read_text(path / "config.yaml", run.notes)
+    if run.config_text is not None:
+        try:
+            import yaml
+
+            cfg = yaml.safe_load(run.config_text)
+            run.config = cfg if isinstance(cfg, dict) else None
+        except Exception as e:  # noqa: BLE001 - yaml raises many types; the raw text is still shown
+            run.notes.append(f"config.yaml: not valid YAML ({type(e).__name__}), shown as text")
+    _read_metrics(run)
+    _read_tasks(run)
+    pop = _read_json(path / "population.json", run.notes)
+    if pop is not None and not isinstance(pop, dict):
+        run.notes.append("population.json: not a JSON object, skipped")
+        pop = None
+    run.population = pop
+    run.eval = _read_json(path / "eval.json", run.notes)
+    if "metrics.jsonl" not in present:
+        run.notes.append("metrics.jsonl: missing (run not started yet?)")
+    elif not run.metrics:
+        run.notes.append("metrics.jsonl: no readable step yet")
+    readable = run.config_text is not None or run.metrics or run.n_tasks or run.population or run.eval is not None
+    if not readable:
+        raise RunDirError(f"{path}: nothing readable ({'; '.join(run.notes) or 'all files empty'})")
+    return run
+
+
+# ---- members and roles -------------------------------------------------------------------------------------------
+
+ROLE_KEYS = {"teacher": ("valid_rate",), "student": ("solve_rate",)}
+
+
+def member_ids(run: RunData) -> list[str]:
+    """Every member seen anywhere in the run, in order of first appearance (initial members first)."""
+    seen: dict[str, None] = {}
+    # Metrics first: their key order follows the trainer's member order, children after the members they replaced.
+    for m in run.metrics:
+        for k in m:
+            parts = k.split("/")
+            if len(parts) >= 3 and parts[0] in ("member", "trueskill"):
+                seen.setdefault(parts[1], None)
+    for e in lineage(run):
+        for k in ("replaced", "child"):
+            if e.get(k) is not None:
+                seen.setdefault(str(e[k]), None)
+    pop = run.population or {}
+    for m in pop.get("members", []) if isinstance(pop.get("members"), list) else []:
+        if isinstance(m, dict) and "id" in m:
+            seen.setdefault(str(m["id"]), None)
+    return list(seen)
+
+
+def lineage(run: RunData) -> list[dict]:
+    pop = run.population or {}
+    lin = pop.get("lineage", [])
+    if not isinstance(lin, list):
+        return []
+    return sorted((e for e in lin if isinstance(e, dict)), key=lambda e: _num(e.get("step")) or 0.0)
+
+
+def roles(run: RunData) -> dict[str, str]:
+    """member id -> "teacher" | "student" | another role string (e.g. the single agent's "both")."""
+    out: dict[str, str] = {}
+    pop = run.population or {}
+    for m in pop.get("members", []) if isinstance(pop.get("members"), list) else []:
+        if isinstance(m, dict) and "id" in m and isinstance(m.get("role"), str):
+            out[str(m["id"])] = m["role"]
+    for e in lineage(run):
+        if e.get("child") is not None and isinstance(e.get("role"), str):
+            out.setdefault(str(e["child"]), e["role"])
+        if e.get("replaced") is not None and isinstance(e.get("role"), str):
+            out.setdefault(str(e["replaced"]), e["role"])  # replacement happens within a role (SPEC)
+    keys = run.keys()
+    for mid in member_ids(run):
+        if mid in out:
+            continue
+        is_t = any(f"member/{mid}/{k}" in keys for k in ROLE_KEYS["teacher"]) or \
+            any(k.startswith(f"complexity/{mid}/") for k in keys)
+        is_s = any(f"member/{mid}/{k}" in keys for k in ROLE_KEYS["student"])
+        out[mid] = "both" if is_t and is_s else "teacher" if is_t or mid.startswith("t") else \
+            "student" if is_s or mid.startswith("s") else "member"
+    return out
+
+
+def in_role(role: str, wanted: str) -> bool:
+    """`wanted` "member" matches everyone; a role other than teacher/student (the single agent) matches both."""
+    return wanted == "member" or role == wanted or role not in ("teacher", "student")
+
+
+def complexity_stats(run: RunData) -> list[str]:
+    """Descriptor names with data, from complexity/* metric keys or else from tasks.jsonl diagnostics."""
+    stats: dict[str, None] = {}
+    for k in sorted(run.keys()):
+        parts = k.split("/")
+        if parts[0] == "complexity" and len(parts) in (2, 3):
+            stats.setdefault(parts[-1], None)
+    if not stats:
+        for d in run.task_diag.values():
+            for k in d:
+                stats.setdefault(k, None)
+    stats.pop("parse_ok", None)
+    order = ["cyclomatic", "ast_depth", "loc", "n_node_types", "input_size"]
+    return sorted(stats, key=lambda s: (order.index(s) if s in order else len(order), s))
+
+
+def complexity_series(run: RunData, stat: str, teacher: str | None = None) -> list[tuple[float, float | None]]:
+    key = f"complexity/{teacher}/{stat}" if teacher else f"complexity/{stat}"
+    if run.has(key):
+        return run.series(key)
+    # Fallback for runs whose trainer logged no complexity keys: per-step means of the tasks' own diagnostics.
+    acc: dict[float, list[float]] = defaultdict(list)
+    for (step, proposer), d in run.task_diag.items():
+        if teacher is None or proposer == teacher:
+            acc[step] += d.get(stat, [])
+    return [(s, sum(v) / len(v)) for s, v in sorted(acc.items()) if v]
+
+
+def complexity_teachers(run: RunData) -> list[str]:
+    ts: dict[str, None] = {}
+    for k in sorted(run.keys()):
+        parts = k.split("/")
+        if parts[0] == "complexity" and len(parts) == 3:
+            ts.setdefault(parts[1], None)
+    if not ts:
+        for _, p in sorted(run.task_diag):
+            ts.setdefault(p, None)
+    order = {m: i for i, m in enumerate(member_ids(run))}
+    return sorted(ts, key=lambda m: (order.get(m, len(order)), m))
