@@ -1,0 +1,365 @@
+"""Sandboxed execution of untrusted Python: long-lived isolated workers that fork once per program.
+
+What is covered (as root with util-linux ``unshare``, the normal case here and in CI):
+
+* **Separate processes.** Code never runs in the trainer. Each worker is started once as
+  ``unshare --net --mount --pid --fork --kill-child`` and forks a fresh child per program, so nothing a program does
+  (patched builtins, monkey-patched modules, threads, leftover processes, files) reaches the next program.
+* **No network.** A fresh network namespace has only a downed loopback: no socket reaches the host, 127.0.0.1
+  included.
+* **No host files.** The worker mounts a size-capped tmpfs (``disk_mb``) in its private mount namespace, pre-imports
+  the allowed stdlib modules and chroots into the tmpfs. Programs see no host file at all (no /proc, /tmp, /etc,
+  /bin/sh) and cannot import anything that was not pre-imported. Each run gets its own directory in it, owned by the
+  run uid and removed afterwards; the chroot root is root-owned and not writable.
+* **No privileges.** The child drops to an unprivileged uid (distinct per worker) before running the code, so it
+  cannot undo the chroot, signal the worker (PID 1 of its namespace) or anything outside its namespace.
+* **Limits.** Wall clock (the worker kills the run's process group and every other process in the namespace),
+  RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (fork bombs), RLIMIT_NOFILE, no core dumps; stdout
+  and stderr are counted and discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``).
+  The trainer side has its own deadline and replaces a worker that stops answering.
+* **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED.
+* **Hash seeds.** Workers are pooled per PYTHONHASHSEED (fixed at interpreter start), started lazily.
+
+Not pre-imported on purpose: modules that pull in `random` or `threading` (statistics, queue, secrets...): their
+at-fork hooks cost about a millisecond per run, and both are on the banned list anyway.
+
+What is not covered: no seccomp filter, so the kernel's full syscall surface is reachable by an unprivileged
+process (ctypes is not pre-imported, but a program can still issue syscalls through `os`); CPU time of a run is not
+weighted against other tenants; a program can forge its *own* `_result` (it shares the process with the code that
+reports it) - callers that check model output therefore compare in a separate run (see lorapop.tasks).
+
+Degraded modes, each announced with a RuntimeWarning and visible in ``SandboxExecutor.protections``: without root
+there is no namespace, chroot or uid drop (only rlimits, fork per run, scrubbed env and a private temp dir: files
+outside it and the network stay reachable); without ``unshare`` (or where namespaces are refused) the same minus
+network/mount/pid isolation. ``require_isolation=True`` turns any degradation into an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+_HDR = struct.Struct(">I")
+WORKER_PY = Path(__file__).with_name("worker.py")
+
+DEFAULT_PRELOAD = (
+    "re", "math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
+    "fractions", "decimal", "operator", "copy", "typing", "dataclasses", "enum", "array",
+    "numbers", "unicodedata", "textwrap", "json", "encodings.utf_16", "encodings.utf_32", "encodings.latin_1",
+    "encodings.ascii", "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.idna",
+)
+
+
+@dataclass
+class ExecutorConfig:
+    n_workers: int = field(default=2, metadata={"help": "worker processes per hash seed (parallel runs)"})
+    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds"})
+    memory_mb: int = field(default=512, metadata={"help": "address-space limit per run (RLIMIT_AS), MiB, "
+                                                          "interpreter included; 0 = none"})
+    disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB"})
+    fsize_mb: int = field(default=4, metadata={"help": "largest file a run may write (RLIMIT_FSIZE), MiB"})
+    max_procs: int = field(default=16, metadata={"help": "process limit of a run's uid (RLIMIT_NPROC)"})
+    max_open_files: int = field(default=64, metadata={"help": "open file descriptors per run (RLIMIT_NOFILE)"})
+    max_output_chars: int = field(default=100_000, metadata={"help": "stdout+stderr chars before status "
+                                                                     "output_limit; output is discarded"})
+    max_repr_chars: int = field(default=400, metadata={"help": "longest repr(_result) returned (400 = the task "
+                                                               "output limit); longer gives output_limit"})
+    isolate_network: bool = field(default=True, metadata={"help": "network namespace (unshare --net)"})
+    isolate_filesystem: bool = field(default=True, metadata={"help": "mount namespace + private tmpfs + chroot"})
+    isolate_pids: bool = field(default=True, metadata={"help": "pid namespace: runs cannot see or signal other "
+                                                               "processes; leftovers are killed after each run"})
+    drop_privileges: bool = field(default=True, metadata={"help": "run programs under an unprivileged uid"})
+    uid_base: int | None = field(default=None, metadata={"help": "first uid for runs (one per worker); None "
+                                                                 "derives one from the pid"})
+    require_isolation: bool = field(default=False, metadata={"help": "raise instead of warning when a protection "
+                                                                     "cannot be set up"})
+    default_hashseed: int = field(default=1, metadata={"help": "PYTHONHASHSEED for runs that do not name one"})
+    grace_s: float = field(default=5.0, metadata={"help": "extra seconds the trainer waits for a worker before "
+                                                          "replacing it"})
+    python: str | None = field(default=None, metadata={"help": "interpreter for workers (default: this one)"})
+    preload: tuple[str, ...] = field(default=DEFAULT_PRELOAD, metadata={"help": "stdlib modules importable by "
+                                                                                "programs (nothing else is)"})
+
+
+@dataclass
+class ExecResult:
+    status: str  # "ok" | "error" | "timeout" | "memory" | "output_limit" | "crashed"
+    value: str | None  # repr of `_result` when ok (a program that sets none gives "None")
+    error: str | None  # short "Type: message", never a trainer traceback
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Executor(Protocol):
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult: ...
+
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
+                 hashseed: int | None = None) -> list[ExecResult]: ...
+
+    def close(self) -> None: ...
+
+
+class _Worker:
+    def __init__(self, ex: "SandboxExecutor", hashseed: int, uid: int):
+        self.ex, self.hashseed, self.uid = ex, hashseed, uid
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+        self.root: str | None = None
+
+    def _command(self, root: str, cfg_json: str, namespaces: bool) -> list[str]:
+        c = self.ex.config
+        py = [c.python or sys.executable, "-s", "-S", str(WORKER_PY), cfg_json]
+        if not namespaces:
+            return py
+        flags = ["--fork", "--kill-child"]
+        if c.isolate_network:
+            flags.append("--net")
+        if c.isolate_pids:
+            flags.append("--pid")
+        if not c.isolate_filesystem:
+            return ["unshare", *flags, "--", *py]
+        mount = f'mount -t tmpfs -o size={int(c.disk_mb)}m,mode=0755,nosuid,nodev tmpfs "$1" && shift && exec "$@"'
+        return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,
+                *py]
+
+    def start(self) -> None:
+        c, mode = self.ex.config, self.ex.mode
+        self.root = tempfile.mkdtemp(prefix="lorapop-sbx-")
+        os.chmod(self.root, 0o755)
+        wcfg = {
+            "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
+            "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
+            "max_repr_chars": c.max_repr_chars, "drop_uid": mode["root"] and c.drop_privileges, "uid": self.uid,
+            "root": self.root, "chroot": mode["namespaces"] and c.isolate_filesystem, "fallback_dir": self.root,
+            "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+        }
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": str(self.hashseed)}
+        self.errfile = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["namespaces"]),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errfile, env=env,
+                                     start_new_session=True, close_fds=True)
+        hello = self._recv(time.monotonic() + 30.0)
+        if not hello or not hello.get("hello"):
+            self.errfile.seek(0)
+            err = self.errfile.read().decode("utf-8", "replace")[-2000:]
+            self.kill()
+            raise RuntimeError(f"sandbox worker failed to start: {err.strip() or 'no hello'}")
+        self.info = hello
+
+    def _recv(self, deadline: float) -> dict | None:
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        need = 4
+        while len(buf) < need:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                continue
+            chunk = os.read(fd, max(need - len(buf), 65536) if len(buf) >= 4 else 4 - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+            if len(buf) >= 4 and need == 4:
+                need = 4 + _HDR.unpack(buf[:4])[0]
+        return json.loads(buf[4:need].decode("utf-8"))
+
+    def call(self, code: str, timeout_s: float) -> ExecResult:
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            self.start()
+        t0 = time.perf_counter()
+        data = json.dumps({"code": code, "timeout": timeout_s}).encode("utf-8")
+        try:
+            self.proc.stdin.write(_HDR.pack(len(data)) + data)
+            self.proc.stdin.flush()
+            resp = self._recv(time.monotonic() + timeout_s + self.ex.config.grace_s)
+        except (BrokenPipeError, OSError, ValueError):
+            resp = None
+        if resp is None:
+            late = time.perf_counter() - t0 >= timeout_s
+            self.kill()
+            return ExecResult("timeout" if late else "crashed", None,
+                              "worker stopped answering" if late else "worker died", time.perf_counter() - t0)
+        return ExecResult(resp["status"], resp["value"], resp["error"], float(resp["duration"]))
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (self.proc.stdin, self.proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            self.proc = None
+        if self.root:
+            # The tmpfs lived in the worker's mount namespace; on the host this is an empty dir (or, degraded,
+            # the private working area itself).
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # EOF: the worker exits, its namespaces die with it
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+class SandboxExecutor:
+    """The Executor. Thread-safe; workers start on first use per hash seed."""
+
+    def __init__(self, config: ExecutorConfig | None = None, **overrides):
+        self.config = config or ExecutorConfig()
+        for k, v in overrides.items():
+            setattr(self.config, k, v)
+        self._lock = threading.Lock()
+        self._pools: dict[int, queue.Queue] = {}
+        self._all: list[_Worker] = []
+        self._closed = False
+        base = self.config.uid_base
+        self._uid_base = base if base is not None else 200_000 + (os.getpid() % 100_000) * 64
+        self.mode = self._probe_mode()
+
+    def _probe_mode(self) -> dict:
+        c = self.config
+        root = os.geteuid() == 0
+        wants_ns = c.isolate_network or c.isolate_filesystem or c.isolate_pids
+        namespaces = root and wants_ns and shutil.which("unshare") is not None and shutil.which("mount") is not None
+        missing = []
+        if not root:
+            missing.append("not root: no namespaces, chroot or uid drop (files outside the run directory and the "
+                           "network stay reachable)")
+        elif wants_ns and not namespaces:
+            missing.append("unshare/mount not found: no network, mount or pid namespace")
+        if missing:
+            self._degrade("; ".join(missing))
+        return {"root": root, "namespaces": namespaces}
+
+    def _degrade(self, why: str) -> None:
+        if self.config.require_isolation:
+            raise RuntimeError(f"sandbox isolation unavailable: {why}")
+        warnings.warn(f"lorapop sandbox degraded: {why}", RuntimeWarning, stacklevel=3)
+
+    def _pool(self, hashseed: int) -> queue.Queue:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("executor is closed")
+            pool = self._pools.get(hashseed)
+            if pool is None:
+                pool = queue.Queue()
+                for _ in range(max(1, int(self.config.n_workers))):
+                    w = _Worker(self, hashseed, self._uid_base + len(self._all))
+                    self._all.append(w)
+                    pool.put(w)
+                self._pools[hashseed] = pool
+            return pool
+
+    def _started(self, w: _Worker) -> _Worker:
+        if w.proc is None:
+            try:
+                w.start()
+            except RuntimeError as exc:
+                if not self.mode["namespaces"]:
+                    raise
+                self._degrade(f"namespaced worker refused ({exc}); running without namespaces")
+                self.mode = dict(self.mode, namespaces=False)
+                w.start()
+        return w
+
+    @property
+    def protections(self) -> dict:
+        """What the first worker of the default seed reported as in force (starts it if needed)."""
+        pool = self._pool(self.config.default_hashseed)
+        w = pool.get()
+        try:
+            self._started(w)
+            info = dict(w.info)
+        finally:
+            pool.put(w)
+        return {"network_isolated": bool(info.get("net_isolated")), "filesystem_isolated": bool(info.get("chroot")),
+                "pid_namespace": bool(info.get("pid1")), "unprivileged": bool(info.get("drop_uid")),
+                "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
+
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
+        pool = self._pool(self.config.default_hashseed if hashseed is None else int(hashseed))
+        t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
+        w = pool.get()
+        try:
+            return self._started(w).call(code, t)
+        except Exception as exc:  # a worker that cannot start must not take the caller down
+            return ExecResult("crashed", None, f"sandbox: {type(exc).__name__}: {exc}"[:300], 0.0)
+        finally:
+            pool.put(w)
+
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
+                 hashseed: int | None = None) -> list[ExecResult]:
+        codes = list(codes)
+        out: list[ExecResult | None] = [None] * len(codes)
+        if not codes:
+            return []
+        it = iter(range(len(codes)))
+        it_lock = threading.Lock()
+
+        def drain():
+            while True:
+                with it_lock:
+                    i = next(it, None)
+                if i is None:
+                    return
+                out[i] = self.run(codes[i], timeout_s=timeout_s, hashseed=hashseed)
+
+        n = min(len(codes), max(1, int(self.config.n_workers)))
+        threads = [threading.Thread(target=drain, daemon=True) for _ in range(n - 1)]
+        for th in threads:
+            th.start()
+        drain()
+        for th in threads:
+            th.join()
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all = self._all, []
+        for w in workers:
+            w.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

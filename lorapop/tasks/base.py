@@ -1,0 +1,87 @@
+"""Typed results of the task domain and the TaskType protocol.
+
+Inputs are stored as the argument text of a call: input ``"'ab', 3"`` means ``f('ab', 3)``. Outputs are canonical
+``repr`` strings produced in the sandbox. Everything here is JSON-able (``to_dict``/``from_dict``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Task:
+    type: str
+    program: str
+    inputs: list[str]
+    outputs: list[str]
+    message: str = ""
+    proposer: str | None = None
+    step: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Task":
+        return cls(type=d["type"], program=d["program"], inputs=list(d["inputs"]), outputs=list(d["outputs"]),
+                   message=d.get("message", ""), proposer=d.get("proposer"), step=int(d.get("step", 0)))
+
+
+@dataclass
+class Proposal:
+    """A teacher's parsed output; not yet executed."""
+    type: str
+    program: str
+    inputs: list[str]
+    message: str = ""
+
+
+@dataclass
+class Answer:
+    """A student's parsed output: the predicted output (code_o), the input (code_i) or the program (code_f)."""
+    type: str
+    text: str
+
+
+@dataclass
+class ParseError:
+    """Format error: a block is missing or malformed (reward -1)."""
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class Invalid:
+    """A well-formed proposal that is not a valid task (reward -0.5). Reason codes: syntax_error, no_f,
+    multiple_f, extra_toplevel, has_class, banned_import, banned_name, dunder_access, not_literal, too_long,
+    duplicate_inputs, timeout, memory, runtime_error, crashed, output_too_long, output_not_literal,
+    nondeterministic."""
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    """Result of checking one answer: status "correct" | "wrong" | "format_error"."""
+    status: str
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
+
+
+class TaskType(Protocol):
+    name: str
+
+    def teacher_prompt(self, references: list[Task], rng) -> str: ...
+    def parse_proposal(self, text: str, *, program: str | None = None) -> Proposal | ParseError: ...
+    def validate(self, proposal: Proposal, executor) -> Task | Invalid: ...
+    def validate_many(self, proposals: list[Proposal], executor) -> list[Task | Invalid]: ...
+    def student_prompt(self, task: Task) -> str: ...
+    def parse_answer(self, text: str) -> Answer | ParseError: ...
+    def check(self, task: Task, answer: Answer, executor) -> bool: ...
+    def check_many(self, task: Task, answers: list[Answer | ParseError], executor) -> list[Outcome]: ...

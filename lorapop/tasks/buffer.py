@@ -1,0 +1,109 @@
+"""Per-type task buffers: identity seed, optional seed files, K references, dedup, JSON-able state."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from lorapop.tasks.base import Invalid, Proposal, Task
+
+IDENTITY_PROGRAM = "def f(a):\n    return a"
+IDENTITY_MESSAGE = "Write a function that returns whatever you input"
+
+
+def identity_task(type_name: str) -> Task:
+    return Task(type=type_name, program=IDENTITY_PROGRAM, inputs=['"Hello world"'], outputs=["'Hello world'"],
+                message=IDENTITY_MESSAGE if type_name == "code_f" else "", proposer="seed", step=0)
+
+
+def _normalise(program: str) -> str:
+    try:
+        return ast.unparse(ast.parse(program))  # ignores formatting and comments
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return program.strip()
+
+
+def _with_imports(snippet: str, imports: list[str]) -> str:
+    missing = [i.strip() for i in imports if i.strip() and i.strip() not in snippet]
+    return "\n".join(missing + [snippet]) if missing else snippet
+
+
+def read_seed_file(path, type_name: str) -> list[Task]:
+    """Rows of either AZR seed layout: {snippet, input, output, imports} or {snippet, inputs, outputs, message,
+    imports}. Outputs are stored as given (some are truncated in the files); validate to recompute them."""
+    tasks = []
+    with open(Path(path), encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            inputs = d["inputs"] if "inputs" in d else [d["input"]]
+            outputs = d["outputs"] if "outputs" in d else [d["output"]]
+            tasks.append(Task(type=type_name, program=_with_imports(d["snippet"], d.get("imports") or []),
+                              inputs=list(inputs), outputs=list(outputs), message=d.get("message", ""),
+                              proposer="seed", step=0))
+    return tasks
+
+
+class TaskBuffer:
+    def __init__(self, type_name: str, seed_identity: bool = True):
+        self.type = type_name
+        self.tasks: list[Task] = []
+        self._keys: set[str] = set()
+        if seed_identity:
+            self.add(identity_task(type_name))
+
+    @staticmethod
+    def key(task: Task) -> str:
+        return json.dumps([_normalise(task.program), [i.strip() for i in task.inputs]])
+
+    def add(self, task: Task) -> bool:
+        """False (and nothing stored) for a duplicate program+inputs."""
+        k = self.key(task)
+        if k in self._keys:
+            return False
+        self._keys.add(k)
+        self.tasks.append(task)
+        return True
+
+    def load_seed_file(self, path, executor=None, task_type=None) -> int:
+        """Adds the file's tasks; with an executor (and the task type object), only those that pass full
+        validation, with outputs recomputed in the sandbox. Returns how many were added."""
+        tasks = read_seed_file(path, self.type)
+        if executor is not None:
+            if task_type is None:
+                from lorapop.tasks import TASK_TYPES
+                task_type = TASK_TYPES[self.type]
+            props = [Proposal(self.type, t.program, t.inputs, t.message) for t in tasks]
+            tasks = [r for r in task_type.validate_many(props, executor) if not isinstance(r, Invalid)]
+            for t in tasks:
+                t.proposer = "seed"
+        return sum(self.add(t) for t in tasks)
+
+    def sample(self, k: int, rng) -> list[Task]:
+        """k distinct tasks (all of them when the buffer is smaller). `rng`: random.Random or numpy Generator."""
+        n = len(self.tasks)
+        k = min(int(k), n)
+        if k <= 0:
+            return []
+        if hasattr(rng, "sample"):
+            idx = rng.sample(range(n), k)
+        else:
+            idx = [int(i) for i in rng.choice(n, size=k, replace=False)]
+        return [self.tasks[i] for i in idx]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self):
+        return iter(self.tasks)
+
+    def state_dict(self) -> dict:
+        return {"type": self.type, "tasks": [t.to_dict() for t in self.tasks]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.type = state.get("type", self.type)
+        self.tasks, self._keys = [], set()
+        for d in state["tasks"]:
+            self.add(Task.from_dict(d))

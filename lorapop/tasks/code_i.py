@@ -1,0 +1,42 @@
+"""code_i (abduction): the student sees program and output and must give an input that produces it."""
+
+from __future__ import annotations
+
+from lorapop.tasks.base import Answer, Outcome, ParseError, Task
+from lorapop.tasks.common import ProgramInputTask, fence
+from lorapop.tasks.parsing import extract
+from lorapop.tasks.validity import SAME_SRC, check_call_args
+
+
+class CodeI(ProgramInputTask):
+    name = "code_i"
+    goal = "A solver will see f and its output and must find an input that produces it, so make that hard."
+
+    def student_prompt(self, task: Task) -> str:
+        return ("Find arguments for f that make it return the output below.\n"
+                f"{fence('python', task.program)}\nOutput: {task.outputs[0]}\n\n"
+                "Think step by step briefly, then give the arguments, exactly as written inside f(...), in an "
+                "```input block, for example:\n" + fence("input", "[3, 1], 'x'"))
+
+    def parse_answer(self, text) -> Answer | ParseError:
+        got = extract(text, {"input": 1})
+        return got if isinstance(got, ParseError) else Answer(self.name, got["input"][0])
+
+    def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(answers)
+        jobs = []
+        for i, a in enumerate(answers):
+            if isinstance(a, ParseError):
+                outcomes[i] = Outcome("format_error", a.reason)
+                continue
+            bad = check_call_args(a.text)
+            if bad is not None:
+                outcomes[i] = Outcome("wrong", f"input {bad.reason}")
+                continue
+            # The teacher's validated f runs on the student's literal arguments; nothing model-written by the
+            # student is executable, so comparing in the same run is safe.
+            jobs.append((i, f"{task.program}\n{SAME_SRC}\n_result = bool(_same(f({a.text}\n), ({task.outputs[0]}\n)))\n"))
+        for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
+            outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
+                                  r.error or r.value or "")
+        return outcomes  # type: ignore[return-value]

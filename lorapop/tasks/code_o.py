@@ -1,0 +1,42 @@
+"""code_o (deduction): the student sees program and input and predicts the output."""
+
+from __future__ import annotations
+
+from lorapop.tasks.base import Answer, Outcome, ParseError, Task
+from lorapop.tasks.common import ProgramInputTask, fence
+from lorapop.tasks.parsing import extract
+from lorapop.tasks.validity import check_literal, compare_code
+
+MAX_ANSWER_CHARS = 2000
+
+
+class CodeO(ProgramInputTask):
+    name = "code_o"
+    goal = "A solver will see f and the input and must predict the output, so make it take careful reasoning."
+
+    def student_prompt(self, task: Task) -> str:
+        return ("Predict the value returned by f for the input below.\n"
+                f"{fence('python', task.program)}\nCall: f({task.inputs[0]})\n\n"
+                "Think step by step briefly, then give the returned value as a Python literal in an ```output "
+                "block, for example:\n" + fence("output", "[1, 'a']"))
+
+    def parse_answer(self, text) -> Answer | ParseError:
+        got = extract(text, {"output": 1})
+        return got if isinstance(got, ParseError) else Answer(self.name, got["output"][0])
+
+    def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
+        outcomes: list[Outcome | None] = [None] * len(answers)
+        jobs = []
+        for i, a in enumerate(answers):
+            if isinstance(a, ParseError):
+                outcomes[i] = Outcome("format_error", a.reason)
+                continue
+            bad = check_literal(a.text, MAX_ANSWER_CHARS)
+            if bad is not None:
+                outcomes[i] = Outcome("wrong", f"prediction {bad.reason}")
+                continue
+            jobs.append((i, compare_code(a.text, task.outputs[0])))
+        for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
+            outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
+                                  r.error or r.value or "")
+        return outcomes  # type: ignore[return-value]

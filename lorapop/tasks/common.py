@@ -1,0 +1,109 @@
+"""Shared machinery of the three task types: batched validation (static checks, two runs under different
+PYTHONHASHSEEDs) and the prompt pieces."""
+
+from __future__ import annotations
+
+from lorapop.tasks.base import Invalid, Proposal, Task
+from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
+                                    status_to_invalid)
+
+DETERMINISM_SEEDS = (1, 2)  # two processes with different hash randomisation
+
+
+def validate_many(type_name: str, proposals: list[Proposal], executor, *, min_inputs: int = 1,
+                  hashseeds: tuple[int, int] = DETERMINISM_SEEDS, timeout_s: float | None = None
+                  ) -> list[Task | Invalid]:
+    results: list[Task | Invalid | None] = [None] * len(proposals)
+    jobs: list[tuple[int, int, str]] = []  # (proposal index, input index, code)
+    for pi, p in enumerate(proposals):
+        bad = check_program(p.program)
+        if bad is None and len(set(p.inputs)) != len(p.inputs):
+            bad = Invalid("duplicate_inputs", "inputs repeat")
+        if bad is None and len(p.inputs) < min_inputs:
+            bad = Invalid("too_few_inputs", f"{len(p.inputs)} < {min_inputs}")
+        for inp in p.inputs if bad is None else []:
+            bad = check_call_args(inp)
+            if bad is not None:
+                break
+        if bad is not None:
+            results[pi] = bad
+            continue
+        jobs.extend((pi, ii, call_code(p.program, inp)) for ii, inp in enumerate(p.inputs))
+    first = executor.run_many([c for _, _, c in jobs], timeout_s=timeout_s, hashseed=hashseeds[0])
+    failed: dict[int, Invalid] = {}
+    for (pi, _, _), r in zip(jobs, first):
+        if r.status != "ok" and pi not in failed:
+            failed[pi] = status_to_invalid(r.status, r.error)
+    again = [j for j in jobs if j[0] not in failed]
+    second = executor.run_many([c for _, _, c in again], timeout_s=timeout_s, hashseed=hashseeds[1])
+    second_by = {(pi, ii): r for (pi, ii, _), r in zip(again, second)}
+    outputs: dict[int, list[str]] = {}
+    for (pi, ii, _), r in zip(jobs, first):
+        if pi in failed:
+            continue
+        r2 = second_by[(pi, ii)]
+        if r2.status != "ok":
+            failed[pi] = status_to_invalid(r2.status, r2.error)
+        elif r2.value != r.value:
+            failed[pi] = Invalid("nondeterministic", f"{r.value[:60]!r} vs {r2.value[:60]!r}")
+        else:
+            bad = check_literal(r.value, MAX_OUTPUT_CHARS)
+            if bad is not None:
+                failed[pi] = Invalid("output_too_long" if bad.reason == "output_too_long" else "output_not_literal",
+                                     bad.detail)
+            else:
+                outputs.setdefault(pi, []).append(r.value)
+    for pi, p in enumerate(proposals):
+        if results[pi] is None:
+            results[pi] = failed[pi] if pi in failed else Task(type=type_name, program=p.program, inputs=list(p.inputs),
+                                                 outputs=outputs[pi], message=p.message)
+    return results  # type: ignore[return-value]
+
+
+FORMAT_RULES = ("Rules: one function named f, standard library only; no classes, printing, randomness, time, "
+                "files, network or os/sys. f must be deterministic and return a value whose repr is short.")
+
+
+def fence(tag: str, body: str) -> str:
+    return f"```{tag}\n{body}\n```"
+
+
+def render_reference(t: Task, with_output: bool = True) -> str:
+    parts = [fence("python", t.program), fence("input", t.inputs[0] if t.inputs else "")]
+    if with_output and t.outputs:
+        parts.append(fence("output", t.outputs[0]))
+    return "\n".join(parts)
+
+
+class ProgramInputTask:
+    """code_o and code_i: the teacher writes a program and one input; they differ in what the student sees."""
+
+    name = ""
+    goal = ""
+
+    def teacher_prompt(self, references: list[Task], rng=None) -> str:
+        refs = "\n\n".join(f"Reference {i + 1}:\n{render_reference(t)}" for i, t in enumerate(references))
+        example = "\n".join([fence("python", "def f(nums, k):\n    return sorted(nums)[-k:]"),
+                             fence("input", "[5, 1, 4, 2], 2")])
+        return (f"Write a new Python function f and one input for it. {self.goal}\n{FORMAT_RULES}\n"
+                "The input block holds the arguments exactly as written inside f(...).\n\n"
+                f"{refs}\n\nFormat example:\nf keeps the k largest numbers.\n{example}\n\n"
+                "Now write one sentence of reasoning, then your own ```python and ```input blocks.")
+
+    def parse_proposal(self, text, *, program: str | None = None):
+        from lorapop.tasks.parsing import extract
+        from lorapop.tasks.base import ParseError
+
+        got = extract(text, {"python": 1, "input": 1})
+        if isinstance(got, ParseError):
+            return got
+        return Proposal(type=self.name, program=got["python"][0], inputs=[got["input"][0]])
+
+    def validate(self, proposal: Proposal, executor) -> Task | Invalid:
+        return self.validate_many([proposal], executor)[0]
+
+    def validate_many(self, proposals: list[Proposal], executor, **kw) -> list[Task | Invalid]:
+        return validate_many(self.name, proposals, executor, **kw)
+
+    def check(self, task: Task, answer, executor) -> bool:
+        return self.check_many(task, [answer], executor)[0].correct

@@ -1,0 +1,183 @@
+"""Static checks of model-written programs and inputs (SPEC 2), and the code strings sent to the sandbox.
+
+Static checks only parse (``ast.parse``) and, for literal-ness, use ``ast.literal_eval`` on already size-capped
+strings; every evaluation of model-written code or expressions happens in the executor.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from lorapop.tasks.base import Invalid
+
+MAX_PROGRAM_CHARS = 6000
+MAX_INPUT_CHARS = 1000
+MAX_OUTPUT_CHARS = 400
+
+# SPEC 2 list, then whatever touches files, network, processes, interpreter internals or nondeterminism.
+BANNED_MODULES = frozenset("""
+logging random multiprocessing pebble subprocess threading _thread datetime time hashlib hmac bcrypt calendar
+os sys posix nt socket ssl select selectors asyncio concurrent signal resource shutil pathlib io tempfile glob
+fileinput filecmp zipfile tarfile gzip bz2 lzma zlib shelve dbm sqlite3 pickle marshal copyreg ctypes cffi gc
+inspect importlib imp builtins types code codeop dis traceback atexit faulthandler pty tty fcntl termios mmap
+platform sysconfig site zipimport pkgutil runpy secrets uuid urllib http ftplib smtplib poplib imaplib telnetlib
+socketserver xmlrpc webbrowser requests weakref tracemalloc sched queue timeit cProfile profile pdb tokenize
+""".split())
+BANNED_NAMES = frozenset("""
+eval exec compile open __import__ globals locals vars getattr setattr delattr breakpoint
+__builtins__ __loader__ __spec__ __file__ __build_class__
+""".split())
+
+
+def _first_bad_module(name: str | None) -> str | None:
+    if not name:
+        return None
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        if ".".join(parts[:i]) in BANNED_MODULES:
+            return name
+    return None
+
+
+def parse_program(src: str) -> ast.Module | Invalid:
+    if len(src) > MAX_PROGRAM_CHARS:
+        return Invalid("too_long", f"program has {len(src)} chars")
+    try:
+        return ast.parse(src)
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return Invalid("syntax_error", f"{type(exc).__name__}: {exc}"[:200])
+
+
+def check_program(src: str) -> Invalid | None:
+    """None when the program is statically acceptable: imports, then exactly one top-level `def f`, no classes,
+    no banned module, builtin or dunder attribute anywhere."""
+    tree = parse_program(src)
+    if isinstance(tree, Invalid):
+        return tree
+    n_f = 0
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "f":
+            n_f += 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            pass
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            pass  # a module docstring
+        else:
+            return Invalid("extra_toplevel", f"top level may hold only imports and def f, found {type(node).__name__}")
+    if n_f == 0:
+        return Invalid("no_f", "no top-level def f")
+    if n_f > 1:
+        return Invalid("multiple_f", f"{n_f} definitions of f")
+    bound = _bound_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            return Invalid("has_class", node.name)
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if _first_bad_module(a.name):
+                    return Invalid("banned_import", a.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level or _first_bad_module(node.module):
+                return Invalid("banned_import", node.module or ".")
+            for a in node.names:
+                if _first_bad_module(f"{node.module}.{a.name}"):
+                    return Invalid("banned_import", f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Name) and node.id in BANNED_NAMES and (node.id.startswith("__") or node.id not in bound):
+            return Invalid("banned_name", node.id)
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
+            return Invalid("dunder_access", node.attr)
+    return None
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Names the program binds itself (a parameter called `vars` is not the builtin)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+def _is_literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def check_call_args(text: str) -> Invalid | None:
+    """`text` must be the argument list of a call made only of literals: `f(<text>)` is then safe to build."""
+    if not isinstance(text, str) or not text.strip():
+        return Invalid("not_literal", "empty input")
+    if len(text) > MAX_INPUT_CHARS:
+        return Invalid("too_long", f"input has {len(text)} chars")
+    try:
+        tree = ast.parse(f"f({text})", mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return Invalid("not_literal", f"{type(exc).__name__}: {exc}"[:200])
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        return Invalid("not_literal", "not a plain argument list")
+    for a in call.args:
+        if isinstance(a, ast.Starred) or not _is_literal(a):
+            return Invalid("not_literal", ast.get_source_segment(f"f({text})", a) or "argument")
+    for k in call.keywords:
+        if k.arg is None or not _is_literal(k.value):
+            return Invalid("not_literal", f"keyword {k.arg}")
+    return None
+
+
+def check_literal(text: str, max_chars: int = MAX_OUTPUT_CHARS) -> Invalid | None:
+    """A single Python literal expression (a predicted or produced output)."""
+    if not isinstance(text, str) or not text.strip():
+        return Invalid("not_literal", "empty")
+    if len(text) > max_chars:
+        return Invalid("output_too_long", f"{len(text)} chars > {max_chars}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        return Invalid("not_literal", f"{type(exc).__name__}: {exc}"[:200])
+    return None if _is_literal(tree.body) else Invalid("not_literal", text[:80])
+
+
+# Type-strict structural equality, run inside the sandbox. `==` alone would let a value with a custom __eq__ (or
+# True for 1) pass; here types must match exactly and containers are compared element by element.
+SAME_SRC = '''
+def _same(a, b, _t=type, _len=len, _zip=zip, _all=all, _any=any):
+    ta = _t(a)
+    if ta is not _t(b):
+        return False
+    if ta is list or ta is tuple:
+        return _len(a) == _len(b) and _all(_same(x, y) for x, y in _zip(a, b))
+    if ta is dict:
+        return _len(a) == _len(b) and _all(_any(_same(ka, kb) and _same(a[ka], b[kb]) for ka in a) for kb in b)
+    if ta is set or ta is frozenset:
+        return _len(a) == _len(b) and _all(_any(_same(x, y) for x in a) for y in b)
+    if ta is float and a != a:
+        return b != b
+    return a == b
+'''
+
+
+def call_code(program: str, input_text: str) -> str:
+    """Program, then `_result = f(<input>)`; the input was checked by `check_call_args`."""
+    return f"{program}\n\n_result = f({input_text})\n"
+
+
+def compare_code(left: str, right: str, prelude: str = "") -> str:
+    """`_result` is True when two literal/expression texts denote the same value (both already checked)."""
+    return f"{prelude}\n{SAME_SRC}\n_result = bool(_same(({left}\n), ({right}\n)))\n"
+
+
+def status_to_invalid(status: str, error: str | None) -> Invalid:
+    if status == "output_limit":
+        return Invalid("output_too_long", error or "")
+    return Invalid({"timeout": "timeout", "memory": "memory", "error": "runtime_error",
+                    "crashed": "crashed"}.get(status, status), error or "")
