@@ -47,7 +47,8 @@ def cyclomatic(program: str) -> int:
     from radon.visitors import ComplexityVisitor, Function
 
     v = ComplexityVisitor.from_code(program)
-    total, stack = max(0, v.complexity - 1), list(v.blocks)
+    # radon's `blocks` lists methods both inside their class and flattened beside it: start from the top level only.
+    total, stack = max(0, v.complexity - 1), list(v.functions) + list(v.classes)
     while stack:
         b = stack.pop()
         if isinstance(b, Function):

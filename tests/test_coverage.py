@@ -1,0 +1,125 @@
+"""CVT coverage: centroids saved and reusable, per-teacher/per-student sets, checkpoint round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pytest
+
+from lorapop.diagnostics.complexity import program_descriptors
+from lorapop.diagnostics.coverage import (CENTROIDS_FILE, COVERAGE_DESCRIPTORS, DEFAULT_BOUNDS, CoverageConfig,
+                                          CoverageTracker, generate_centroids, normalise)
+
+SMALL = dict(n_cells=64, kmeans_samples=3000)
+
+
+def _desc(**kw) -> dict[str, float]:
+    d = {k: DEFAULT_BOUNDS[k][0] for k in COVERAGE_DESCRIPTORS}
+    d.update(kw)
+    return d
+
+
+def _programs(n: int, seed: int = 0) -> list[dict[str, float]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        body = "\n".join(f"    {'    ' * (i % 3)}if x > {i}:\n    {'    ' * (i % 3)}    x -= {i}"
+                         for i in range(int(rng.integers(0, 6))))
+        prog = f"def f(x):\n{body}\n    return x\n" if body else "def f(x):\n    return x\n"
+        out.append(program_descriptors(prog, [str(list(range(int(rng.integers(0, 40)))))]))
+    return out
+
+
+def test_normalise_bounds_and_clipping():
+    assert np.allclose(normalise(_desc()), 0.0)
+    hi = {k: DEFAULT_BOUNDS[k][1] * 10 for k in COVERAGE_DESCRIPTORS}
+    assert np.allclose(normalise(hi), 1.0)
+    mid = {k: sum(DEFAULT_BOUNDS[k]) / 2 for k in COVERAGE_DESCRIPTORS}
+    assert np.allclose(normalise(mid), 0.5)
+    assert np.allclose(normalise(_desc(loc=float("nan"))), 0.0)
+    with pytest.raises(ValueError, match="loc"):
+        normalise({k: 1.0 for k in COVERAGE_DESCRIPTORS if k != "loc"})
+
+
+def test_config_fields_are_documented():
+    fields = {f.name: f for f in dataclasses.fields(CoverageConfig)}
+    assert fields["n_cells"].default == 512
+    for f in fields.values():
+        assert f.metadata.get("help"), f.name
+
+
+def test_default_centroid_generation_is_fast_and_seeded():
+    generate_centroids(CoverageConfig(n_cells=8, kmeans_samples=100))  # imports and warm-up out of the timing
+    t = time.perf_counter()
+    c = generate_centroids(CoverageConfig())
+    elapsed = time.perf_counter() - t
+    assert c.shape == (512, 5) and (c >= 0).all() and (c <= 1).all()
+    assert elapsed < 4.0, f"512-cell centroids took {elapsed:.1f}s (target ~2s, slack for a loaded machine)"
+    assert np.array_equal(generate_centroids(CoverageConfig(**SMALL, seed=3)),
+                          generate_centroids(CoverageConfig(**SMALL, seed=3)))
+
+
+def test_centroids_saved_in_run_dir_and_reused(tmp_path):
+    a = CoverageTracker(CoverageConfig(**SMALL, seed=1), run_dir=tmp_path / "a")
+    saved = np.load(tmp_path / "a" / CENTROIDS_FILE)
+    assert np.array_equal(saved, a.centroids) and a.n_cells == 64
+    # a resumed run finds its own centroids even with another seed in its config
+    again = CoverageTracker(CoverageConfig(**SMALL, seed=99), run_dir=tmp_path / "a")
+    assert np.array_equal(again.centroids, saved)
+    # another run compares with it by loading the file; its run dir gets a copy
+    b = CoverageTracker(CoverageConfig(centroids_path=str(tmp_path / "a" / CENTROIDS_FILE), seed=7),
+                        run_dir=tmp_path / "b")
+    assert np.array_equal(np.load(tmp_path / "b" / CENTROIDS_FILE), saved)
+    progs = _programs(40)
+    for d in progs:
+        a.add(d, "t0", "s0")
+        b.add(d, "t9", "s9")
+    assert a.coverage() == b.coverage() > 0
+    other = CoverageTracker(CoverageConfig(**SMALL, seed=2))
+    assert not np.array_equal(other.centroids, saved)
+
+
+def test_bad_centroid_sources(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        CoverageTracker(CoverageConfig(centroids_path=str(tmp_path / "missing.npy")))
+    np.save(tmp_path / "bad.npy", np.zeros((10, 3)))
+    with pytest.raises(ValueError, match="shape"):
+        CoverageTracker(CoverageConfig(centroids_path=str(tmp_path / "bad.npy")))
+
+
+def test_coverage_overall_by_teacher_and_by_student():
+    c = np.eye(5)  # 5 cells, one per axis corner: easy to aim at
+    tr = CoverageTracker(CoverageConfig(), centroids=np.vstack([c, np.zeros((1, 5))]))
+    assert tr.coverage() == 0.0
+    lo = _desc()
+    at = lambda k: _desc(**{k: DEFAULT_BOUNDS[k][1]})  # noqa: E731
+    assert tr.add(lo, "t0", "s0") == 5
+    assert tr.add(at("loc"), "t0", "s1") == 2
+    tr.add(at("loc"), "t1", "s1")  # same cell again: no new coverage
+    tr.add(at("ast_depth"), "t1", None)  # a task nobody faced counts for its teacher only
+    assert tr.coverage() == pytest.approx(3 / 6)
+    assert tr.coverage_by_teacher() == pytest.approx({"t0": 2 / 6, "t1": 2 / 6})
+    assert tr.coverage_by_student() == pytest.approx({"s0": 1 / 6, "s1": 1 / 6})
+    m = tr.metrics()
+    assert m["coverage"] == tr.coverage() and m["coverage/teacher/t1"] == 2 / 6 and m["coverage/student/s0"] == 1 / 6
+    live = tr.metrics(members=["t0", "s1"])
+    assert set(live) == {"coverage", "coverage/teacher/t0", "coverage/student/s1"}
+
+
+def test_state_dict_round_trip_through_json(tmp_path):
+    tr = CoverageTracker(CoverageConfig(**SMALL, seed=4), run_dir=tmp_path / "run")
+    progs = _programs(60, seed=1)
+    for i, d in enumerate(progs[:30]):
+        tr.add(d, f"t{i % 2}", f"s{i % 3}")
+    before = (tr.coverage(), tr.coverage_by_teacher(), tr.coverage_by_student())
+    state = json.loads(json.dumps(tr.state_dict()))
+    # a resumed process: different seed and no run dir, so only the state can give the same centroids
+    resumed = CoverageTracker(CoverageConfig(**SMALL, seed=123))
+    resumed.load_state_dict(state)
+    assert (resumed.coverage(), resumed.coverage_by_teacher(), resumed.coverage_by_student()) == before
+    for i, d in enumerate(progs[30:]):
+        assert resumed.add(d, "t0", "s0") == tr.add(d, "t0", "s0")
+    assert resumed.coverage() == tr.coverage() and resumed.n_added == tr.n_added == 60

@@ -1,0 +1,165 @@
+"""The run report: content on realistic runs, overlays, and bad input (partial, empty, not a run)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from fixtures_runs import write_population_run, write_single_run
+
+from lorapop.report import SECTIONS, json_tables, main, write_report
+from lorapop.report_data import RunDirError, load_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("runs")
+    return {"pop": write_population_run(base / "pop4"), "single": write_single_run(base / "single")}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "report.html").unlink(missing_ok=True)
+    return dst
+
+
+def _sections(html: str) -> list[str]:
+    return re.findall(r'<section id="([a-z]+)">', html)
+
+
+def test_one_run_has_every_section_and_plot(runs):
+    out = write_report([runs["pop"]])
+    assert out == runs["pop"] / "report.html"
+    html = out.read_text()
+    assert _sections(html) == [sid for sid, _ in SECTIONS]
+    assert 'class="noplot"' not in html, re.findall(r'no data: [^<]*', html)
+    # rewards x4, solve x2, validity x4, complexity 5+5, coverage x3, trueskill x2, lineage x1, lengths x2, timing x1
+    assert html.count('<svg class="plot') == 29
+    # self-contained: no scripts, no external fetches
+    assert "<script" not in html and not re.search(r'(src|href)="(https?:)?//', html)
+    # series of a replaced member end, the child's begin; lineage names operator and parents
+    assert "svd_structured" in html and "average" in html and ">t0, t1<" in html
+    for mid in ("t0", "t1", "t2", "s0", "s1", "s2"):
+        assert f"<title>{mid}</title>" in html
+    assert "every file was read in full" in html
+    assert "mbpp_plus" in html and "0.334" in html  # eval.json as a table
+    assert "batch_per_member: 8" in html  # config.yaml verbatim
+
+
+def test_overlay_of_single_and_population(runs, tmp_path):
+    out = write_report([runs["pop"], runs["single"]], tmp_path / "cmp.html")
+    html = out.read_text()
+    assert out == tmp_path / "cmp.html"
+    chart = html[html.index("Reward by role"):html.index("</figure>", html.index("Reward by role"))]
+    for label in ("pop4 · teacher", "pop4 · student", "single · teacher", "single · student"):
+        assert f"<title>{label}</title>" in chart
+    assert "Solve rate per student — single" in html and "Solve rate per student — pop4" in html
+    assert "Population over steps — single" in html
+    # default output for several runs: the first run's directory
+    assert write_report([runs["single"], runs["pop"]]) == runs["single"] / "report.html"
+
+
+def test_truncated_and_corrupt_metrics_lines(runs, tmp_path):
+    run = _copy(runs["pop"], tmp_path / "killed")
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[4] = "{not json\n"
+    lines[-1] = lines[-1][: len(lines[-1]) // 2]  # killed mid-write: half a line, no newline
+    (run / "metrics.jsonl").write_text("".join(lines))
+    html = write_report([run]).read_text()
+    assert "metrics.jsonl line 30: truncated, skipped" in html
+    assert "metrics.jsonl line 5: not valid JSON, skipped" in html
+    assert re.search(r"<td>killed</td><td>[^<]*</td><td class=\"num\">28</td>", html)
+    assert 'class="noplot"' not in html
+
+
+def test_resumed_run_keeps_the_later_copy_of_a_step(runs, tmp_path):
+    run = _copy(runs["pop"], tmp_path / "resumed")
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    redo = json.loads(lines[-1])
+    redo["reward"] = 0.123456
+    (run / "metrics.jsonl").write_text("".join(lines) + json.dumps(redo) + "\n")
+    data = load_run(run)
+    assert len(data.metrics) == 30 and data.metrics[-1]["reward"] == 0.123456
+    assert any("logged more than once" in n for n in data.notes)
+
+
+def test_run_in_progress_with_only_a_config(tmp_path):
+    run = tmp_path / "starting"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: starting\nsteps: 100\n")
+    html = write_report([run]).read_text()
+    assert _sections(html) == [sid for sid, _ in SECTIONS]
+    assert "metrics.jsonl: missing" in html and "no data:" in html
+    assert "steps: 100" in html
+
+
+def test_nonfinite_values_and_broken_side_files(runs, tmp_path):
+    run = _copy(runs["pop"], tmp_path / "odd")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[3]["reward"] = float("nan")
+    rows[4]["coverage"] = float("inf")
+    rows[5]["member/s0/solve_rate"] = "n/a"
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "population.json").write_text('{"step": 30, "members": [')  # torn write
+    (run / "eval.json").write_text(json.dumps([{"bench": "x", "score": 0.5}, {"bench": "y", "score": None}]))
+    (run / "config.yaml").write_text("a: [unclosed\n</pre><script>alert(1)</script>\n")
+    html = write_report([run]).read_text()
+    assert "population.json: not valid JSON" in html and "config.yaml: not valid YAML" in html
+    assert "<script>alert" not in html and "&lt;script&gt;alert(1)" in html
+    geometry = re.findall(r' (?:d|cx|cy|x|y|width)="([^"]*)"', html)
+    assert geometry and all(re.fullmatch(r"[-0-9. MLZ]*", g) for g in geometry), "non-finite value drawn"
+    assert ">bench<" in html and ">0.5<" in html
+    # lineage falls back to the members seen in metrics: every row starts at step 0 with no parents
+    assert "Population over steps — odd" in html
+
+
+def test_complexity_from_tasks_when_metrics_lack_it(runs, tmp_path):
+    run = _copy(runs["pop"], tmp_path / "oldtrainer")
+    rows = [{k: v for k, v in json.loads(x).items() if not k.startswith("complexity/")}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    html = write_report([run]).read_text()
+    sec = html[html.index('<section id="complexity">'):html.index('<section id="coverage">')]
+    assert "cyclomatic per teacher — oldtrainer" in sec and 'class="noplot"' not in sec
+    assert all(f"<title>{t}</title>" in sec for t in ("t0", "t1", "t2"))
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "empty_dir", "foreign_dir", "empty_metrics"])
+def test_nothing_readable_is_a_clear_error(tmp_path, kind, capsys):
+    p = tmp_path / "x"
+    if kind == "file":
+        p.write_text("hello")
+    elif kind == "empty_dir":
+        p.mkdir()
+    elif kind == "foreign_dir":
+        p.mkdir()
+        (p / "notes.txt").write_text("not a run")
+    elif kind == "empty_metrics":
+        p.mkdir()
+        (p / "metrics.jsonl").write_text("")
+    with pytest.raises(RunDirError, match=str(p)):
+        write_report([p])
+    assert main([str(p)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lorapop report: error: RunDirError: ") and err.count("\n") == 1
+    assert not (tmp_path / "x" / "report.html").exists()
+
+
+def test_a_bad_run_beside_good_ones_is_skipped_with_a_note(runs, tmp_path, capsys):
+    out = tmp_path / "outdir"
+    out.mkdir()
+    assert main([str(tmp_path / "nope"), str(runs["single"]), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"report: {out / 'report.html'}"
+    html = (out / "report.html").read_text()
+    assert "skipped run: " in html and "no such directory" in html
+    assert "<title>a0</title>" in html
+
+
+def test_json_tables_generic_shapes():
+    html = json_tables({"benchmarks": {"mbpp": {"base": 0.3, "members": {"s0": 0.4}}}, "aggregate": 0.35,
+                        "notes": ["a", "b"]})
+    assert ">members.s0<" in html and ">aggregate<" in html and ">0.35<" in html and ">b<" in html
+    assert "x &amp; y" in json_tables("x & y")
