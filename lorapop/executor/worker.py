@@ -33,6 +33,8 @@ except ImportError:  # pragma: no cover - non-POSIX
     resource = None
 
 _HDR = struct.Struct(">I")
+# Bound at import so a program that rebinds builtins cannot break the reporting of its own result.
+_repr, _len, _isinstance, _str, _type, _BaseException = repr, len, isinstance, str, type, BaseException
 
 
 class _OutputLimit(BaseException):
@@ -98,6 +100,18 @@ def _describe(exc):
     return _short(f"{name}: {msg}" if msg else name)
 
 
+def _pack_result(status, value, error):
+    """NUL-separated fields, built without json or any builtin a program may have rebound."""
+    v = "0" if value is None else "1" + value
+    e = "0" if error is None else "1" + error.replace("\x00", "\\x00")
+    return (status + "\x00" + v + "\x00" + e).encode("utf-8", "backslashreplace")
+
+
+def _unpack_result(data):
+    status, v, e = data.decode("utf-8").split("\x00")
+    return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
+
+
 def _child(code, cfg, uid, run_dir, res_w, fds):
     """Runs in the forked child; never returns."""
     status, value, error = "crashed", None, None
@@ -137,11 +151,11 @@ def _child(code, cfg, uid, run_dir, res_w, fds):
         try:
             exec(compile(code, "<program>", "exec"), g)
             result = g.get("_result")
-            text = repr(result)
-            if not isinstance(text, str):
+            text = _repr(result)
+            if not _isinstance(text, _str):
                 raise TypeError("__repr__ returned non-string")
-            if len(text) > cfg["max_repr_chars"]:
-                status, error = "output_limit", f"repr of _result has {len(text)} chars > {cfg['max_repr_chars']}"
+            if _len(text) > cfg["max_repr_chars"]:
+                status, error = "output_limit", f"repr of _result has {_len(text)} chars > {cfg['max_repr_chars']}"
             else:
                 status, value = "ok", text
         except _OutputLimit:
@@ -157,8 +171,8 @@ def _child(code, cfg, uid, run_dir, res_w, fds):
     except BaseException as exc:
         status, error = "crashed", "sandbox setup failed: " + _describe(exc)
     try:
-        data = json.dumps([status, value, error]).encode("utf-8")
-        _write_all(res_w, _HDR.pack(len(data)) + data)
+        data = _pack_result(status, value, error)
+        _write_all(res_w, _HDR.pack(_len(data)) + data)
     except BaseException:
         pass
     os._exit(0)
@@ -237,7 +251,7 @@ def _run_one(req, cfg, state):
         return {"status": "timeout", "value": None, "error": f"wall-clock limit {timeout:g}s", "duration": duration}
     try:
         n = _HDR.unpack(buf[:4])[0]
-        status, value, error = json.loads(buf[4 : 4 + n].decode("utf-8"))
+        status, value, error = _unpack_result(buf[4 : 4 + n])
     except Exception:
         status, value = "crashed", None
         if os.WIFSIGNALED(wstatus):
