@@ -54,20 +54,20 @@ def check_program(src: str) -> Invalid | None:
     tree = parse_program(src)
     if isinstance(tree, Invalid):
         return tree
-    n_f = 0
+    n_f = sum(isinstance(n, ast.FunctionDef) and n.name == "f" for n in tree.body)
+    if n_f == 0:
+        return Invalid("no_f", "no top-level def f")
+    if n_f > 1:
+        return Invalid("multiple_f", f"{n_f} definitions of f")
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "f":
-            n_f += 1
+            pass
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             pass
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             pass  # a module docstring
         else:
             return Invalid("extra_toplevel", f"top level may hold only imports and def f, found {type(node).__name__}")
-    if n_f == 0:
-        return Invalid("no_f", "no top-level def f")
-    if n_f > 1:
-        return Invalid("multiple_f", f"{n_f} definitions of f")
     bound = _bound_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):

@@ -1,0 +1,239 @@
+"""Task domain against the real executor: parsing, validity, checking, rewards, buffers, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from lorapop.executor import ExecutorConfig, SandboxExecutor
+from lorapop.tasks import (TASK_TYPES, Answer, Invalid, Outcome, ParseError, Proposal, Task, TaskBuffer,
+                           identity_task, student_reward, teacher_reward)
+
+PROG = "def f(xs, k):\n    return sorted(xs)[-k:]"
+
+
+@pytest.fixture(scope="module")
+def ex():
+    e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, require_isolation=os.geteuid() == 0))
+    yield e
+    e.close()
+
+
+def teacher_text(program=PROG, inp="[5, 1, 4], 2"):
+    return f"I sort and slice.\n```python\n{program}\n```\n\n```input\n{inp}\n```\n"
+
+
+def test_registry_has_the_three_azr_types():
+    assert set(TASK_TYPES) == {"code_o", "code_i", "code_f"}
+    assert all(TASK_TYPES[n].name == n for n in TASK_TYPES)
+
+
+def test_parse_is_forgiving_about_whitespace():
+    text = "reasoning\n  ``` Python  \n    def f(a):\n        return a\n   ```\n```INPUT\n  'x'  \n```"
+    p = TASK_TYPES["code_o"].parse_proposal(text)
+    assert isinstance(p, Proposal) and p.program == "def f(a):\n    return a" and p.inputs == ["'x'"]
+
+
+def test_closing_fence_glued_to_last_line_parses():
+    p = TASK_TYPES["code_i"].parse_proposal("```python\ndef f(a):\n    return a```\n```input\n1```")
+    assert isinstance(p, Proposal) and p.inputs == ["1"]
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("", "missing_python"),
+    ("no blocks at all", "missing_python"),
+    ("```python\ndef f(a):\n    return a\n```", "missing_input"),
+    ("```python\ndef f(a):\n    return a\n```\n```input\n1\n", "unclosed_fence"),
+    ("```python\ndef f(a):\n", "unclosed_fence"),
+])
+def test_format_errors(text, reason):
+    r = TASK_TYPES["code_o"].parse_proposal(text)
+    assert isinstance(r, ParseError) and r.reason == reason
+
+
+def test_binary_junk_is_a_format_error():
+    junk = bytes(random.Random(0).randrange(256) for _ in range(4000))
+    for t in TASK_TYPES.values():
+        assert isinstance(t.parse_answer(junk), ParseError)
+        assert isinstance(t.parse_answer(junk.decode("latin-1")), ParseError)
+
+
+def test_megabyte_of_text_is_a_format_error_quickly():
+    import time
+    text = ("```python\n" + "x = 1\n" * 200_000)[:1_000_000]
+    t0 = time.perf_counter()
+    r = TASK_TYPES["code_o"].parse_proposal(text)
+    assert isinstance(r, ParseError) and time.perf_counter() - t0 < 1
+
+
+def test_valid_code_o_proposal_becomes_a_task(ex):
+    t = TASK_TYPES["code_o"].validate(TASK_TYPES["code_o"].parse_proposal(teacher_text()), ex)
+    assert isinstance(t, Task) and t.outputs == ["[4, 5]"] and t.inputs == ["[5, 1, 4], 2"]
+    json.dumps(t.to_dict())
+    assert Task.from_dict(t.to_dict()) == t
+
+
+@pytest.mark.parametrize("program, inp, reason", [
+    ("def f(a)\n    return a", "1", "syntax_error"),
+    ("def g(a):\n    return a", "1", "no_f"),
+    ("def f(a):\n    return a\ndef f(b):\n    return b", "1", "multiple_f"),
+    ("def f(a):\n    class A:\n        pass\n    return a", "1", "has_class"),
+    ("x = 3\ndef f(a):\n    return a", "1", "extra_toplevel"),
+    ("import random\ndef f(a):\n    return random.random()", "1", "banned_import"),
+    ("import time\ndef f(a):\n    return a", "1", "banned_import"),
+    ("from datetime import date\ndef f(a):\n    return a", "1", "banned_import"),
+    ("def f(a):\n    return a", "len('ab')", "not_literal"),
+    ("def f(a):\n    return a", "1), __import__('os').system('id'", "not_literal"),
+    ("def f(a):\n    while True:\n        pass", "1", "timeout"),
+    ("def f(a):\n    return [0] * 10 ** 10", "1", "memory"),
+    ("def f(a):\n    return 1 / a", "0", "runtime_error"),
+    ("def f(a):\n    return 'x' * a", "500", "output_too_long"),
+    ("def f(a):\n    return float('inf')", "1", "output_not_literal"),
+    ("import re\ndef f(a):\n    return re.compile(a)", "'x+'", "output_not_literal"),
+])
+def test_invalid_proposals(ex, program, inp, reason):
+    r = TASK_TYPES["code_o"].validate(Proposal("code_o", program, [inp]), ex)
+    assert isinstance(r, Invalid) and r.reason == reason, r
+
+
+def test_allowed_imports_and_builtin_shadowing_are_valid(ex):
+    prog = "import math\nfrom collections import Counter\ndef f(input, vars):\n    return math.gcd(input, vars), sorted(Counter('abca').items())"
+    t = TASK_TYPES["code_i"].validate(Proposal("code_i", prog, ["12, 18"]), ex)
+    assert isinstance(t, Task) and t.outputs == ["(6, [('a', 2), ('b', 1), ('c', 1)])"]
+
+
+def test_code_o_compares_values_not_strings(ex):
+    task = Task("code_o", PROG, ["[5, 1, 4], 2"], ["[4, 5]"])
+    ty = TASK_TYPES["code_o"]
+    answers = [ty.parse_answer(f"so\n```output\n{a}\n```") for a in ["[4,5]", "[ 4, 5 ]", "[5, 4]", "(4, 5)", "[4.0, 5]"]]
+    got = [o.status for o in ty.check_many(task, answers, ex)]
+    assert got == ["correct", "correct", "wrong", "wrong", "wrong"]
+
+
+def test_code_o_non_literal_prediction_is_wrong_not_run(ex):
+    task = Task("code_o", PROG, ["[5, 1, 4], 2"], ["[4, 5]"])
+    a = Answer("code_o", "__import__('os').system('id') or [4, 5]")
+    assert TASK_TYPES["code_o"].check_many(task, [a], ex)[0].status == "wrong"
+
+
+def test_code_i_runs_f_on_the_proposed_input(ex):
+    task = Task("code_i", PROG, ["[5, 1, 4], 2"], ["[4, 5]"])
+    ty = TASK_TYPES["code_i"]
+    answers = [ty.parse_answer(f"```input\n{a}\n```") for a in ["[4, 5, 0], 2", "[9, 9], 2", "[4, 5]"]] + [
+        ty.parse_answer("no block")]
+    assert [o.status for o in ty.check_many(task, answers, ex)] == ["correct", "wrong", "wrong", "format_error"]
+
+
+def code_f_task(ex):
+    ty = TASK_TYPES["code_f"]
+    inputs = "\n".join(f"```input\n{i}, {i + 1}\n```" for i in range(10))
+    prop = ty.parse_proposal(f"ok\n{inputs}\n```message\nadds  two\n numbers\n```", program="def f(a, b):\n    return a + b")
+    assert isinstance(prop, Proposal) and prop.message == "adds two numbers" and len(prop.inputs) == 10
+    task = ty.validate(prop, ex)
+    assert isinstance(task, Task) and task.outputs[3] == "7"
+    return task
+
+
+def test_code_f_student_is_checked_on_hidden_pairs(ex):
+    ty = TASK_TYPES["code_f"]
+    task = code_f_task(ex)
+    prompt = ty.student_prompt(task)
+    assert "f(4, 5) == 9" in prompt and "f(5, 6)" not in prompt and "return a + b" not in prompt
+    answers = [ty.parse_answer(f"```python\n{p}\n```") for p in [
+        "def f(x, y):\n    return y + x",
+        "def f(x, y):\n    return [1, 3, 5, 7, 9][x] if x < 5 else 0",  # fits the shown pairs only
+        "import os\ndef f(x, y):\n    return x + y",
+    ]]
+    assert [o.status for o in ty.check_many(task, answers, ex)] == ["correct", "wrong", "wrong"]
+
+
+def test_code_f_needs_ten_inputs_and_a_message(ex):
+    ty = TASK_TYPES["code_f"]
+    few = "\n".join(f"```input\n{i}\n```" for i in range(4)) + "\n```message\nm\n```"
+    assert isinstance(ty.parse_proposal(few, program="def f(a):\n    return a"), ParseError)
+    ten = "\n".join(f"```input\n{i}\n```" for i in range(10))
+    assert isinstance(ty.parse_proposal(ten, program="def f(a):\n    return a"), ParseError)
+    dup = "\n".join("```input\n1\n```" for _ in range(10)) + "\n```message\nm\n```"
+    r = ty.validate(ty.parse_proposal(dup, program="def f(a):\n    return a"), ex)
+    assert isinstance(r, Invalid) and r.reason == "duplicate_inputs"
+
+
+def test_prompts_are_concise_and_show_the_format():
+    refs = [identity_task("code_o")] * 6
+    for name in ("code_o", "code_i"):
+        p = TASK_TYPES[name].teacher_prompt(refs, random.Random(0))
+        assert "```python" in p and "```input" in p and len(p) < 3000
+    p = TASK_TYPES["code_f"].teacher_prompt([identity_task("code_f")], random.Random(0))
+    assert "```message" in p and "return a" in p
+
+
+def test_rewards():
+    assert student_reward(Outcome("correct")) == 1.0
+    assert student_reward(Outcome("wrong")) == -0.5
+    assert student_reward(Outcome("format_error")) == -1.0
+    assert student_reward(ParseError("missing_output")) == -1.0
+    t = identity_task("code_o")
+    assert teacher_reward(ParseError("x")) == -1.0 and teacher_reward(Invalid("x")) == -0.5
+    assert teacher_reward(t, 0.25) == 0.75 and teacher_reward(t, 1.0) == 0.0
+    assert teacher_reward(t, 0.0, "learnability") == 0.0 and teacher_reward(t, 1.0, "learnability") == 0.0
+    assert teacher_reward(t, 0.25, "learnability") == 0.75
+
+
+def test_buffer_identity_seed_sampling_dedup_and_state():
+    b = TaskBuffer("code_o")
+    assert len(b) == 1 and b.tasks[0].program == "def f(a):\n    return a" and b.tasks[0].inputs == ['"Hello world"']
+    assert not b.add(Task("code_o", "def f(a):\n    return   a  # same", ['"Hello world"'], ["'Hello world'"]))
+    for i in range(10):
+        assert b.add(Task("code_o", f"def f(a):\n    return a + {i}", ["1"], [str(1 + i)]))
+    s1 = b.sample(6, random.Random(3))
+    assert len(s1) == 6 and len({id(t) for t in s1}) == 6 and s1 == b.sample(6, random.Random(3))
+    import numpy as np
+    assert len(b.sample(6, np.random.default_rng(0))) == 6 and len(b.sample(50, random.Random(0))) == 11
+    state = json.loads(json.dumps(b.state_dict()))
+    b2 = TaskBuffer("code_o", seed_identity=False)
+    b2.load_state_dict(state)
+    assert [t.to_dict() for t in b2] == [t.to_dict() for t in b] and not b2.add(b.tasks[5])
+
+
+def test_both_seed_files_load(shared_data):
+    b = TaskBuffer("code_i")
+    assert b.load_seed_file(shared_data / "seeds" / "azr_7b_coder_seed_io.jsonl") > 200
+    bf = TaskBuffer("code_f")
+    assert bf.load_seed_file(shared_data / "seeds" / "azr_7b_coder_code_f_seed_io.jsonl") > 200
+    assert all(len(t.inputs) >= 6 for t in bf.tasks) and sum(bool(t.message) for t in bf.tasks) > 200
+    assert "import re" in next(t.program for t in b.tasks if "re." in t.program and "import" in t.program)
+
+
+def test_seed_file_validated_through_executor(shared_data, ex):
+    path = shared_data / "seeds" / "azr_7b_coder_code_f_seed_io.jsonl"
+    lines = path.read_text().splitlines()[:12]
+    small = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"lorapop-seed-{os.getpid()}.jsonl")
+    with open(small, "w") as fh:
+        fh.write("\n".join(lines))
+    try:
+        b = TaskBuffer("code_f", seed_identity=False)
+        n = b.load_seed_file(small, executor=ex)
+    finally:
+        os.remove(small)
+    assert 6 <= n <= 12 and all(len(t.outputs) == 10 for t in b)
+
+
+@pytest.mark.parametrize("bad", ["", "\x00\x01\x02", "```", "```output\n```", "a" * 1_000_000,
+                                 "```python\n" + "(" * 5000 + "\n```"])
+def test_bad_student_input_gives_typed_results(ex, bad):
+    task = Task("code_o", PROG, ["[5, 1, 4], 2"], ["[4, 5]"])
+    for name, ty in TASK_TYPES.items():
+        a = ty.parse_answer(bad)
+        assert isinstance(a, (ParseError, Answer))
+        t = task if name != "code_f" else Task("code_f", "def f(a):\n    return a", [str(i) for i in range(10)],
+                                                [str(i) for i in range(10)], "m")
+        out = ty.check_many(t, [a], ex)[0]
+        assert out.status in ("format_error", "wrong")
+
+
+def test_deeply_nested_input_is_not_literal_not_an_exception(ex):
+    r = TASK_TYPES["code_o"].validate(Proposal("code_o", "def f(a):\n    return a", ["[" * 3000 + "]" * 3000]), ex)
+    assert isinstance(r, Invalid) and r.reason in ("not_literal", "too_long")
