@@ -1,0 +1,84 @@
+"""Executor API: config, results, hash-seed pools, parallel runs, protections in force."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from lorapop.executor import ExecResult, ExecutorConfig, SandboxExecutor
+
+
+@pytest.fixture(scope="module")
+def ex():
+    e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, require_isolation=os.geteuid() == 0))
+    yield e
+    e.close()
+
+
+def test_every_config_field_is_documented():
+    for f in dataclasses.fields(ExecutorConfig):
+        assert f.metadata.get("help"), f.name
+    c = ExecutorConfig()
+    assert (c.n_workers, c.timeout_s, c.max_repr_chars) == (2, 5.0, 400)
+
+
+def test_result_is_repr_of_result_global(ex):
+    r = ex.run("def f(a):\n    return {'k': (a, None)}\n_result = f(1.5)")
+    assert isinstance(r, ExecResult) and r.status == "ok" and r.value == "{'k': (1.5, None)}" and r.error is None
+    assert r.duration_s > 0
+
+
+def test_missing_result_reads_as_none(ex):
+    assert ex.run("x = 1").value == "None"
+
+
+def test_syntax_error_is_an_error(ex):
+    r = ex.run("def f(:\n")
+    assert r.status == "error" and r.error.startswith("SyntaxError")
+
+
+def test_run_many_keeps_order(ex):
+    rs = ex.run_many([f"_result = {i} * {i}" for i in range(40)])
+    assert [r.value for r in rs] == [str(i * i) for i in range(40)]
+    assert ex.run_many([]) == []
+
+
+def test_hash_seed_selects_the_interpreter(ex):
+    code = "_result = hash('lorapop')"
+    a1, a2 = ex.run(code, hashseed=11).value, ex.run(code, hashseed=11).value
+    b = ex.run(code, hashseed=12).value
+    assert a1 == a2 and a1 != b
+    import subprocess, sys
+    want = subprocess.run([sys.executable, "-S", "-c", "print(hash('lorapop'))"], env={"PYTHONHASHSEED": "11"},
+                          capture_output=True, text=True).stdout.strip()
+    assert a1 == want
+
+
+def test_per_call_timeout(ex):
+    assert ex.run("import time\ntime.sleep(0.3)\n_result = 1", timeout_s=0.1).status == "timeout"
+    assert ex.run("import time\ntime.sleep(0.05)\n_result = 1", timeout_s=1).value == "1"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="full isolation needs root (CI runs as root)")
+def test_all_protections_in_force_as_root(ex):
+    assert all(ex.protections.values()), ex.protections
+
+
+def test_without_namespaces_still_runs_and_says_so():
+    e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, n_workers=1, isolate_network=False, isolate_filesystem=False,
+                                       isolate_pids=False, drop_privileges=False))
+    try:
+        assert e.run("_result = 'plain'").value == "'plain'"
+        p = e.protections
+        assert not p["filesystem_isolated"] and not p["pid_namespace"] and p["fork_per_run"]
+    finally:
+        e.close()
+
+
+def test_closed_executor_refuses():
+    e = SandboxExecutor(ExecutorConfig(n_workers=1))
+    e.close()
+    with pytest.raises(RuntimeError):
+        e.run("_result = 1")
