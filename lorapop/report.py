@@ -145,18 +145,35 @@ def overlay(runs: list[RunData], keys: list[tuple[str, str]], title: str, *, yla
                       why_empty=f"{', '.join(k for k, _ in keys)} not in metrics.jsonl")
 
 
-def per_member(run: RunData, role: str, metric: str, title: str, *, key_fmt: str = "member/{id}/{metric}",
-               y_range: tuple[float, float] | None = None, ylabel: str = "") -> str:
+def per_member(run: RunData, role: str, metric: str | tuple[str, ...], title: str, *,
+               key_fmt: str = "member/{id}/{metric}", y_range: tuple[float, float] | None = None,
+               ylabel: str = "") -> str:
+    """One line per member of `role`. With several metric names, each member uses the first it has: the trainer logs
+    `teacher_reward`/`student_reward` beside the plain `reward` for a member that plays both roles."""
     r, ids = roles(run), member_ids(run)
+    metrics = (metric,) if isinstance(metric, str) else metric
     series = []
     for mid in ids:
         if not in_role(r.get(mid, "member"), role):
             continue
-        key = key_fmt.format(id=mid, metric=metric)
-        if run.has(key):
+        key = next((k for k in (key_fmt.format(id=mid, metric=x) for x in metrics) if run.has(k)), None)
+        if key is not None:
             series.append(Series(mid, run.series(key), color=color(ids.index(mid))))
     return line_chart(series, f"{title} — {run.name}", ylabel=ylabel, y_range=y_range,
-                      why_empty=f"no {key_fmt.format(id='<' + role + ' id>', metric=metric)} keys")
+                      why_empty=f"no {key_fmt.format(id='<' + role + ' id>', metric=metrics[0])} keys")
+
+
+def _by_task_type(runs: list[RunData], metric: str, title: str) -> list[str]:
+    """`<task type>/<metric>` curves (code_o, code_i, code_f), only when the trainer logs them."""
+    skip = {"teacher", "student", "member", "trueskill", "complexity", "coverage", "time", "completions"}
+    figs = []
+    for run in runs:
+        types = sorted({k.split("/")[0] for k in run.keys() if k.count("/") == 1 and k.endswith("/" + metric)
+                        and k.split("/")[0] not in skip})
+        if types:
+            figs.append(line_chart([Series(t, run.series(f"{t}/{metric}"), color=color(i), dash=DASHES[i % 4])
+                                    for i, t in enumerate(types)], f"{title} — {run.name}", y_range=RATE))
+    return figs
 
 
 def trueskill_chart(run: RunData, role: str) -> str:
@@ -275,16 +292,22 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
     S["rewards"] = _grid(
         [overlay(runs, [("teacher/reward", "teacher"), ("student/reward", "student")], "Reward by role"),
          overlay(runs, [("reward", "reward")], "Mean student-sample reward")]
-        + [per_member(r, role, "reward", f"Reward per {role}") for r in runs for role in ("teacher", "student")])
+        + [per_member(r, role, (f"{role}_reward", "reward"), f"Reward per {role}") for r in runs
+           for role in ("teacher", "student")]
+        + [per_member(r, "member", "loss", "Policy-gradient loss per member") for r in runs
+           if any(k.startswith("member/") and k.endswith("/loss") for k in r.keys())])
     S["solve"] = _grid([overlay(runs, [("student/solve_rate", "solve rate")], "Student solve rate", y_range=RATE)]
                        + [per_member(r, "student", "solve_rate", "Solve rate per student", y_range=RATE)
-                          for r in runs])
+                          for r in runs]
+                       + _by_task_type(runs, "solve_rate", "Solve rate by task type"))
     S["validity"] = _grid(
         [overlay(runs, [("valid_rate", "valid")], "Valid-task rate", y_range=RATE),
-         overlay(runs, [("format_error_rate", "format errors")], "Format-error rate", y_range=RATE)]
+         overlay(runs, [("format_error_rate", "all"), ("teacher/format_error_rate", "teacher"),
+                        ("student/format_error_rate", "student")], "Format-error rate", y_range=RATE)]
         + [f for r in runs for f in (
             per_member(r, "teacher", "valid_rate", "Valid-task rate per teacher", y_range=RATE),
-            per_member(r, "member", "format_error_rate", "Format-error rate per member", y_range=RATE))])
+            per_member(r, "member", "format_error_rate", "Format-error rate per member", y_range=RATE))]
+        + _by_task_type(runs, "valid_rate", "Valid-task rate by task type"))
     S["complexity"] = complexity_section(runs)
     S["coverage"] = _grid(
         [overlay(runs, [("coverage", "coverage")], "Coverage (fraction of CVT cells ever filled)", y_range=ZERO)]
@@ -310,7 +333,8 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
         for r in runs)
     S["config"] = "".join(
         f"<details{'' if multi else ' open'}><summary>config.yaml — {escape(r.name)}</summary>"
-        + (f"<pre>{escape(r.config_text)}</pre>" if r.config_text is not None else '<p class="muted">no config.yaml</p>')
+        + (f"<pre>{escape(r.config_text)}</pre>" if r.config_text is not None
+           else '<p class="muted">no config.yaml</p>')
         + "</details>" for r in runs)
     nav = "".join(f'<a href="#{sid}">{escape(t)}</a>' for sid, t in SECTIONS)
     body = "".join(f'<section id="{sid}"><h2>{escape(t)}</h2>{S[sid]}</section>' for sid, t in SECTIONS)
@@ -350,12 +374,15 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="lorapop report", description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The `report` subcommand's arguments, for lorapop/cli.py's subparser."""
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument("--out", type=Path, default=None,
                    help="output file (or directory); default RUN_DIR/report.html of the first run")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit status: 0 with the report's path on stdout, or 1 with one error line on stderr."""
     try:
         path = write_report(args.run_dirs, args.out)
     except (RunDirError, OSError) as e:
@@ -363,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"report: {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lorapop report", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -256,7 +256,8 @@ def complexity_stats(run: RunData) -> list[str]:
         for d in run.task_diag.values():
             for k in d:
                 stats.setdefault(k, None)
-    stats.pop("parse_ok", None)
+    stats.pop("parse_ok", None)  # 1.0 on every valid task: nothing to plot
+    stats.pop("n_inputs", None)  # fixed by the task format, not a property of the program
     order = ["cyclomatic", "ast_depth", "loc", "n_node_types", "input_size"]
     return sorted(stats, key=lambda s: (order.index(s) if s in order else len(order), s))
 

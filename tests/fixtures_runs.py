@@ -105,18 +105,22 @@ def write_run(run_dir: Path, *, members: list[tuple[str, str]], steps: int = 30,
                 row[f"member/{t}/valid_rate"] = valid
                 row[f"member/{t}/format_error_rate"] = _clip(0.2 * (1 - progress) + rng.normal(0, 0.02))
                 row[f"member/{t}/reward"] = float(valid * (1 - 0.5 * progress) + rng.normal(0, 0.03))
+                row[f"member/{t}/teacher_reward"] = row[f"member/{t}/reward"]
             for s in STATS:
                 row[f"complexity/{s}"] = float(np.mean(diag_all[s]))
             for s in students:
                 sr = float(np.mean(solve_by_student[s])) if solve_by_student[s] else 0.0
                 row[f"member/{s}/solve_rate"] = sr
-                row[f"member/{s}/reward"] = sr
+                row[f"member/{s}/student_reward"] = sr
+                t_r = row.get(f"member/{s}/teacher_reward")  # the single agent plays both roles
+                row[f"member/{s}/reward"] = sr if t_r is None else (sr + t_r) / 2
                 row[f"member/{s}/format_error_rate"] = _clip(0.1 * (1 - progress) + rng.normal(0, 0.02))
                 all_rewards.append(sr)
                 skill[s] += rng.normal(0.002, 0.01)
             for m in alive:
                 row[f"member/{m}/mean_length"] = float(180 + 60 * progress + rng.normal(0, 10))
                 row[f"member/{m}/n_samples"] = 8
+                row[f"member/{m}/loss"] = float(rng.normal(0, 0.05))
                 row[f"member/{m}/n_tokens"] = int(row[f"member/{m}/mean_length"] * 8)
                 a = alive[m]
                 a["mu"] += float(rng.normal(0, 0.6))
@@ -131,6 +135,11 @@ def write_run(run_dir: Path, *, members: list[tuple[str, str]], steps: int = 30,
             row["teacher/reward"] = float(np.mean([row[f"member/{t}/reward"] for t in teachers]))
             row["valid_rate"] = float(np.mean([row[f"member/{t}/valid_rate"] for t in teachers]))
             row["format_error_rate"] = float(np.mean([row[f"member/{m}/format_error_rate"] for m in alive]))
+            row["teacher/format_error_rate"] = float(np.mean([row[f"member/{t}/format_error_rate"] for t in teachers]))
+            row["student/format_error_rate"] = float(np.mean([row[f"member/{m}/format_error_rate"] for m in students]))
+            for i, tt in enumerate(("code_o", "code_i", "code_f")):
+                row[f"{tt}/valid_rate"] = _clip(row["valid_rate"] - 0.1 * i + rng.normal(0, 0.03))
+                row[f"{tt}/solve_rate"] = _clip(row["student/solve_rate"] + 0.1 * (1 - i) + rng.normal(0, 0.03))
             row["completions/mean_length"] = float(np.mean([row[f"member/{m}/mean_length"] for m in alive]))
             row.update(tracker.metrics(alive))
             for i, st in enumerate(STAGES):

@@ -36,8 +36,9 @@ def test_one_run_has_every_section_and_plot(runs):
     html = out.read_text()
     assert _sections(html) == [sid for sid, _ in SECTIONS]
     assert 'class="noplot"' not in html, re.findall(r'no data: [^<]*', html)
-    # rewards x4, solve x2, validity x4, complexity 5+5, coverage x3, trueskill x2, lineage x1, lengths x2, timing x1
-    assert html.count('<svg class="plot') == 29
+    # rewards 2+2+loss, solve 2+by type, validity 4+by type, complexity 5+5, coverage 3, trueskill 2, lineage 1,
+    # lengths 2, timing 1
+    assert html.count('<svg class="plot') == 32
     # self-contained: no scripts, no external fetches
     assert "<script" not in html and not re.search(r'(src|href)="(https?:)?//', html)
     # series of a replaced member end, the child's begin; lineage names operator and parents
