@@ -1,0 +1,286 @@
+"""Benchmark registry and loaders: a local JSONL file or a hub id in, a list of :class:`Problem` out.
+
+Loaders never need ``../shared/data`` at import time; :func:`resolve_source` looks for files only when asked.
+A malformed line does not abort a benchmark: it is skipped and a warning naming the file and line number is
+returned with the problems (and ends up in ``eval.json``).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import io
+import json
+import os
+import pickle
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class BenchmarkError(ValueError):
+    """A benchmark name, source or file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    name: str
+    family: str  # "code" | "math"
+    kind: str  # loader: "evalplus", "lcb" or "math"
+    local_file: str  # relative to EvalConfig.data_dir
+    hub_id: str | None = None
+    hub_files: tuple[str, ...] = ()
+
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    s.name: s
+    for s in [
+        BenchmarkSpec("mbppplus", "code", "evalplus", "code/mbppplus.jsonl", "evalplus/mbppplus"),
+        BenchmarkSpec("humanevalplus", "code", "evalplus", "code/HumanEvalPlus.jsonl", "evalplus/humanevalplus"),
+        # release_v5 of code_generation_lite is the union of test.jsonl .. test5.jsonl.
+        BenchmarkSpec("livecodebench", "code", "lcb", "code/livecodebench_v5.jsonl",
+                      "livecodebench/code_generation_lite",
+                      ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl")),
+        BenchmarkSpec("aime24", "math", "math", "math/aime24.jsonl"),
+        BenchmarkSpec("aime25", "math", "math", "math/aime25.jsonl"),
+        BenchmarkSpec("amc23", "math", "math", "math/amc23.jsonl"),
+        BenchmarkSpec("math500", "math", "math", "math/math500.jsonl", "HuggingFaceH4/MATH-500", ("test.jsonl",)),
+        BenchmarkSpec("minerva", "math", "math", "math/minerva_math.jsonl"),
+        BenchmarkSpec("gsm8k", "math", "math", "math/gsm8k.jsonl"),
+        BenchmarkSpec("olympiadbench", "math", "math", "math/olympiadbench.jsonl"),
+    ]
+}
+
+
+@dataclass
+class Problem:
+    benchmark: str
+    id: str
+    prompt: str  # the user message (chat template applied by the engine)
+    gold: Any  # math: list of gold answer strings; code: the harness fields (see lorapop.eval.code)
+    meta: dict = field(default_factory=dict)
+
+
+def get_spec(name: str) -> BenchmarkSpec:
+    if name not in BENCHMARKS:
+        raise BenchmarkError(f"unknown benchmark {name!r}; valid names: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+def parse_benchmarks(value: str | list[str]) -> list[str]:
+    """``"mbppplus,gsm8k"`` or a list -> validated names; ``"all"``, ``"code"``, ``"math"`` expand."""
+    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
+    out: list[str] = []
+    for n in names:
+        expanded = list(BENCHMARKS) if n == "all" else [b for b, s in BENCHMARKS.items() if s.family == n]
+        for b in expanded or [get_spec(n).name]:
+            if b not in out:
+                out.append(b)
+    if not out:
+        raise BenchmarkError(f"no benchmark selected; valid names: {', '.join(BENCHMARKS)}")
+    return out
+
+
+def default_data_dir() -> Path | None:
+    """``$LORAPOP_SHARED_DATA``, else ``../shared/data`` beside the checkout when it exists."""
+    env = os.environ.get("LORAPOP_SHARED_DATA")
+    if env:
+        return Path(env)
+    guess = Path(__file__).resolve().parents[3] / "shared" / "data"
+    return guess if guess.is_dir() else None
+
+
+def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> list[Path]:
+    """Where to read ``spec`` from: an explicit file, ``data_dir/<local_file>``, or a hub download."""
+    if source:
+        p = Path(source).expanduser()
+        if p.is_file():
+            return [p]
+        if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json")) or source.count("/") != 1:
+            raise BenchmarkError(f"{spec.name}: data file not found: {p}")
+        return _hub_download(spec, source)
+    base = Path(data_dir) if data_dir else default_data_dir()
+    if base is not None and (base / spec.local_file).is_file():
+        return [base / spec.local_file]
+    if spec.hub_id:
+        return _hub_download(spec, spec.hub_id)
+    raise BenchmarkError(f"{spec.name}: no data file at {base}/{spec.local_file}; pass a local file with "
+                         f"--data {spec.name}=PATH or set --data-dir")
+
+
+def _hub_download(spec: BenchmarkSpec, repo_id: str) -> list[Path]:
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:  # pragma: no cover - huggingface_hub ships with transformers
+        raise BenchmarkError(f"{spec.name}: hub id {repo_id!r} needs huggingface_hub; pass a local file instead") from e
+    files = spec.hub_files or (Path(spec.local_file).name,)
+    try:
+        return [Path(hf_hub_download(repo_id, f, repo_type="dataset")) for f in files]
+    except Exception as e:  # offline, gated, or a layout we do not know
+        raise BenchmarkError(f"{spec.name}: could not download {files} from hub dataset {repo_id!r} "
+                             f"({type(e).__name__}: {e}); pass a local JSONL file with --data {spec.name}=PATH") from e
+
+
+def read_jsonl(path: Path, warnings: list[str]) -> list[tuple[int, dict]]:
+    """(line number, record) pairs; malformed lines are skipped with a warning naming file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+            except ValueError as e:
+                warnings.append(f"{path}:{lineno}: malformed line skipped ({e})")
+                continue
+            rows.append((lineno, rec))
+    return rows
+
+
+def load_benchmark(name: str, source: str | None = None, data_dir: str | Path | None = None,
+                   limit: int | None = None) -> tuple[list[Problem], list[str]]:
+    """Load the first ``limit`` problems of benchmark ``name``; returns (problems, warnings)."""
+    spec = get_spec(name)
+    warnings: list[str] = []
+    problems: list[Problem] = []
+    for path in resolve_source(spec, source, data_dir):
+        for lineno, rec in read_jsonl(path, warnings):
+            if limit is not None and len(problems) >= limit:
+                return problems, warnings
+            try:
+                problems.append(_LOADERS[spec.kind](spec, rec, lineno))
+            except (KeyError, TypeError, ValueError, SyntaxError) as e:
+                warnings.append(f"{path}:{lineno}: record skipped ({type(e).__name__}: {e})")
+    return problems, warnings
+
+
+# ---- per-layout record -> Problem ---------------------------------------------------------------------------
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+CODE_INSTRUCTION = "Write your solution as a complete Python program in a single ```python code block."
+
+
+def _evalplus(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
+    gold = {k: rec[k] for k in ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input")}
+    for k in ("base_input", "plus_input"):  # Mbpp/793 ships plus_input as {} (no plus tests)
+        if not isinstance(gold[k], list):
+            if gold[k]:
+                raise ValueError(f"{k} is a {type(gold[k]).__name__}, expected a list")
+            gold[k] = []
+    gold["atol"] = float(rec.get("atol") or 0)
+    if spec.name == "mbppplus":
+        # MBPP+ prompts are a docstring holding the task and one assertion (which shows the signature).
+        text = rec["prompt"].strip().strip('"').strip()
+        user = f"{text}\n\n{CODE_INSTRUCTION}"
+    else:
+        user = ("Complete the following Python function. Return the whole function (with its imports) in a single "
+                f"```python code block.\n\n```python\n{rec['prompt'].rstrip()}\n```")
+    return Problem(spec.name, str(rec["task_id"]), user, gold)
+
+
+def _lcb(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
+    meta = rec.get("metadata") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta) if meta.strip() else {}
+    public = json.loads(rec["public_test_cases"]) if isinstance(rec["public_test_cases"], str) \
+        else rec["public_test_cases"]
+    private = decode_lcb_private(rec.get("private_test_cases") or "[]")
+    tests = list(public) + list(private)
+    if not tests:
+        raise ValueError("no test cases")
+    starter = rec.get("starter_code") or ""
+    fn_name = meta.get("func_name") if tests[0].get("testtype") == "functional" else None
+    body = rec["question_content"].strip()
+    if starter.strip():
+        user = (f"{body}\n\nYou will use the following starter code to write the solution to the problem.\n"
+                f"```python\n{starter.rstrip()}\n```\n\nAnswer with the complete solution in a single ```python block.")
+    else:
+        user = (f"{body}\n\nRead the inputs from stdin, solve the problem and write the answer to stdout. "
+                f"{CODE_INSTRUCTION}")
+    pid = str(rec.get("question_id") or rec.get("question_title") or lineno)
+    gold = {"tests": tests, "fn_name": fn_name, "n_public": len(public)}
+    return Problem(spec.name, pid, user, gold, {"platform": rec.get("platform"), "difficulty": rec.get("difficulty")})
+
+
+_MAX_PRIVATE_BYTES = 512 << 20
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    """Refuses every global lookup. Without globals a pickle cannot name a callable, so REDUCE/BUILD/INST have
+    nothing to call: this is the 'restricting globals' recipe from the pickle docs, applied maximally. LCB's
+    compressed private tests are a pickled *str* (JSON text), which needs no globals."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refused global {module}.{name} in LiveCodeBench private tests")
+
+
+def decode_lcb_private(value: str | list) -> list:
+    """Plain JSON, or LCB's base64(zlib(pickle(json_str))) decoded without executing anything (see above)."""
+    if isinstance(value, list):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        pass
+    d = zlib.decompressobj()
+    raw = d.decompress(base64.b64decode(value.encode("ascii")), _MAX_PRIVATE_BYTES)
+    if d.unconsumed_tail:
+        raise ValueError(f"private tests decompress to more than {_MAX_PRIVATE_BYTES} bytes")
+    obj = _NoGlobalsUnpickler(io.BytesIO(raw)).load()
+    return json.loads(obj) if isinstance(obj, (str, bytes)) else list(obj)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces, else None."""
+    best = None
+    for tag in ("\\boxed", "\\fbox"):
+        i = text.rfind(tag)
+        if i >= 0 and (best is None or i > best[0]):
+            best = (i, tag)
+    if best is None:
+        return None
+    i = best[0] + len(best[1])
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i >= len(text) or text[i] != "{":
+        return None
+    depth, start = 0, i + 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:j]
+    return None
+
+
+def _math(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
+    question = rec.get("problem") or rec.get("question")
+    if not question:
+        raise KeyError("problem/question")
+    if spec.name == "gsm8k":
+        golds = [rec["answer"].split("####")[-1].strip().replace(",", "")]
+    elif spec.name == "minerva":
+        boxed = last_boxed(rec["solution"])
+        if boxed is None:
+            raise ValueError("no \\boxed{} answer in solution")
+        golds = [boxed]
+    elif spec.name == "olympiadbench":
+        fa = rec["final_answer"]
+        fa = ast.literal_eval(fa) if isinstance(fa, str) and fa.startswith("[") else fa
+        golds = [", ".join(str(a) for a in fa)] if isinstance(fa, list) else [str(fa)]
+        if rec.get("context") and rec["context"] != "None":
+            question = f"{rec['context']}\n\n{question}"
+    else:
+        golds = [str(rec["answer"])]
+    if not golds[0].strip():
+        raise ValueError("empty gold answer")
+    pid = str(rec.get("id") or rec.get("idx") or rec.get("unique_id") or lineno)
+    return Problem(spec.name, pid, f"{question.strip()}\n\n{MATH_INSTRUCTION}", golds)
+
+
+_LOADERS = {"evalplus": _evalplus, "lcb": _lcb, "math": _math}
