@@ -35,6 +35,9 @@ class RunData:
     task_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer, type) -> valid tasks
     n_tasks: int = 0
     notes: list[str] = field(default_factory=list)
+    # Memo of derived views (keys, series, members, roles): a report asks for them hundreds of times and a long run
+    # has thousands of steps. Valid because a RunData is not changed after load_run returns it.
+    _memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def steps(self) -> list[float]:
@@ -49,17 +52,22 @@ class RunData:
         return float(max(s)) if s else 0.0
 
     def keys(self) -> set[str]:
-        out: set[str] = set()
-        for m in self.metrics:
-            out.update(m)
-        return out
+        if "keys" not in self._memo:
+            out: set[str] = set()
+            for m in self.metrics:
+                out.update(m)
+            self._memo["keys"] = out
+        return self._memo["keys"]
 
     def series(self, key: str) -> list[tuple[float, float | None]]:
         """(step, value) over every logged step; None where the key is absent or not a finite number."""
-        return [(m["step"], _num(m.get(key))) for m in self.metrics]
+        k = ("series", key)
+        if k not in self._memo:
+            self._memo[k] = [(m["step"], _num(m.get(key))) for m in self.metrics]
+        return self._memo[k]
 
     def has(self, key: str) -> bool:
-        return any(v is not None for _, v in self.series(key))
+        return key in self.keys() and any(v is not None for _, v in self.series(key))
 
 
 def _num(v: Any) -> float | None:
@@ -190,6 +198,8 @@ ROLE_KEYS = {"teacher": ("valid_rate",), "student": ("solve_rate",)}
 
 def member_ids(run: RunData) -> list[str]:
     """Every member seen anywhere in the run, in order of first appearance (initial members first)."""
+    if "member_ids" in run._memo:
+        return run._memo["member_ids"]
     seen: dict[str, None] = {}
     # Metrics first: their key order follows the trainer's member order, children after the members they replaced.
     for m in run.metrics:
@@ -205,7 +215,8 @@ def member_ids(run: RunData) -> list[str]:
     for m in pop.get("members", []) if isinstance(pop.get("members"), list) else []:
         if isinstance(m, dict) and "id" in m:
             seen.setdefault(str(m["id"]), None)
-    return list(seen)
+    run._memo["member_ids"] = list(seen)
+    return run._memo["member_ids"]
 
 
 def lineage(run: RunData) -> list[dict]:
@@ -218,6 +229,8 @@ def lineage(run: RunData) -> list[dict]:
 
 def roles(run: RunData) -> dict[str, str]:
     """member id -> "teacher" | "student" | another role string (e.g. the single agent's "both")."""
+    if "roles" in run._memo:
+        return run._memo["roles"]
     out: dict[str, str] = {}
     pop = run.population or {}
     for m in pop.get("members", []) if isinstance(pop.get("members"), list) else []:
@@ -237,6 +250,7 @@ def roles(run: RunData) -> dict[str, str]:
         is_s = any(f"member/{mid}/{k}" in keys for k in ROLE_KEYS["student"])
         out[mid] = "both" if is_t and is_s else "teacher" if is_t or mid.startswith("t") else \
             "student" if is_s or mid.startswith("s") else "member"
+    run._memo["roles"] = out
     return out
 
 
