@@ -33,6 +33,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from lorapop.configlib import ConfigError
 
+    if args.help_config:
+        from lorapop.config import Config
+        from lorapop.configlib import describe
+
+        print("\n".join(describe(Config)))
+        return 0
     try:
         if args.resume:
             from lorapop.config import load_config
@@ -78,7 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("config", nargs="?", help="YAML file or shipped config name (cpu_demo, single, 1T+1S, 4T+4S, "
                     "8T+8S, cpu_single)")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
+    tr.add_argument("--help-config", action="store_true", help="list every config field (type, default, meaning)")
     tr.set_defaults(func=_cmd_train, accepts_overrides=True)
+    from lorapop import report  # light: stdlib only until a report is written
+
+    rp = sub.add_parser("report", help="write a self-contained report.html for one or more run directories")
+    report.add_arguments(rp)
+    rp.set_defaults(func=report.run)
     return p
 
 

@@ -57,12 +57,15 @@ class SamplingConfig:
     max_new_tokens: int = doc(256, "generation length cap")
     temperature: float = doc(1.0, "sampling temperature")
     top_p: float = doc(1.0, "nucleus sampling mass")
+    min_new_tokens: int = doc(0, "EOS is masked until a row has this many tokens (benchmarks force equal lengths)")
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
         if self.temperature <= 0:
             raise ConfigError(f"temperature: must be > 0, got {self.temperature}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ConfigError(f"min_new_tokens: must be in [0, max_new_tokens], got {self.min_new_tokens}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
 

@@ -49,7 +49,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; ints are accepted for floats, nothing else is converted."""
+    """Check ``value`` against the annotation ``tp``; ints and numeric strings (YAML 1.1 reads ``3e-4`` as a string)
+    are accepted for floats, nothing else is converted."""
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{name}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     if tp is Any:
@@ -95,6 +96,11 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             raise bad
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string; accept what float() reads
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from lorapop.engine.base import Completion
+from lorapop.tasks import Invalid, ParseError
 from lorapop.train import stages
 from lorapop.train.matchmaking import matchmake, pfsp_probabilities
 from lorapop.train.population import Member, Population
@@ -89,8 +90,8 @@ class FakeBuffer:
     def __len__(self):
         return len(self.items)
 
-    def sample(self, k, rng, replace=False):
-        return [rng.choice(self.items) for _ in range(k)]
+    def sample(self, k, rng):
+        return rng.sample(self.items, min(k, len(self.items)))
 
 
 def make_pop():
@@ -100,8 +101,7 @@ def make_pop():
 
 
 def valid_rollout(member, tt, task):
-    r = stages.Rollout(member, "teacher", tt, [1], completion(), status="valid", task=task)
-    return r
+    return stages.Rollout(member, "teacher", tt, [1], completion(), status="valid", task=task, result=task)
 
 
 def test_students_never_solve_their_teachers_other_or_own_tasks_and_get_equal_work():
@@ -125,8 +125,10 @@ def test_teacher_reward_modes_and_student_rewards():
     t0, _, s0, _ = make_pop()
     tasks = ["A", "B", "C"]
     props = [valid_rollout(t0, "code_o", t) for t in tasks]
-    props.append(stages.Rollout(t0, "teacher", "code_o", [1], completion(), status="invalid"))
-    props.append(stages.Rollout(t0, "teacher", "code_o", [1], completion(), status="format_error"))
+    props.append(stages.Rollout(t0, "teacher", "code_o", [1], completion(), status="invalid",
+                                result=Invalid("no_f")))
+    props.append(stages.Rollout(t0, "teacher", "code_o", [1], completion(), status="format_error",
+                                result=ParseError("missing_block")))
     jobs = []
     for task, statuses in zip(tasks, [("correct", "correct"), ("correct", "wrong"), ("wrong", "format_error")]):
         job = stages.SolveJob(task, "code_o", s0, t0)
@@ -182,7 +184,7 @@ def test_update_batch_is_compute_matched_between_population_and_single(tpt):
     batch = stages.update_batch(props, jobs, single=True, tasks_per_type=tpt, rng=random.Random(0))
     assert len(batch) == 3 * tpt  # the single agent's one adapter gets exactly what each population member gets
     roles = collections.Counter(r.role for r in batch)
-    assert roles == {"teacher": 3 * math.ceil(tpt / 2), "student": 3 * (tpt // 2)} - collections.Counter()
+    assert roles == collections.Counter({"teacher": 3 * math.ceil(tpt / 2), "student": 3 * (tpt // 2)}) - collections.Counter()
 
 
 def test_matches_only_for_this_steps_valid_tasks_and_half_solved_wins():
@@ -208,7 +210,7 @@ def test_step_rng_is_independent_of_hash_seed_and_differs_by_stage():
 # ---- population ------------------------------------------------------------------------------------------------------
 def test_population_replace_keeps_slot_and_role_and_records_lineage():
     pop = Population.create("population", 2, 2)
-    child = pop.replace(1, ["t0"], "svd_structured", {"eps": 0.1}, step=5)
+    child = pop.replace(1, {"parents": ["t0"], "operator": "svd_structured", "params": {"eps": 0.1}}, step=5)
     assert (child.id, child.slot, child.role, child.born_step) == ("t2", 1, "teacher", 5)
     assert [m.id for m in pop.teachers] == ["t0", "t2"]
     assert pop.lineage[-1]["replaced"] == "t1" and pop.lineage[-1]["parents"] == ["t0"]

@@ -66,11 +66,11 @@ class Trainer:
                                cfg.rating.draw_probability)
         for m in self.population.members:
             self.ratings.add(m.id)
-        self.buffers = self._make_buffers()
-        self.coverage = self._make_coverage()
         self.step = 0
-        self.engine = engine if engine is not None else self._make_engine()
         self.executor = executor if executor is not None else self._make_executor()
+        self.buffers = self._make_buffers(load_seeds=not resume)
+        self.coverage = self._make_coverage()
+        self.engine = engine if engine is not None else self._make_engine()
         if resume:
             self._restore()
         else:
@@ -90,14 +90,22 @@ class Trainer:
 
         return SandboxExecutor(self.cfg.executor)
 
-    def _make_buffers(self) -> dict[str, Any]:
-        from lorapop.tasks.buffer import TaskBuffer, load_seed_file
+    def _make_buffers(self, load_seeds: bool) -> dict[str, Any]:
+        """Per-type buffers with the identity seed, plus seed files validated in the sandbox (outputs recomputed).
+        A file in AZR's code_f layout (``inputs``/``outputs``/``message``) seeds code_f; the I/O layout seeds
+        code_o and code_i. On resume the checkpoint's buffers replace all of this."""
+        from lorapop.tasks.buffer import TaskBuffer
 
         buffers = {tt: TaskBuffer(tt) for tt in self.cfg.selfplay.task_types}
-        for path in self.cfg.selfplay.seed_files:
-            for task in load_seed_file(path):
-                if task.type in buffers:
-                    buffers[task.type].add(task)
+        for path in self.cfg.selfplay.seed_files if load_seeds else []:
+            if not Path(path).is_file():
+                raise ConfigError(f"selfplay.seed_files: no such file {path}")
+            with open(path) as fh:
+                first = json.loads(fh.readline() or "{}")
+            wanted = ("code_f",) if "inputs" in first else ("code_o", "code_i")
+            for tt in wanted:
+                if tt in buffers:
+                    buffers[tt].load_seed_file(path, executor=self.executor)
         return buffers
 
     def _make_coverage(self) -> Any:
@@ -190,33 +198,29 @@ class Trainer:
 
     # ---- evolve ---------------------------------------------------------------------------------------------------
     def evolve(self, step: int) -> list[dict[str, Any]]:
-        """PBT within each role: replace the bottom quantile by children of the top (SPEC section 3 step 8)."""
-        from lorapop.evolve.pbt import plan_replacements
-        from lorapop.evolve.operators import make_child
+        """PBT within each role: replace the bottom quantile by children of the top (SPEC section 3 step 8). A child
+        keeps its slot, gets a new id, its parents' mean mu with the prior sigma, fresh optimizer state, age 0."""
         import torch
 
-        if self.population.single:
+        from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements
+
+        if self.population.single or not is_evolve_step(step, self.cfg.evolve):
             return []
         members = [{"id": m.id, "slot": m.slot, "role": m.role, "fitness": self.ratings.expose(m.id)}
                    for m in self.population.members]
-        gen = torch.Generator().manual_seed(int(stages.step_rng(self.cfg.run.seed, step, "evolve").getrandbits(63)))
+        gen = torch.Generator().manual_seed(stages.step_rng(self.cfg.run.seed, step, "evolve").getrandbits(63))
         plan = plan_replacements(members, step, self.cfg.evolve, gen)
+        parent_mu = {rep.slot: statistics.fmean(self.ratings.mu(p) for p in rep.parents) for rep in plan}
+        records = apply_plan(plan, self.engine.get_adapter, self.engine.set_adapter, generator=gen,
+                             scaling=self.cfg.engine.lora_alpha / self.cfg.engine.rank)
         born = []
-        scaling = self.cfg.engine.lora_alpha / self.cfg.engine.rank
-        fitness = {m["id"]: m["fitness"] for m in members}
-        for rep in plan:
-            parents = [self.engine.get_adapter(self.population.get(p).slot) for p in rep.parents]
-            child, record = make_child(rep.operator, parents, generator=gen, scaling=scaling,
-                                       fitness=[fitness[p] for p in rep.parents], params=rep.params)
-            self.engine.set_adapter(rep.slot, child)
+        for rep, record in zip(plan, records):
             self.engine.reset_optimizer(rep.slot)
-            old_id = self.population.at_slot(rep.slot).id
-            mu = statistics.fmean(self.ratings.mu(p) for p in rep.parents)
-            new = self.population.replace(rep.slot, list(rep.parents), rep.operator, record.get("params", {}), step)
-            self.ratings.remove(old_id)
-            self.ratings.add(new.id, mu=mu)  # parents' mean mu, sigma back to the prior
+            child = self.population.replace(rep.slot, record, step)
+            self.ratings.remove(rep.old_id)
+            self.ratings.add(child.id, mu=parent_mu[rep.slot])
             born.append(self.population.lineage[-1])
-            self.progress.message(f"[step {step}] evolve: {old_id} -> {new.id} ({rep.operator} of "
+            self.progress.message(f"[step {step}] evolve: {rep.old_id} -> {child.id} ({rep.operator} of "
                                   f"{', '.join(rep.parents)})")
         return born
 

@@ -86,12 +86,8 @@ def compute_step_metrics(trainer: Any, step: int, proposals: list[Rollout], jobs
         m[f"complexity/{stat}"] = _mean([float(d[stat]) for d in all_desc if stat in d])
         for t_id, ds in per_teacher.items():
             m[f"complexity/{t_id}/{stat}"] = _mean([float(d[stat]) for d in ds if stat in d])
-    cov = trainer.coverage
-    m["coverage"] = cov.coverage()
-    for t_id, v in cov.coverage_by_teacher().items():
-        m[f"coverage/teacher/{t_id}"] = v
-    for s_id, v in cov.coverage_by_student().items():
-        m[f"coverage/student/{s_id}"] = v
+    # live members only, so a replaced member's coverage series ends where it was replaced
+    m.update(trainer.coverage.metrics(members=[mem.id for mem in trainer.population.members]))
     return m
 
 

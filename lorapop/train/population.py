@@ -67,16 +67,18 @@ class Population:
                 return m
         raise KeyError(f"no member in slot {slot}")
 
-    def replace(self, slot: int, parents: list[str], operator: str, params: dict[str, Any], step: int) -> Member:
-        """Put a new member in ``slot`` (same role), record the birth in the lineage, return the child."""
+    def replace(self, slot: int, record: dict[str, Any], step: int) -> Member:
+        """Put a new member in ``slot`` (same role) and store the lineage ``record`` (parents, operator, params as
+        made by :func:`lorapop.evolve.pbt.apply_plan`) with the child's id filled in; returns the child."""
         old = self.at_slot(slot)
-        prefix = "t" if old.role == "teacher" else "s" if old.role == "student" else "a"
+        prefix = {"teacher": "t", "student": "s"}.get(old.role, "a")
         idx = self.next_index.get(old.role, 0)
         self.next_index[old.role] = idx + 1
-        child = Member(f"{prefix}{idx}", slot, old.role, born_step=step, parents=list(parents), operator=operator)
+        child = Member(f"{prefix}{idx}", slot, old.role, born_step=step, parents=list(record.get("parents", [])),
+                       operator=record.get("operator"))
         self.members[self.members.index(old)] = child
-        self.lineage.append({"step": step, "child": child.id, "replaced": old.id, "slot": slot, "role": old.role,
-                             "parents": list(parents), "operator": operator, "params": params})
+        self.lineage.append({**record, "step": step, "child": child.id, "replaced": old.id, "slot": slot,
+                             "role": old.role})
         return child
 
     def state_dict(self) -> dict[str, Any]:

@@ -43,14 +43,14 @@ class Ratings:
         return self.env.expose(self.ratings[member_id])
 
     def quality(self, a: str, b: str) -> float:
-        return self.env.quality_1vs1(self.ratings[a], self.ratings[b])
+        return trueskill.quality_1vs1(self.ratings[a], self.ratings[b], env=self.env)
 
     def record(self, match: MatchResult) -> None:
         t, s = self.ratings[match.teacher], self.ratings[match.student]
         if match.student_won:
-            s, t = self.env.rate_1vs1(s, t)
+            s, t = trueskill.rate_1vs1(s, t, env=self.env)
         else:
-            t, s = self.env.rate_1vs1(t, s)
+            t, s = trueskill.rate_1vs1(t, s, env=self.env)
         self.ratings[match.teacher], self.ratings[match.student] = t, s
 
     def state_dict(self) -> dict:

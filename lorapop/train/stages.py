@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorapop.engine.base import Completion, SamplingParams, TrainSample
-from lorapop.tasks import TASK_TYPES
+from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError
 from lorapop.tasks.rewards import student_reward, teacher_reward
 from lorapop.train.population import Member
 from lorapop.train.rating import MatchResult
@@ -42,6 +42,8 @@ class Rollout:
     reward: float = 0.0
     task: Any = None               # the Task (valid proposals and every student sample)
     detail: str = ""               # parse error or invalid reason
+    result: Any = None             # teacher: the ParseError / Invalid / Task its proposal became
+    source_program: str | None = None  # code_f: the buffer program the teacher was shown
 
 
 @dataclass
@@ -63,7 +65,8 @@ def step_rng(seed: int, step: int, stage: str) -> random.Random:
 
 
 def _params(cfg: Any) -> SamplingParams:
-    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                          min_new_tokens=cfg.min_new_tokens)
 
 
 def propose(engine: Any, teachers: list[Member], buffers: dict[str, Any], task_types: list[str], tasks_per_type: int,
@@ -76,10 +79,10 @@ def propose(engine: Any, teachers: list[Member], buffers: dict[str, Any], task_t
                 refs = reference_tasks(buffers, tt, n_references, rng)
                 text = TASK_TYPES[tt].teacher_prompt(refs, rng)
                 prompts.append(engine.chat_prompt(text))
-                meta.append((t, tt))
+                meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None))
     seeds = [rng.getrandbits(31) for _ in prompts]
-    outs = engine.generate(prompts, [t.slot for t, _ in meta], _params(sampling), seeds=seeds)
-    return [Rollout(t, "teacher", tt, p, c) for (t, tt), p, c in zip(meta, prompts, outs)]
+    outs = engine.generate(prompts, [t.slot for t, _, _ in meta], _params(sampling), seeds=seeds)
+    return [Rollout(t, "teacher", tt, p, c, source_program=src) for (t, tt, src), p, c in zip(meta, prompts, outs)]
 
 
 def reference_tasks(buffers: dict[str, Any], task_type: str, k: int, rng: random.Random) -> list[Any]:
@@ -91,22 +94,27 @@ def reference_tasks(buffers: dict[str, Any], task_type: str, k: int, rng: random
 
 
 def validate(rollouts: list[Rollout], executor: Any, buffers: dict[str, Any], step: int) -> list[Rollout]:
-    """Parse and check every proposal; valid tasks enter their buffer. Returns the valid rollouts."""
-    valid = []
+    """Parse and check every proposal (one batched executor pass per task type); valid tasks enter their buffer.
+    Returns the valid rollouts."""
+    by_type: dict[str, list[tuple[Rollout, Any]]] = defaultdict(list)
     for r in rollouts:
-        tt = TASK_TYPES[r.task_type]
-        proposal = tt.parse_proposal(r.completion.text)
-        if not tt.is_ok(proposal):
-            r.status, r.detail = "format_error", str(getattr(proposal, "reason", proposal))
-            continue
-        task = tt.validate(proposal, executor)
-        if not tt.is_ok(task):
-            r.status, r.detail = "invalid", str(getattr(task, "reason", task))
-            continue
-        task.proposer, task.step = r.member.id, step
-        r.status, r.task = "valid", task
-        buffers[r.task_type].add(task)
-        valid.append(r)
+        proposal = TASK_TYPES[r.task_type].parse_proposal(r.completion.text, program=r.source_program)
+        if isinstance(proposal, ParseError):
+            r.status, r.detail, r.result = "format_error", proposal.reason, proposal
+        else:
+            by_type[r.task_type].append((r, proposal))
+    valid = []
+    for tt, items in by_type.items():
+        results = TASK_TYPES[tt].validate_many([p for _, p in items], executor)
+        for (r, _), res in zip(items, results):
+            r.result = res
+            if isinstance(res, Invalid):
+                r.status, r.detail = "invalid", res.reason
+                continue
+            res.proposer, res.step = r.member.id, step
+            r.status, r.task = "valid", res
+            buffers[tt].add(res)
+            valid.append(r)
     return valid
 
 
@@ -123,8 +131,8 @@ def solve_jobs(pairs: dict[str, Member], teachers: dict[str, Member], valid: lis
         for tt in task_types:
             tasks = own[(t_id, tt)][:tasks_per_type]
             jobs += [SolveJob(task, tt, student, teacher) for task in tasks]
-            for task in buffers[tt].sample(tasks_per_type - len(tasks), rng, replace=True):
-                jobs.append(SolveJob(task, tt, student, None))
+            for _ in range(tasks_per_type - len(tasks)):  # with replacement: the buffer may hold a single seed
+                jobs.append(SolveJob(buffers[tt].sample(1, rng)[0], tt, student, None))
     return jobs
 
 
@@ -144,12 +152,9 @@ def solve(engine: Any, jobs: list[SolveJob], executor: Any, n_solve: int, sampli
         job.rollouts.append(Rollout(job.student, "student", job.task_type, p, c, task=job.task))
     for job in jobs:
         tt = TASK_TYPES[job.task_type]
-        for r in job.rollouts:
-            answer = tt.parse_answer(r.completion.text)
-            if not tt.is_ok(answer):
-                r.status, r.detail = "format_error", str(getattr(answer, "reason", answer))
-            else:
-                r.status = "correct" if tt.check(job.task, answer, executor) else "wrong"
+        answers = [tt.parse_answer(r.completion.text) for r in job.rollouts]
+        for r, outcome in zip(job.rollouts, tt.check_many(job.task, answers, executor)):
+            r.status, r.detail = outcome.status, outcome.detail
 
 
 def reward(proposals: list[Rollout], jobs: list[SolveJob], mode: str) -> None:
@@ -158,10 +163,9 @@ def reward(proposals: list[Rollout], jobs: list[SolveJob], mode: str) -> None:
     rates = {id(j.task): j.solve_rate for j in jobs if j.teacher is not None}
     for job in jobs:
         for r in job.rollouts:
-            r.reward = student_reward(r.status)
+            r.reward = student_reward(Outcome(r.status))
     for r in proposals:
-        s = rates.get(id(r.task)) if r.status == "valid" else None
-        r.reward = teacher_reward(r.status, s, mode)
+        r.reward = teacher_reward(r.result, rates.get(id(r.task)) if r.status == "valid" else None, mode)
 
 
 def update_batch(proposals: list[Rollout], jobs: list[SolveJob], single: bool, tasks_per_type: int,
