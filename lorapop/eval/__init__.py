@@ -1,0 +1,13 @@
+"""Benchmarks and ``lorapop eval`` (issue 7). Heavy modules (torch, the engine, the sandbox) load lazily.
+
+Public API: :class:`~lorapop.eval.runner.EvalConfig`, :func:`~lorapop.eval.runner.run_eval`,
+:func:`~lorapop.eval.runner.cli_main` (``lorapop eval``), :func:`~lorapop.eval.runs.find_checkpoint`,
+:func:`~lorapop.eval.runs.load_members`, :func:`~lorapop.eval.data.load_benchmark`, ``BENCHMARKS``.
+"""
+
+from lorapop.eval.data import BENCHMARKS, BenchmarkError, load_benchmark
+from lorapop.eval.runner import EvalConfig, build_parser, cli_main, format_table, run_eval, run_from_args
+from lorapop.eval.runs import RunDirError, find_checkpoint, load_members
+
+__all__ = ["BENCHMARKS", "BenchmarkError", "EvalConfig", "RunDirError", "build_parser", "cli_main",
+           "find_checkpoint", "format_table", "load_benchmark", "load_members", "run_eval", "run_from_args"]

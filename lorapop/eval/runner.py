@@ -1,0 +1,298 @@
+"""``lorapop eval RUN_DIR [RUN_DIR ...]``: greedy pass@1 of the base and every member, one engine pass per
+benchmark.
+
+Runs that share a base model and LoRA rank share one engine: all their members are loaded into its slots, and each
+benchmark's problems x (base + all members) rows go through one ``generate`` call. The **baseline** is the run
+named by ``--baseline``, else the run whose config says ``population.mode: single`` (the first such run). Population
+statistics (mean/min/max over members) are reported for students (the solvers; single-mode "agent" members count as
+students) and for all members. ``aggregate`` is the unweighted mean over the evaluated benchmarks, computed per
+member first (so its min/max are over members).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from lorapop.eval.data import BENCHMARKS, BenchmarkError, get_spec, load_benchmark, parse_benchmarks
+from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
+
+BASE = -1
+
+
+@dataclass
+class EvalConfig:
+    benchmarks: str = field(default="all", metadata={
+        "help": f"comma-separated benchmark names ({', '.join(BENCHMARKS)}), or 'all', 'code', 'math'"})
+    limit: int | None = field(default=None, metadata={"help": "evaluate only the first N problems of each benchmark"})
+    step: int | None = field(default=None, metadata={"help": "checkpoint step to evaluate (default: latest complete)"})
+    max_new_tokens_code: int = field(default=512, metadata={"help": "generation budget for code benchmarks"})
+    max_new_tokens_math: int = field(default=512, metadata={"help": "generation budget for math benchmarks"})
+    batch_size: int = field(default=32, metadata={"help": "rows per generation forward (engine gen_batch_size)"})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "directory with code/*.jsonl and math/*.jsonl (default: $LORAPOP_SHARED_DATA or ../shared/data)"})
+    data: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "per-benchmark source: a local JSONL file or a hub dataset id (name=PATH, repeatable)"})
+    code_timeout_s: float = field(default=10.0, metadata={
+        "help": "minimum sandbox wall-clock per candidate (all tests); raised to 4x the canonical solution's time"})
+    code_workers: int = field(default=2, metadata={"help": "sandbox workers judging code in parallel"})
+    device: str = field(default="auto", metadata={"help": "engine device: auto | cpu | cuda"})
+    dtype: str = field(default="float32", metadata={"help": "base model dtype"})
+    baseline: str | None = field(default=None, metadata={
+        "help": "run dir to treat as the baseline (default: the run whose config has population.mode: single)"})
+    out: str | None = field(default=None, metadata={"help": "path of the combined eval.json (default: none)"})
+    keep_text: bool = field(default=False, metadata={"help": "store every generated text in eval.json"})
+    write_run_files: bool = field(default=True, metadata={"help": "write eval.json into each run dir"})
+
+
+@dataclass
+class _Run:
+    path: Path
+    checkpoint: Path
+    step: int
+    members: list[Member]
+    model: str
+    slots: dict[str, int] = field(default_factory=dict)
+
+
+def _stats(values: list[float]) -> dict | None:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "n": len(values)} \
+        if values else None
+
+
+def _engine_for(group: list[_Run], cfg: EvalConfig):
+    from lorapop.engine import DEFAULT_TARGET_MODULES, EngineConfig, TorchEngine
+
+    ms = [m for r in group for m in r.members]
+    targets: list[str] = []
+    for m in ms:
+        targets += [t for t in m.target_modules if t not in targets]
+    ecfg = EngineConfig(rank=ms[0].rank, lora_alpha=ms[0].lora_alpha,
+                        target_modules=targets or list(DEFAULT_TARGET_MODULES),
+                        gen_batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
+    engine = TorchEngine.from_config(group[0].model, n_adapters=len(ms), cfg=ecfg)
+    slot = 0
+    for r in group:
+        for m in r.members:
+            engine.load_adapter(slot, m.adapter_dir)
+            r.slots[m.id] = slot
+            slot += 1
+    return engine
+
+
+def _discover(run_dirs: list[str], step: int | None) -> list[_Run]:
+    runs = []
+    for d in run_dirs:
+        p = Path(d)
+        ck = find_checkpoint(p, step)
+        members = load_members(p, ck)
+        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p, members)))
+    return runs
+
+
+def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
+    """Evaluate the runs; writes eval.json files and returns the combined result (see :func:`format_table`)."""
+    from lorapop.eval.harness import CodeJudge, evaluate_benchmark, make_executor
+
+    cfg = cfg or EvalConfig()
+    names = parse_benchmarks(cfg.benchmarks)
+    for b in cfg.data:
+        get_spec(b)
+    runs = _discover(run_dirs, cfg.step)
+    warnings: list[str] = []
+    problems, errors = {}, {}
+    for b in names:
+        try:
+            problems[b], w = load_benchmark(b, cfg.data.get(b), cfg.data_dir, cfg.limit)
+            warnings += w
+            if not problems[b]:
+                errors[b] = "no problems loaded"
+        except (BenchmarkError, OSError) as e:
+            errors[b] = str(e)
+    groups: dict[tuple, list[_Run]] = {}
+    for r in runs:
+        groups.setdefault((r.model, r.members[0].rank), []).append(r)
+    if len({k[0] for k in groups}) > 1 or len(groups) > 1:
+        warnings.append(f"runs use {len(groups)} (model, rank) combinations: evaluated in separate engine passes")
+    # results[benchmark][(group index, adapter id)] -> BenchResult rows
+    per_member: dict[str, dict[str, dict]] = {str(r.path): {} for r in runs}
+    base_scores: dict[str, dict] = {}
+    timings: dict[str, float] = {}
+    executor = make_executor(cfg.code_workers) if any(BENCHMARKS[b].family == "code" for b in problems) else None
+    try:
+        judge = CodeJudge(executor, cfg.code_timeout_s, workers=cfg.code_workers) if executor else None
+        for gi, group in enumerate(groups.values()):
+            engine = _engine_for(group, cfg)
+            ids = [BASE] + [s for r in group for s in r.slots.values()]
+            for b, probs in problems.items():
+                if b in errors:
+                    continue
+                spec = BENCHMARKS[b]
+                mnt = cfg.max_new_tokens_code if spec.family == "code" else cfg.max_new_tokens_math
+                t = time.perf_counter()
+                try:
+                    res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text)
+                except Exception as e:  # one broken benchmark must not sink the others
+                    errors[b] = f"{type(e).__name__}: {e}"
+                    continue
+                timings[f"{b}/group{gi}"] = time.perf_counter() - t
+                warnings += res.warnings
+                if gi == 0:
+                    base_scores[b] = _entry(res, BASE, probs)
+                for r in group:
+                    for m in r.members:
+                        per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs)
+            engine.close()
+    finally:
+        if executor is not None:
+            executor.close()
+    return _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg)
+
+
+def _entry(res, aid: int, probs) -> dict:
+    passed = res.passed[aid]
+    e = {"pass@1": sum(passed) / len(passed), "n": len(passed), "passed": passed,
+         "gen_tokens": res.gen_tokens.get(aid, 0)}
+    if res.extra.get(aid) and any("base" in x for x in res.extra[aid]):
+        e["base_tests_pass@1"] = sum(bool(x.get("base")) for x in res.extra[aid]) / len(passed)
+    if res.extra.get(aid):
+        e["details"] = [dict(x, id=p.id) for x, p in zip(res.extra[aid], probs)]
+    return e
+
+
+def _summary(scores: dict[str, dict], benches: list[str]) -> dict:
+    out = {b: scores[b]["pass@1"] for b in benches if b in scores}
+    if out:
+        out["aggregate"] = sum(out.values()) / len(out)
+    return out
+
+
+def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg) -> dict:
+    ok = [b for b in names if b not in errors]
+    base_sum = _summary(base_scores, ok)
+    baseline_path = None
+    if cfg.baseline:
+        baseline_path = str(Path(cfg.baseline))
+        if baseline_path not in per_member:
+            raise ValueError(f"--baseline {cfg.baseline} is not one of the evaluated run dirs")
+    else:
+        singles = [str(r.path) for r in runs if is_single(r.path)]
+        baseline_path = singles[0] if singles else None
+    run_objs = []
+    for r in runs:
+        pm = per_member[str(r.path)]
+        members = []
+        for m in r.members:
+            members.append({"id": m.id, "role": m.role, "scores": _summary(pm.get(m.id, {}), ok),
+                            "benchmarks": pm.get(m.id, {})})
+        pop = {}
+        for label, sel in (("students", lambda m: m["role"] in ("student", "agent")), ("all", lambda m: True)):
+            chosen = [m for m in members if sel(m)]
+            pop[label] = {k: _stats([m["scores"][k] for m in chosen if k in m["scores"]])
+                          for k in ok + (["aggregate"] if ok else [])}
+        run_objs.append({"run_dir": str(r.path), "checkpoint": str(r.checkpoint), "step": r.step, "model": r.model,
+                         "is_baseline": str(r.path) == baseline_path, "members": members, "population": pop})
+    result = {"benchmarks": ok, "n_problems": {b: len(problems.get(b, [])) for b in ok}, "errors": errors,
+              "warnings": warnings, "limit": cfg.limit, "greedy": True,
+              "max_new_tokens": {"code": cfg.max_new_tokens_code, "math": cfg.max_new_tokens_math},
+              "base": {"scores": base_sum, "benchmarks": base_scores}, "baseline": baseline_path,
+              "runs": run_objs, "timings_s": timings, "time": time.time()}
+    if cfg.write_run_files:
+        for ro in run_objs:
+            one = dict(result, runs=[ro])
+            (Path(ro["run_dir"]) / "eval.json").write_text(json.dumps(one, indent=1))
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _pct(x) -> str:
+    return "    -" if x is None else f"{100 * x:5.1f}"
+
+
+def format_table(result: dict) -> str:
+    """Per population run: rows = benchmarks + aggregate; columns = base, baseline, students and all members."""
+    lines = []
+    ok = result["benchmarks"]
+    base = result["base"]["scores"]
+    baseline = next((r for r in result["runs"] if r["is_baseline"]), None)
+    targets = [r for r in result["runs"] if not r["is_baseline"]] or result["runs"]
+    for r in targets:
+        lines.append(f"run {r['run_dir']} (step {r['step']}, {len(r['members'])} members); baseline: "
+                     f"{baseline['run_dir'] if baseline else 'none'}")
+        lines.append(f"{'benchmark':<14}{'n':>5} {'base':>6} {'basel.':>6}  {'students mean/min/max':>21}  "
+                     f"{'all members mean/min/max':>24}")
+        for b in ok + (["aggregate"] if ok else []):
+            bl = (baseline["population"]["students"].get(b) or {}).get("mean") if baseline else None
+            s, a = r["population"]["students"].get(b), r["population"]["all"].get(b)
+            trip = lambda st: "    -      -      -" if not st else \
+                f"{_pct(st['mean'])} {_pct(st['min'])} {_pct(st['max'])}"
+            n = result["n_problems"].get(b, "")
+            lines.append(f"{b:<14}{n!s:>5} {_pct(base.get(b)):>6} {_pct(bl):>6}  {trip(s):>21}  {trip(a):>24}")
+        lines.append("")
+    for b, e in result["errors"].items():
+        lines.append(f"error: {b}: {e}")
+    if result["warnings"]:
+        lines.append(f"{len(result['warnings'])} warning(s) recorded in eval.json, first: {result['warnings'][0]}")
+    return "\n".join(lines)
+
+
+def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    helps = {f.name: f.metadata.get("help", "") for f in fields(EvalConfig)}
+    p.add_argument("--benchmarks", default="all", help=helps["benchmarks"])
+    p.add_argument("--limit", type=int, default=None, help=helps["limit"])
+    p.add_argument("--step", type=int, default=None, help=helps["step"])
+    p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
+    p.add_argument("--batch-size", type=int, default=32, help=helps["batch_size"])
+    p.add_argument("--data-dir", default=None, help=helps["data_dir"])
+    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help=helps["data"])
+    p.add_argument("--device", default="auto", help=helps["device"])
+    p.add_argument("--baseline", default=None, help=helps["baseline"])
+    p.add_argument("--out", default=None, help=helps["out"])
+    p.add_argument("--keep-text", action="store_true", help=helps["keep_text"])
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> EvalConfig:
+    data = {}
+    for item in a.data:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise BenchmarkError(f"--data expects NAME=PATH, got {item!r}")
+        data[get_spec(name).name] = path
+    cfg = EvalConfig(benchmarks=a.benchmarks, limit=a.limit, step=a.step, batch_size=a.batch_size,
+                     data_dir=a.data_dir, data=data, device=a.device, baseline=a.baseline, out=a.out,
+                     keep_text=a.keep_text)
+    if a.max_new_tokens:
+        cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
+    return cfg
+
+
+def run_from_args(a: argparse.Namespace) -> int:
+    from lorapop.eval.runs import RunDirError
+
+    try:
+        cfg = config_from_args(a)
+        parse_benchmarks(cfg.benchmarks)
+        result = run_eval(a.run_dirs, cfg)
+    except (BenchmarkError, RunDirError, ValueError) as e:
+        print(f"lorapop eval: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    return 0 if not result["errors"] else 1
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    return run_from_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())
