@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,22 @@ def prepare_model(name: str = EMBEDDED) -> Path:
     return Path(name)  # a hub id; resolved by from_pretrained
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Cheap probe before from_pretrained: offline, the hub client retries for about a minute before failing."""
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return False
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a proxy may reach what a direct connection cannot; let the client try
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def load_base_model(name: str = EMBEDDED, *, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)``, frozen and in eval mode. See the module docstring for what ``name`` may be."""
     import torch
@@ -121,9 +138,11 @@ def load_base_model(name: str = EMBEDDED, *, dtype: str = "float32", device: str
 
     src = prepare_model(name)
     local = src.exists()
+    # Unreachable hub: use only the local HF cache, so a missing model fails in a second rather than a minute.
+    kw = {} if local or _hub_reachable() else {"local_files_only": True}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(src))
-        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(str(src), **kw)
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=getattr(torch, dtype), **kw)
     except OSError as e:
         if local:
             raise ModelNotFoundError(f"could not load model from {src}: {e}") from e

@@ -1,0 +1,104 @@
+"""The engine contract: what the training loop, evaluation and operators may ask of a multi-LoRA engine.
+
+Only dataclasses and a Protocol live here, so importing this module never pulls in torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False  # greedy=True (or temperature <= 0) ignores temperature/top_p
+    # EOS is masked out until a row has this many new tokens; benchmarks use it to force equal-length rows.
+    min_new_tokens: int = 0
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated ids, EOS included if it was produced
+    text: str  # decoded generated text, special tokens skipped
+    finish_reason: str  # "eos" | "length"
+
+
+@dataclass
+class TrainSample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    adapter_id: int
+    advantage: float
+
+
+@dataclass
+class EngineConfig:
+    rank: int = field(default=16, metadata={"help": "LoRA rank r shared by every adapter in the population."})
+    lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha; the update is scaled by lora_alpha / rank."})
+    target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_TARGET_MODULES),
+        metadata={"help": "Names (last path component) of the nn.Linear modules that get LoRA: by default every "
+                          "attention and MLP projection."},
+    )
+    dtype: str = field(default="float32", metadata={
+        "help": "dtype of the frozen base model (float32 | bfloat16 | float16). LoRA weights and optimizer state "
+                "always stay float32 (master weights)."})
+    device: str = field(default="auto", metadata={"help": "'auto' (cuda when available, else cpu), 'cpu', 'cuda', "
+                                                          "'cuda:1', ..."})
+    lr: float = field(default=1e-4, metadata={
+        "help": "AdamW learning rate for every slot (per-slot overrides via engine.set_lr). Higher than the 7B "
+                "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
+                "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Decoupled (AdamW) weight decay on A and B."})
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW (beta1, beta2)."})
+    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    max_grad_norm: float = field(default=1.0, metadata={
+        "help": "Per-adapter gradient-norm clip (each adapter's norm over all its A and B); <= 0 disables."})
+    train_micro_batch_size: int = field(default=4, metadata={
+        "help": "Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
+                "bounds memory without changing the update."})
+    gen_batch_size: int = field(default=32, metadata={"help": "Most rows in one generation forward."})
+    logprob_chunk_size: int = field(default=512, metadata={
+        "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
+                "[chunk, vocab] logits tensor (full-batch logits run out of memory)."})
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model."""
+
+    n_adapters: int
+    tokenizer: Any
+
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]: ...
+
+    def generate(self, prompts: list[list[int]], adapter_ids: list[int], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[Completion]: ...
+
+    def token_logprobs(self, prompts: list[list[int]], completions: list[list[int]],
+                       adapter_ids: list[int]) -> list[list[float]]: ...
+
+    def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]: ...
+
+    def get_adapter(self, i: int) -> dict[str, tuple[Any, Any]]: ...
+
+    def set_adapter(self, i: int, weights: dict[str, tuple[Any, Any]]) -> None: ...
+
+    def copy_adapter(self, src: int, dst: int) -> None: ...
+
+    def reset_adapter(self, i: int, seed: int) -> None: ...
+
+    def reset_optimizer(self, i: int) -> None: ...
+
+    def save_adapter(self, i: int, path: Any) -> None: ...
+
+    def load_adapter(self, i: int, path: Any) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -1,0 +1,445 @@
+"""TorchEngine: a population of LoRA adapters on one frozen HF causal LM, in plain PyTorch.
+
+Generation (KV cache, left padding, per-row seeds, finished rows dropped from the batch), token log-probs
+(chunked over the vocabulary projection) and a multi-adapter policy-gradient train step all run one forward over a
+batch that mixes adapters; see :mod:`lorapop.engine.lora` for the stacked layers and :mod:`lorapop.engine.optim`
+for the per-slot AdamW.
+
+Not implemented: a KL penalty against the base model (``kl_coef``). The loss is the plain token-mean of
+``-advantage * logp`` per adapter, as in SPEC 3; a KL term would need a second (base, id -1) forward per micro-batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .base import Completion, EngineConfig, SamplingParams, TrainSample
+from .lora import inject_lora, kaiming_uniform_A, remove_lora
+from .optim import StackedAdamW
+from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _chunks(seq: list, n: int):
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+class TorchEngine:
+    """Owns ``model``: its target linear layers are replaced in place (``close()`` puts them back)."""
+
+    def __init__(self, model: Any, tokenizer: Any, n_adapters: int, cfg: EngineConfig | None = None,
+                 seed: int = 0) -> None:
+        self.cfg = cfg = cfg if cfg is not None else EngineConfig()
+        self.device = resolve_device(cfg.device)
+        dtype = getattr(torch, cfg.dtype)
+        model.to(device=self.device, dtype=dtype)
+        model.eval()
+        model.requires_grad_(False)
+        self.model, self.tokenizer = model, tokenizer
+        self.n_adapters = n_adapters
+        self.scaling = cfg.lora_alpha / cfg.rank
+        self.base_model_name = str(getattr(model, "name_or_path", "") or "") or None
+        self._ctx, self.layers = inject_lora(model, n_adapters, cfg.rank, cfg.lora_alpha, list(cfg.target_modules))
+        self.module_names = list(self.layers)
+        self._params = [p for layer in self.layers.values() for p in (layer.lora_A, layer.lora_B)]
+        self.optimizer = StackedAdamW(self._params, n_adapters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                      weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+        self.eos_ids = self._eos_ids()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+        for i in range(n_adapters):
+            self.reset_adapter(i, seed=seed * 1_000_003 + i)
+
+    @classmethod
+    def from_config(cls, model_name: str = "embedded", n_adapters: int = 1, cfg: EngineConfig | None = None,
+                    seed: int = 0) -> "TorchEngine":
+        from lorapop.model import load_base_model
+
+        cfg = cfg if cfg is not None else EngineConfig()
+        model, tok = load_base_model(model_name, dtype=cfg.dtype, device=str(resolve_device(cfg.device)))
+        return cls(model, tok, n_adapters, cfg, seed)
+
+    def close(self) -> None:
+        """Remove the LoRA layers from the model (it becomes the plain base again)."""
+        remove_lora(self.model)
+
+    # ------------------------------------------------------------------ helpers
+    def _eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for v in (self.tokenizer.eos_token_id, getattr(getattr(self.model, "generation_config", None),
+                                                        "eos_token_id", None)):
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+        return sorted(ids)
+
+    def _check_slot(self, i: int, *, allow_base: bool = False) -> None:
+        lo = -1 if allow_base else 0
+        if not isinstance(i, int) or isinstance(i, bool) or not lo <= i < self.n_adapters:
+            what = "-1 (base) or " if allow_base else ""
+            raise IndexError(f"adapter index {i!r} out of range: expected {what}0..{self.n_adapters - 1}")
+
+    def _check_rows(self, prompts: list[list[int]], adapter_ids: list[int], *, allow_base: bool = True) -> None:
+        if not prompts:
+            raise ValueError("empty prompt list: pass at least one prompt")
+        if len(adapter_ids) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(adapter_ids)} adapter_ids")
+        for k, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {k} is empty (no token ids)")
+        for a in adapter_ids:
+            self._check_slot(int(a), allow_base=allow_base)
+
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
+        messages = ([{"role": "system", "content": system}] if system is not None else [])
+        messages.append({"role": "user", "content": user_message})
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
+            out = out["input_ids"]
+        return [int(t) for t in out]
+
+    def set_lr(self, i: int, lr: float) -> None:
+        self._check_slot(i)
+        self.optimizer.lr[i] = float(lr)
+
+    def get_lr(self, i: int) -> float:
+        self._check_slot(i)
+        return float(self.optimizer.lr[i])
+
+    def base_bytes(self) -> int:
+        lora = {id(p) for p in self._params}
+        return sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in lora)
+
+    def adapter_bytes(self) -> int:
+        """Bytes of one adapter's weights (all slots are the same size)."""
+        return sum(p[0].numel() * p.element_size() for p in self._params)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], adapter_ids: list[int], params: SamplingParams | None = None,
+                 seeds: list[int] | None = None) -> list[Completion]:
+        params = params if params is not None else SamplingParams()
+        self._check_rows(prompts, adapter_ids)
+        if seeds is None:
+            seeds = list(range(len(prompts)))
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        # Similar lengths in one batch waste less on padding; results go back in the caller's order.
+        order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]))
+        out: list[Completion | None] = [None] * len(prompts)
+        try:
+            for rows in _chunks(order, max(1, self.cfg.gen_batch_size)):
+                toks, reasons = self._generate_batch([prompts[k] for k in rows], [adapter_ids[k] for k in rows],
+                                                     params, [seeds[k] for k in rows])
+                for k, t, r in zip(rows, toks, reasons):
+                    out[k] = Completion(list(prompts[k]), t, self.tokenizer.decode(t, skip_special_tokens=True), r)
+        finally:
+            self._ctx.set(None)
+        return out  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts, adapter_ids, params: SamplingParams, seeds):
+        from transformers import DynamicCache
+
+        dev, b = self.device, len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        for k, p in enumerate(prompts):
+            input_ids[k, width - len(p):] = torch.tensor(p)
+            attn[k, width - len(p):] = 1
+        input_ids, attn = input_ids.to(dev), attn.to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids = torch.tensor(adapter_ids, dtype=torch.long, device=dev)
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        cache = DynamicCache(config=self.model.config)
+        self._ctx.set(ids)
+        logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        next_pos = pos[:, -1] + 1
+        alive = list(range(b))  # batch position -> original row
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        reasons = ["length"] * b
+        eos = set(self.eos_ids)
+        for step in range(params.max_new_tokens):
+            tok = self._sample(logits, [gens[r] for r in alive], params, step)
+            keep = []
+            for j, (r, t) in enumerate(zip(alive, tok.tolist())):
+                tokens[r].append(t)
+                if t in eos:
+                    reasons[r] = "eos"
+                else:
+                    keep.append(j)
+            if not keep or step + 1 == params.max_new_tokens:
+                break
+            if len(keep) < len(alive):
+                # Finished rows leave the batch (and the KV cache): later steps cost only the live rows.
+                kt = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(kt)
+                attn, next_pos, ids, tok = attn[kt], next_pos[kt], ids[kt], tok[kt]
+                alive = [alive[j] for j in keep]
+                self._ctx.set(ids)
+            attn = torch.cat([attn, attn.new_ones(len(alive), 1)], dim=1)
+            logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1].float()
+            next_pos = next_pos + 1
+        return tokens, reasons
+
+    def _sample(self, logits: torch.Tensor, gens: list[torch.Generator], params: SamplingParams,
+                n_done: int) -> torch.Tensor:
+        if n_done < params.min_new_tokens and self.eos_ids:
+            logits[:, self.eos_ids] = float("-inf")
+        if params.greedy or params.temperature <= 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        # One uniform per row from that row's own generator: a row's sample depends only on its seed and logits.
+        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in gens]).to(logits.device)
+        if params.top_p < 1.0:
+            sp, si = probs.sort(dim=-1, descending=True)
+            cum = sp.cumsum(-1)
+            sp = sp.masked_fill(cum - sp >= params.top_p, 0.0)  # the token that crosses top_p stays in
+            cdf = sp.cumsum(-1).double()
+            j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[1] - 1)
+            return si.gather(-1, j).squeeze(-1)
+        cdf = probs.cumsum(-1).double()
+        j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[1] - 1)
+        return j.squeeze(-1)
+
+    # ------------------------------------------------------------------ log-probs
+    def _response_logprobs(self, prompts, completions, adapter_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of every completion token, flat ``[n_tokens]``, plus the batch row of each token.
+
+        Right padding: a real token never attends to the pads after it, so its value does not depend on which other
+        rows share the batch. Only the hidden states of response positions reach the vocabulary projection, in
+        chunks, and under autograd each chunk is checkpointed so its [chunk, vocab] logits are not kept for
+        backward."""
+        dev, b = self.device, len(prompts)
+        lens = [len(p) + len(c) for p, c in zip(prompts, completions)]
+        width = max(lens)
+        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        rows, src, tgt = [], [], []
+        for k, (p, c) in enumerate(zip(prompts, completions)):
+            seq = list(p) + list(c)
+            input_ids[k, :len(seq)] = torch.tensor(seq)
+            attn[k, :len(seq)] = 1
+            rows += [k] * len(c)
+            src += range(len(p) - 1, len(seq) - 1)
+            tgt += list(c)
+        self._ctx.set(torch.tensor(adapter_ids, dtype=torch.long, device=dev))
+        hidden = self.model.get_decoder()(input_ids=input_ids.to(dev), attention_mask=attn.to(dev)).last_hidden_state
+        row_t = torch.tensor(rows, dtype=torch.long, device=dev)
+        h = hidden[row_t, torch.tensor(src, dtype=torch.long, device=dev)]
+        tgt_t = torch.tensor(tgt, dtype=torch.long, device=dev)
+        head = self.model.get_output_embeddings()
+
+        def chunk_logp(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+            logits = head(hc).float()
+            return logits.gather(-1, tc[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+        n = max(1, self.cfg.logprob_chunk_size)
+        parts = []
+        for i in range(0, h.shape[0], n):
+            hc, tc = h[i:i + n], tgt_t[i:i + n]
+            if torch.is_grad_enabled() and hc.requires_grad:
+                parts.append(checkpoint(chunk_logp, hc, tc, use_reentrant=False))
+            else:
+                parts.append(chunk_logp(hc, tc))
+        logp = torch.cat(parts) if parts else h.new_zeros(0)
+        return logp, row_t
+
+    @torch.no_grad()
+    def token_logprobs(self, prompts: list[list[int]], completions: list[list[int]],
+                       adapter_ids: list[int]) -> list[list[float]]:
+        """Per-token log p(completion token | prefix) under each row's adapter (-1 = base), temperature 1."""
+        self._check_rows(prompts, adapter_ids)
+        if len(completions) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        out: list[list[float]] = [[] for _ in prompts]
+        order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]) + len(completions[k]))
+        try:
+            for rows in _chunks(order, max(1, self.cfg.train_micro_batch_size)):
+                rows = [k for k in rows if completions[k]]
+                if not rows:
+                    continue
+                logp, row_t = self._response_logprobs([prompts[k] for k in rows], [completions[k] for k in rows],
+                                                      [adapter_ids[k] for k in rows])
+                for r, v in zip(row_t.tolist(), logp.tolist()):
+                    out[rows[r]].append(v)
+        finally:
+            self._ctx.set(None)
+        return out
+
+    # ------------------------------------------------------------------ training
+    def _check_samples(self, samples: list[TrainSample]) -> None:
+        if not samples:
+            raise ValueError("train_step got no samples")
+        for k, s in enumerate(samples):
+            if len(s.prompt_ids) == 0:
+                raise ValueError(f"sample {k} has an empty prompt")
+            self._check_slot(int(s.adapter_id))
+
+    def accumulate_gradients(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
+        """Forward/backward ``samples`` in micro-batches, leaving the summed gradient in the LoRA parameters.
+
+        The per-adapter loss is normalised by that adapter's response-token count over *all* samples, so splitting
+        into micro-batches (or mixing adapters in one) does not change any adapter's gradient."""
+        self._check_samples(samples)
+        stats: dict[int, dict[str, float]] = {}
+        for s in samples:
+            st = stats.setdefault(int(s.adapter_id), {"loss": 0.0, "grad_norm": 0.0, "n_tokens": 0, "n_samples": 0})
+            st["n_tokens"] += len(s.completion_ids)
+            st["n_samples"] += 1
+        # Rows with no tokens or zero advantage add nothing to any gradient: skip their forward entirely.
+        work = [s for s in samples if s.completion_ids and float(s.advantage) != 0.0]
+        work.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+        try:
+            for mb in _chunks(work, max(1, self.cfg.train_micro_batch_size)):
+                logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
+                                                      [int(s.adapter_id) for s in mb])
+                w = torch.tensor([-float(s.advantage) / stats[int(s.adapter_id)]["n_tokens"] for s in mb],
+                                 device=logp.device)
+                per_tok = logp * w[row_t]
+                per_tok.sum().backward()
+                per_row = torch.zeros(len(mb), device=logp.device).index_add_(0, row_t, per_tok.detach())
+                for s, v in zip(mb, per_row.tolist()):
+                    stats[int(s.adapter_id)]["loss"] += v
+        finally:
+            self._ctx.set(None)
+        return stats
+
+    def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
+        """One AdamW step for every adapter in ``samples``; loss per adapter = token-mean of -advantage * logp over
+        its response tokens. Returns per adapter {"loss", "grad_norm" (before clipping), "n_tokens", "n_samples"}."""
+        self.optimizer.zero_grad()
+        stats = self.accumulate_gradients(samples)
+        slots = [a for a, st in stats.items() if st["n_tokens"] > 0]
+        norms = self.optimizer.step(slots)
+        self.optimizer.zero_grad()
+        for a, st in stats.items():
+            st["grad_norm"] = norms.get(a, 0.0)
+            st["n_tokens"] = int(st["n_tokens"])
+            st["n_samples"] = int(st["n_samples"])
+        return stats
+
+    # ------------------------------------------------------------------ adapters by index
+    def get_adapter(self, i: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        self._check_slot(i)
+        return {n: (l.lora_A[i].detach().clone(), l.lora_B[i].detach().clone()) for n, l in self.layers.items()}
+
+    @torch.no_grad()
+    def set_adapter(self, i: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Overwrite slot ``i`` (weights only; the slot's optimizer state is kept: see reset_optimizer)."""
+        self._check_slot(i)
+        missing = [n for n in self.module_names if n not in weights]
+        unknown = [n for n in weights if n not in self.layers]
+        if unknown:
+            raise KeyError(f"adapter has modules the engine does not adapt: {unknown[:3]}"
+                           f"{' ...' if len(unknown) > 3 else ''} (engine targets {list(self.cfg.target_modules)})")
+        if missing:
+            raise KeyError(f"adapter lacks {len(missing)} of the engine's modules, e.g. {missing[:3]}")
+        for n, (a, b) in weights.items():
+            layer = self.layers[n]
+            want_a, want_b = tuple(layer.lora_A.shape[1:]), tuple(layer.lora_B.shape[1:])
+            if a.dim() == 2 and b.dim() == 2 and (a.shape[0] != self.cfg.rank or b.shape[1] != self.cfg.rank):
+                raise ValueError(f"rank mismatch for {n}: adapter has rank {a.shape[0]}, engine uses "
+                                 f"rank {self.cfg.rank}")
+            if tuple(a.shape) != want_a or tuple(b.shape) != want_b:
+                raise ValueError(f"shape mismatch for {n}: got A {tuple(a.shape)}, B {tuple(b.shape)}; "
+                                 f"expected A {want_a}, B {want_b}")
+        for n, (a, b) in weights.items():
+            self.layers[n].lora_A[i].copy_(a.to(self.device, torch.float32))
+            self.layers[n].lora_B[i].copy_(b.to(self.device, torch.float32))
+
+    @torch.no_grad()
+    def copy_adapter(self, src: int, dst: int, *, with_optimizer: bool = False) -> None:
+        self._check_slot(src)
+        self._check_slot(dst)
+        for layer in self.layers.values():
+            layer.lora_A[dst].copy_(layer.lora_A[src])
+            layer.lora_B[dst].copy_(layer.lora_B[src])
+        if with_optimizer:
+            self.optimizer.copy_slot(src, dst)
+
+    @torch.no_grad()
+    def reset_adapter(self, i: int, seed: int) -> None:
+        """PEFT's init: A ~ kaiming_uniform(a=sqrt(5)), B = 0, so the fresh adapter is exactly the base model.
+        Weights only; call reset_optimizer too for a fresh member."""
+        self._check_slot(i)
+        g = torch.Generator().manual_seed(int(seed))
+        for layer in self.layers.values():
+            layer.lora_A[i].copy_(kaiming_uniform_A(self.cfg.rank, layer.in_features, g).to(self.device))
+            layer.lora_B[i].zero_()
+
+    def reset_optimizer(self, i: int) -> None:
+        self._check_slot(i)
+        self.optimizer.reset_slot(i)
+
+    def save_adapter(self, i: int, path: str | os.PathLike) -> Path:
+        return save_peft_adapter(self.get_adapter(i), path, rank=self.cfg.rank, lora_alpha=self.cfg.lora_alpha,
+                                 target_modules=list(self.cfg.target_modules),
+                                 base_model_name_or_path=self.base_model_name)
+
+    def load_adapter(self, i: int, path: str | os.PathLike) -> None:
+        """Load a PEFT LoRA directory into slot ``i``. Its rank must equal the engine's. A different alpha (or
+        rslora) is absorbed by rescaling B so the weight delta is unchanged; engine modules the file lacks get a
+        zero delta (fresh A, B = 0)."""
+        self._check_slot(i)
+        weights, pcfg = load_peft_adapter(path)
+        if int(pcfg["r"]) != self.cfg.rank:
+            raise AdapterFormatError(f"rank mismatch: adapter at {path} has r={pcfg['r']}, "
+                                     f"the engine uses rank={self.cfg.rank}")
+        unknown = [n for n in weights if n not in self.layers]
+        if unknown:
+            raise AdapterFormatError(f"adapter at {path} adapts modules the engine does not: {unknown[:3]} "
+                                     f"(engine target_modules={list(self.cfg.target_modules)})")
+        ratio = pcfg["scaling"] / self.scaling
+        g = torch.Generator().manual_seed(i)
+        full = {}
+        for n, layer in self.layers.items():
+            if n in weights:
+                a, b = weights[n]
+                full[n] = (a, b * ratio if ratio != 1.0 else b)
+            else:
+                full[n] = (kaiming_uniform_A(self.cfg.rank, layer.in_features, g),
+                           torch.zeros(layer.out_features, self.cfg.rank))
+        self.set_adapter(i, full)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "n_adapters": self.n_adapters,
+            "config": asdict(self.cfg),
+            "modules": list(self.module_names),
+            "lora_A": [l.lora_A.detach().cpu().clone() for l in self.layers.values()],
+            "lora_B": [l.lora_B.detach().cpu().clone() for l in self.layers.values()],
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("n_adapters") != self.n_adapters:
+            raise ValueError(f"checkpoint holds {state.get('n_adapters')} adapters, engine has {self.n_adapters}")
+        if list(state.get("modules", [])) != self.module_names:
+            raise ValueError("checkpoint adapts different modules than this engine (target_modules differ)")
+        if state["config"]["rank"] != self.cfg.rank:
+            raise ValueError(f"rank mismatch: checkpoint rank {state['config']['rank']}, engine rank {self.cfg.rank}")
+        for layer, a, b in zip(self.layers.values(), state["lora_A"], state["lora_B"]):
+            layer.lora_A.copy_(a)
+            layer.lora_B.copy_(b)
+        self.optimizer.load_state_dict(state["optimizer"])
