@@ -165,7 +165,7 @@ class TorchEngine:
         input_ids, attn = input_ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         ids = torch.tensor(adapter_ids, dtype=torch.long, device=dev)
-        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
         cache = DynamicCache(config=self.model.config)
         self._ctx.set(ids)
         logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
@@ -205,19 +205,18 @@ class TorchEngine:
             logits[:, self.eos_ids] = float("-inf")
         if params.greedy or params.temperature <= 0:
             return logits.argmax(-1)
-        probs = torch.softmax(logits / params.temperature, dim=-1)
-        # One uniform per row from that row's own generator: a row's sample depends only on its seed and logits.
-        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in gens]).to(logits.device)
+        logits = logits / params.temperature
         if params.top_p < 1.0:
-            sp, si = probs.sort(dim=-1, descending=True)
-            cum = sp.cumsum(-1)
-            sp = sp.masked_fill(cum - sp >= params.top_p, 0.0)  # the token that crosses top_p stays in
-            cdf = sp.cumsum(-1).double()
-            j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[1] - 1)
-            return si.gather(-1, j).squeeze(-1)
-        cdf = probs.cumsum(-1).double()
-        j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[1] - 1)
-        return j.squeeze(-1)
+            sp, si = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+            drop_sorted = (sp.cumsum(-1) - sp) >= params.top_p  # the token that crosses top_p stays in
+            logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, si, drop_sorted), float("-inf"))
+        # Gumbel-max with each row's noise from that row's own generator. Unlike inverse-CDF sampling, the pick only
+        # flips if the top two perturbed scores are within float noise, so a seed gives the same sample whatever
+        # rows share the batch (batch composition perturbs logits by ~1e-6).
+        vocab = logits.shape[-1]
+        u = torch.stack([torch.rand(vocab, generator=g, device=g.device) for g in gens]).to(logits.device)
+        gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
+        return (logits + gumbel).argmax(-1)
 
     # ------------------------------------------------------------------ log-probs
     def _response_logprobs(self, prompts, completions, adapter_ids) -> tuple[torch.Tensor, torch.Tensor]:

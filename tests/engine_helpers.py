@@ -1,0 +1,54 @@
+"""Shared builders for engine tests: a tiny random Llama (real HF model, real tokenizer) so engine logic runs in
+milliseconds; the real embedded model is exercised by the slow integration tests."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from lorapop.model import prepare_model
+
+    tok = AutoTokenizer.from_pretrained(str(prepare_model("embedded")))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tiny_llama(seed: int = 0, tie: bool = True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    model.name_or_path = "tiny-llama-test"
+    return model, tok
+
+
+def randomize_adapters(engine, seed: int = 0, scale: float = 0.5, slots=None) -> None:
+    """Non-zero B (and random A) so the LoRA path changes outputs."""
+    g = torch.Generator().manual_seed(seed)
+    slots = range(engine.n_adapters) if slots is None else slots
+    for i in slots:
+        w = {n: (torch.randn(a.shape, generator=g) * scale, torch.randn(b.shape, generator=g) * scale)
+             for n, (a, b) in engine.get_adapter(i).items()}
+        engine.set_adapter(i, w)
+
+
+def tiny_engine(n_adapters: int = 3, seed: int = 0, randomize: bool = True, **cfg_kw):
+    from lorapop.engine import EngineConfig, TorchEngine
+
+    model, tok = tiny_llama(seed)
+    cfg = EngineConfig(rank=cfg_kw.pop("rank", 4), lora_alpha=cfg_kw.pop("lora_alpha", 8), device="cpu", **cfg_kw)
+    eng = TorchEngine(model, tok, n_adapters, cfg, seed=seed)
+    if randomize:
+        randomize_adapters(eng, seed)
+    return eng
