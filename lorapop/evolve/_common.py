@@ -1,0 +1,129 @@
+"""Shared plumbing for the operators: adapter checks, shape groups, seeded noise.
+
+An adapter is ``dict[str, tuple[A, B]]`` with A: (r, d_in), B: (d_out, r), the engine's layout. Modules are always
+visited in the first parent's key order, so a seeded generator gives the same child for the same input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+Adapter = dict[str, tuple[Tensor, Tensor]]
+
+# std below this counts as "no spread" (a PEFT-fresh B is exactly 0); then noise falls back to 1/sqrt(last dim).
+STD_FLOOR = 1e-12
+
+
+def check_adapters(parents: Sequence[Adapter]) -> None:
+    """Same module keys, shapes and dtype in every parent; A (r, d_in) and B (d_out, r) agree on r."""
+    if not parents:
+        raise ValueError("no parents given")
+    first = parents[0]
+    if not isinstance(first, dict) or not first:
+        raise ValueError("an adapter is a non-empty dict[str, (A, B)]")
+    for name, (A, B) in first.items():
+        if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[1]:
+            raise ValueError(f"module {name}: expected A (r, d_in) and B (d_out, r), got {tuple(A.shape)} and "
+                             f"{tuple(B.shape)}")
+        if A.dtype != B.dtype or not A.dtype.is_floating_point:
+            raise ValueError(f"module {name}: A and B must share one floating dtype, got {A.dtype} and {B.dtype}")
+    for i, p in enumerate(parents[1:], start=1):
+        if p.keys() != first.keys():
+            raise ValueError(f"parent {i} has different modules from parent 0")
+        for name, (A, B) in p.items():
+            A0, B0 = first[name]
+            if A.shape != A0.shape or B.shape != B0.shape or A.dtype != A0.dtype:
+                raise ValueError(f"parent {i}, module {name}: shape/dtype {tuple(A.shape)}, {tuple(B.shape)}, "
+                                 f"{A.dtype} differs from parent 0's {tuple(A0.shape)}, {tuple(B0.shape)}, {A0.dtype}")
+
+
+def dtype_of(adapter: Adapter) -> torch.dtype:
+    return next(iter(adapter.values()))[0].dtype
+
+
+def shape_groups(adapter: Adapter) -> list[list[str]]:
+    """Module names grouped by (A shape, B shape), in first-appearance order: the unit of batched linear algebra."""
+    groups: dict[tuple, list[str]] = {}
+    for name, (A, B) in adapter.items():
+        groups.setdefault((tuple(A.shape), tuple(B.shape)), []).append(name)
+    return list(groups.values())
+
+
+def stack(adapter: Adapter, names: list[str]) -> tuple[Tensor, Tensor]:
+    """(n, r, d_in) and (n, d_out, r) stacks of the named modules' factors (copies, storage dtype)."""
+    return (torch.stack([adapter[n][0] for n in names]), torch.stack([adapter[n][1] for n in names]))
+
+
+def unstack_into(child: Adapter, names: list[str], A: Tensor, B: Tensor, dtype: torch.dtype) -> None:
+    A = A.to(dtype)
+    B = B.to(dtype)
+    for i, n in enumerate(names):
+        child[n] = (A[i], B[i])
+
+
+def in_order(child: Adapter, like: Adapter) -> Adapter:
+    """``child`` with ``like``'s key order (the grouped operators fill modules group by group)."""
+    return {n: child[n] for n in like}
+
+
+def copy_adapter(adapter: Adapter) -> Adapter:
+    return {n: (A.clone(), B.clone()) for n, (A, B) in adapter.items()}
+
+
+def randn(shape, generator: torch.Generator, device: torch.device) -> Tensor:
+    """Standard normal float32 noise from ``generator`` (drawn on the generator's device, moved if needed)."""
+    x = torch.randn(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    return x if x.device == device else x.to(device)
+
+
+def rand(shape, generator: torch.Generator, device: torch.device) -> Tensor:
+    x = torch.rand(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    return x if x.device == device else x.to(device)
+
+
+def randint(high: int, shape, generator: torch.Generator) -> Tensor:
+    return torch.randint(high, shape, generator=generator, device=generator.device).cpu()
+
+
+def uniform_scalar(low: float, high: float, generator: torch.Generator) -> float:
+    return low + (high - low) * float(torch.rand((), generator=generator, device=generator.device))
+
+
+def gaussian_perturb(F: Tensor, eps: float, generator: torch.Generator) -> Tensor:
+    """``F + eps * std(F) * N(0, 1)`` in float32, cast back; std 0 (a fresh B) falls back to ``1/sqrt(last dim)``.
+
+    For B (d_out, r) the last dim is r, for A (r, d_in) it is d_in: the fallback is the scale of a unit-variance
+    input mapped through that factor, so a zero B becomes a small non-zero B and ``dW = s B A`` really moves.
+    """
+    std = float(F.float().std()) if F.numel() > 1 else 0.0
+    if not math.isfinite(std) or std <= STD_FLOOR:
+        std = 1.0 / math.sqrt(F.shape[-1])
+    noise = randn(F.shape, generator, F.device)
+    # One fused pass: noise * (eps * std) + F, written into the noise buffer (float32 even for bf16 F).
+    out = torch.add(F, noise, alpha=eps * std, out=noise) if F.dtype == torch.float32 else noise.mul_(eps * std).add_(F)
+    return out.to(F.dtype)
+
+
+def keep_mask(shape, p: float, generator: torch.Generator, device: torch.device) -> Tensor:
+    """Bernoulli(1 - p) keep-mask from 16-bit random integers (4 per 64-bit draw).
+
+    Drawing 64-bit integers and reading them as four int16 costs about a quarter of drawing one float per
+    element, and DARE draws a mask for every factor element of every parent. The drop probability is quantised to
+    1/65536 (recorded value is the exact one used: ``round(p * 65536) / 65536``).
+    """
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=generator.device)
+    # Full signed 64-bit range: the default random_() range leaves the top bit 0, which would bias one int16 lane.
+    words.random_(-(2**63), None, generator=generator)
+    lanes = words.view(torch.int16)[:n].view(shape)
+    threshold = -32768 + round(p * 65536)
+    mask = lanes >= threshold
+    return mask if mask.device == device else mask.to(device)
+
+
+def quantised_p(p: float) -> float:
+    return round(p * 65536) / 65536

@@ -1,0 +1,79 @@
+"""Configuration of population-based training: which operators, with what weights and parameters, and when."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# Default mix: three mutations and three crossovers, equal weights. These are the operators that keep most of a
+# trained parent (small relative noise, a rotation/rescale of the spectrum, whole modules or whole singular
+# subspaces of good parents, the plain factor mean). Left at 0 by default: M3 (drops 30% of the spectrum), M5
+# (A-only noise: no-op on dW of a fresh adapter), X1 DARE (keeps 30% of elements, noisy at rank 16), X4/X5
+# (extrapolation steps away from the worse parent), svd_merge (mostly redundant with average and X3) and clone
+# (PBT's plain exploit: an exact copy of a member adds no diversity). Turn any of them on by weight.
+DEFAULT_OPERATORS: dict[str, float] = {
+    "svd_structured": 1.0,
+    "layer_selective_gaussian": 1.0,
+    "full_gaussian": 1.0,
+    "layer_wise": 1.0,
+    "svd_subspace": 1.0,
+    "average": 1.0,
+}
+
+
+@dataclass
+class EvolveConfig:
+    operators: dict[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_OPERATORS),
+        metadata={"help": "operator name -> weight; a child's operator is drawn with probability weight/sum. Names: "
+                          "svd_structured (M1), layer_selective_gaussian (M2), component_masking (M3), full_gaussian "
+                          "(M4), neftune_style (M5), dare (X1), layer_wise (X2), svd_subspace (X3), extrapolative "
+                          "(X4), xes (X5), average, svd_merge, clone. Default: M1, M2, M4, X2, X3, average at 1.0"})
+    params: dict[str, dict[str, float]] = field(
+        default_factory=dict,
+        metadata={"help": "per-operator parameter overrides, e.g. {full_gaussian: {eps: 0.05}, dare: {p: 0.5}}; "
+                          "unset parameters keep the SPEC defaults"})
+    perturbation_interval: int = field(
+        default=20, metadata={"help": "steps between PBT rounds (Ray Tune's name): evolve at steps that are "
+                                      "multiples of it, once burn_in_period has passed"})
+    burn_in_period: int = field(
+        default=20, metadata={"help": "no replacement before this step (Ray Tune's name); with the defaults the "
+                                      "first round is at step 20"})
+    quantile_fraction: float = field(
+        default=0.25, metadata={"help": "fraction of each role replaced per round (bottom) and used as parents "
+                                        "(top), Ray Tune's rule: ceil(n * fraction), at least 1, at most n // 2"})
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field (``evolve.<field>``); called by the config loader and by the planner."""
+        from lorapop.evolve.operators import OPERATORS, check_params
+
+        if not isinstance(self.operators, dict) or not self.operators:
+            raise ValueError("evolve.operators: expected a non-empty mapping of operator name to weight")
+        for name, w in self.operators.items():
+            if name not in OPERATORS:
+                raise ValueError(f"evolve.operators: unknown operator '{name}'; known: {', '.join(OPERATORS)}")
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                raise ValueError(f"evolve.operators.{name}: weight must be a finite number, got {w!r}")
+            if w < 0:
+                raise ValueError(f"evolve.operators.{name}: weight must be >= 0, got {w}")
+        if sum(self.operators.values()) <= 0:
+            raise ValueError("evolve.operators: weights must sum to a positive number, got "
+                             f"{sum(self.operators.values())}")
+        for name, over in self.params.items():
+            if name not in OPERATORS:
+                raise ValueError(f"evolve.params: unknown operator '{name}'; known: {', '.join(OPERATORS)}")
+            if not isinstance(over, dict):
+                raise ValueError(f"evolve.params.{name}: expected a mapping of parameter to value, got {over!r}")
+            try:
+                check_params(name, over)
+            except ValueError as e:
+                raise ValueError(f"evolve.params.{name}: {e}") from None
+        for key in ("perturbation_interval",):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"evolve.{key}: must be an integer >= 1, got {v!r}")
+        if isinstance(self.burn_in_period, bool) or not isinstance(self.burn_in_period, int) or self.burn_in_period < 0:
+            raise ValueError(f"evolve.burn_in_period: must be an integer >= 0, got {self.burn_in_period!r}")
+        q = self.quantile_fraction
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 0.5:
+            raise ValueError(f"evolve.quantile_fraction: must be in (0, 0.5], got {q!r}")

@@ -1,0 +1,219 @@
+"""Crossovers X1-X5, average, svd_merge and the replacement ``clone`` (SPEC section 4).
+
+Same signature as the mutations: ``fn(parents, *, generator, scaling, fitness=None, log=None, **params)``.
+``fitness`` is a sequence of floats aligned with ``parents`` (higher is better; PBT passes TrueSkill's expose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lorapop.evolve._common import (Adapter, copy_adapter, dtype_of, in_order, keep_mask, quantised_p, randint,
+                                    shape_groups, stack, uniform_scalar, unstack_into)
+from lorapop.evolve.svd import lora_svd, null_mask, rebuild, row_scale, trainable_scales
+
+
+def _at_least_two(parents, name: str) -> None:
+    if len(parents) < 2:
+        raise ValueError(f"crossover '{name}' needs at least 2 parents, got {len(parents)}")
+
+
+def _exactly_two(parents, name: str) -> None:
+    if len(parents) != 2:
+        raise ValueError(f"crossover '{name}' takes exactly 2 parents, got {len(parents)}")
+
+
+def _fitness(fitness, parents, name: str, required: bool) -> list[float] | None:
+    if fitness is None:
+        if required:
+            raise ValueError(f"crossover '{name}' needs fitness (one value per parent)")
+        return None
+    fitness = [float(f) for f in fitness]
+    if len(fitness) != len(parents):
+        raise ValueError(f"crossover '{name}': {len(fitness)} fitness values for {len(parents)} parents")
+    return fitness
+
+
+def _weighted_sum(tensors: Sequence[Tensor], coefs: Sequence[float]) -> Tensor:
+    """``sum_i c_i T_i`` in float32 (two passes for two parents), cast back to the storage dtype."""
+    acc = tensors[0].float() * coefs[0]
+    for t, c in zip(tensors[1:], coefs[1:]):
+        acc.add_(t, alpha=c)
+    return acc.to(tensors[0].dtype)
+
+
+def _combine(parents: Sequence[Adapter], coefs: Sequence[float]) -> Adapter:
+    return {n: (_weighted_sum([p[n][0] for p in parents], coefs), _weighted_sum([p[n][1] for p in parents], coefs))
+            for n in parents[0]}
+
+
+def average(parents, *, generator=None, scaling=None, fitness=None, log=None) -> Adapter:
+    """average (acts on factors): the mean of the parents' A and of their B. Deterministic.
+
+    Note ``mean(B) mean(A) != mean(B A)``; for the mean of dW use ``svd_merge``.
+    """
+    _at_least_two(parents, "average")
+    n = len(parents)
+    return _combine(parents, [1.0 / n] * n)
+
+
+def dare(parents, *, generator, scaling=None, fitness=None, log=None, p: float = 0.7) -> Adapter:
+    """X1 (acts on factors): drop each factor element with probability p, rescale by 1/(1-p), average parents.
+
+    Independent masks per parent, per factor, per element. The product of two independently masked and rescaled
+    factors is an unbiased estimate of the parent's B A. p is quantised to 1/65536 (see ``keep_mask``); the value
+    used is logged as ``p_used``.
+    """
+    _at_least_two(parents, "dare")
+    if not 0 <= p < 1:
+        raise ValueError(f"dare: p must be in [0, 1), got {p}")
+    pq = min(quantised_p(p), 65535 / 65536)
+    scale = 1.0 / (len(parents) * (1.0 - pq))
+    child: Adapter = {}
+    for n in parents[0]:
+        out = []
+        for f in (0, 1):
+            acc = None
+            for par in parents:
+                F = par[n][f]
+                kept = torch.where(keep_mask(F.shape, pq, generator, F.device), F.float(), 0.0)
+                acc = kept if acc is None else acc.add_(kept)
+            out.append(acc.mul_(scale).to(parents[0][n][f].dtype))
+        child[n] = (out[0], out[1])
+    if log is not None:
+        log["p_used"] = pq
+    return child
+
+
+def layer_wise(parents, *, generator, scaling=None, fitness=None, log=None) -> Adapter:
+    """X2 (acts on factors): each module's (A, B) copied whole from a parent drawn uniformly, per module."""
+    _at_least_two(parents, "layer_wise")
+    names = list(parents[0])
+    choice = randint(len(parents), (len(names),), generator).tolist()
+    child = {n: (parents[c][n][0].clone(), parents[c][n][1].clone()) for n, c in zip(names, choice)}
+    if log is not None:
+        log["modules_from_parent"] = [choice.count(i) for i in range(len(parents))]
+    return child
+
+
+def svd_subspace(parents, *, generator, scaling=None, fitness=None, log=None, k: int | None = None) -> Adapter:
+    """X3 (acts on dW): the top-k singular triplets of parent 1's dW plus the top (r-k) of parent 2's.
+
+    Parent 1 is the fitter parent when fitness is given, else ``parents[0]``. k is drawn uniformly from 1..r-1
+    (once per child, shared by all modules) unless given (0..r allowed: k = r is parent 1's dW, k = 0 parent 2's).
+    The child dW is the sum of two rank-limited terms; it is represented exactly as a rank-r factorisation by
+    concatenating the balanced factors (k columns from parent 1, r-k from parent 2). Null components get the
+    trainable (B = 0, A != 0) treatment of :func:`~lorapop.evolve.svd.trainable_scales`.
+    """
+    _exactly_two(parents, "svd_subspace")
+    fit = _fitness(fitness, parents, "svd_subspace", required=False)
+    if fit is not None and fit[1] > fit[0]:
+        parents = [parents[1], parents[0]]
+    first, second = parents
+    r = next(iter(first.values()))[0].shape[0]
+    if k is None:
+        k = int(randint(r - 1, (), generator)) + 1 if r > 1 else int(randint(2, (), generator))
+    k = int(k)
+    if not 0 <= k <= r:
+        raise ValueError(f"svd_subspace: k must be in [0, {r}], got {k}")
+    dtype = dtype_of(first)
+    child: Adapter = {}
+    for names in shape_groups(first):
+        A1, B1 = stack(first, names)
+        A2, B2 = stack(second, names)
+        n = len(names)
+        # both parents' modules in one batched QR/SVD
+        d = lora_svd(torch.cat([A1, A2]), torch.cat([B1, B2]))
+        s_b, s_a = trainable_scales(d.S, null_mask(d.S), row_scale(torch.cat([A1, A2])))
+        A_new, B_new = rebuild(d, s_b, s_a, r)
+        A_child = torch.cat([A_new[:n, :k], A_new[n:, : r - k]], dim=1)
+        B_child = torch.cat([B_new[:n, :, :k], B_new[n:, :, : r - k]], dim=2)
+        unstack_into(child, names, A_child, B_child, dtype)
+    if log is not None:
+        log["k"] = k
+        log["parent_order_by_fitness"] = fit is not None
+    return in_order(child, first)
+
+
+def extrapolative(parents, *, generator, scaling=None, fitness=None, log=None, eta_min: float = 1.0,
+                  eta_max: float = 1.5, eta: float | None = None) -> Adapter:
+    """X4 (acts on factors): ``worse + eta (better - worse)`` on A and on B, eta ~ U(eta_min, eta_max).
+
+    better/worse by fitness; without fitness ``parents[0]`` counts as the better one. eta = 1 gives the better
+    parent; eta > 1 steps past it, away from the worse.
+    """
+    _exactly_two(parents, "extrapolative")
+    fit = _fitness(fitness, parents, "extrapolative", required=False)
+    better, worse = (parents[1], parents[0]) if fit is not None and fit[1] > fit[0] else (parents[0], parents[1])
+    if eta is None:
+        eta = uniform_scalar(eta_min, eta_max, generator)
+    eta = float(eta)
+    if log is not None:
+        log["eta"] = eta
+    return _combine([worse, better], [1.0 - eta, eta])
+
+
+def xes(parents, *, generator=None, scaling=None, fitness=None, log=None, lr: float = 0.5) -> Adapter:
+    """X5 (acts on factors): fitness-weighted recombination with equal numbers of good and bad parents.
+
+    Rule: n parents, n even (the better half are the "good", the worse half the "bad" parents). With fitness ranks
+    ``rank_i`` in 0..n-1 (0 = worst; ties keep the given order), centred ranks ``c_i = rank_i - (n-1)/2`` and
+    weights ``w_i = c_i / sum_j |c_j|`` (sum 0, good positive, bad negative, sum of |w| = 1)::
+
+        child = mean(parents) + lr * sum_i w_i (p_i - mean) = sum_i (1/n + lr w_i) p_i      (factor-wise)
+
+    So the child moves from the population mean along good-minus-bad. For 1 good g and 1 bad b with the default
+    lr = 0.5: ``0.75 g + 0.25 b``; lr = 1 would return g exactly. The coefficients are logged. Needs fitness.
+    """
+    _at_least_two(parents, "xes")
+    n = len(parents)
+    if n % 2:
+        raise ValueError(f"crossover 'xes' needs an even number of parents (equal good and bad), got {n}")
+    fit = _fitness(fitness, parents, "xes", required=True)
+    order = sorted(range(n), key=lambda i: fit[i])
+    rank = [0] * n
+    for r_, i in enumerate(order):
+        rank[i] = r_
+    c = [rank[i] - (n - 1) / 2 for i in range(n)]
+    total = sum(abs(x) for x in c)
+    coefs = [1.0 / n + lr * x / total for x in c]
+    if log is not None:
+        log["coefficients"] = coefs
+    return _combine(parents, coefs)
+
+
+def svd_merge(parents, *, generator=None, scaling=None, fitness=None, log=None) -> Adapter:
+    """svd_merge (acts on dW): the mean of the parents' dW truncated back to rank r (PEFT's ``svd`` combination).
+
+    ``mean_i B_i A_i = [B_1 .. B_n] / n @ [A_1; ..; A_n]`` is a factored product of inner dimension n r; the
+    QR-route SVD of that concatenation gives its top r triplets without a dense d_out x d_in matrix, rebuilt
+    balanced. Deterministic. If the mean has rank below r (e.g. every parent fresh with B = 0), the missing
+    components get B = 0 and A rows along the concatenation's row space (trainable, dW unchanged).
+    """
+    _at_least_two(parents, "svd_merge")
+    n_par = len(parents)
+    dtype = dtype_of(parents[0])
+    r = next(iter(parents[0].values()))[0].shape[0]
+    child: Adapter = {}
+    for names in shape_groups(parents[0]):
+        stacks = [stack(p, names) for p in parents]
+        A_cat = torch.cat([a for a, _ in stacks], dim=1)
+        B_cat = torch.cat([b.float() / n_par for _, b in stacks], dim=2)
+        d = lora_svd(A_cat, B_cat)
+        S = d.S[..., :r]
+        a_ref = torch.stack([row_scale(a) for a, _ in stacks]).mean(dim=0)
+        # null relative to the merged dW's largest singular value
+        s_b, s_a = trainable_scales(S, null_mask(d.S)[..., :r], a_ref)
+        A_new, B_new = rebuild(d, s_b, s_a, r)
+        unstack_into(child, names, A_new, B_new, dtype)
+    return in_order(child, parents[0])
+
+
+def clone(parents, *, generator=None, scaling=None, fitness=None, log=None) -> Adapter:
+    """clone (replacement, acts on factors): an exact copy of the single parent (PBT's plain exploit)."""
+    if len(parents) != 1:
+        raise ValueError(f"'clone' takes exactly 1 parent, got {len(parents)}")
+    return copy_adapter(parents[0])

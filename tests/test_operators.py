@@ -1,0 +1,343 @@
+"""LoRA weight-space operators (SPEC section 4) on small random adapters (dense dW only inside the tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lorapop.evolve.operators import OPERATORS, get_operator, make_child
+from lorapop.evolve.svd import lora_svd
+
+R = 6
+# (d_in, d_out); two modules share a shape so the batched (grouped) path runs with n > 1
+SHAPES = {"m.q": (16, 24), "m.k": (24, 12), "m.o": (16, 24), "m.down": (20, 20), "m.up": (12, 32)}
+SCALING = 2.0
+ALL = list(OPERATORS)
+RANDOM_OPS = [n for n in ALL if n not in ("average", "svd_merge", "clone", "xes")]
+
+
+def adapter(seed: int, dtype=torch.float32, fresh: bool = False, rank: int = R):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (d_in, d_out) in SHAPES.items():
+        A = torch.randn(rank, d_in, generator=g) / d_in**0.5
+        B = torch.zeros(d_out, rank) if fresh else torch.randn(d_out, rank, generator=g)
+        out[name] = (A.to(dtype), B.to(dtype))
+    return out
+
+
+def dW(ad, name):
+    A, B = ad[name]
+    return SCALING * B.double() @ A.double()
+
+
+def parents_for(op, seed=1, dtype=torch.float32, fresh=False):
+    n = 1 if get_operator(op).n_parents == 1 else 2
+    return [adapter(seed + i, dtype, fresh) for i in range(n)]
+
+
+def child(op, parents, seed=0, **params):
+    fitness = [1.0, 0.0][: len(parents)] if len(parents) == 2 else None
+    return make_child(op, parents, generator=torch.Generator().manual_seed(seed), scaling=SCALING,
+                      fitness=fitness, params=params or None)
+
+
+def same(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n][0], b[n][0]) and torch.equal(a[n][1], b[n][1]) for n in a)
+
+
+def assert_dW_close(a, b, atol=1e-4):
+    for n in a:
+        torch.testing.assert_close(dW(a, n), dW(b, n), atol=atol, rtol=1e-4)
+
+
+# ---- the QR route ----------------------------------------------------------------------------------------------
+
+
+def test_qr_route_matches_dense_svd():
+    ad = adapter(3)
+    for name in SHAPES:
+        A, B = ad[name]
+        d = lora_svd(A, B)
+        dense = B.double() @ A.double()
+        ref = torch.linalg.svdvals(dense)[:R]
+        torch.testing.assert_close(d.S.double(), ref, atol=1e-5, rtol=1e-5)
+        recon = (d.left * d.S) @ d.right.mT
+        torch.testing.assert_close(recon.double(), dense, atol=1e-5, rtol=1e-5)
+        assert d.left.shape == (B.shape[0], R) and d.right.shape == (A.shape[1], R)
+
+
+def test_qr_route_batched_equals_per_module():
+    ad = adapter(4)
+    A = torch.stack([ad["m.q"][0], ad["m.o"][0]])
+    B = torch.stack([ad["m.q"][1], ad["m.o"][1]])
+    d = lora_svd(A, B)
+    for i, name in enumerate(["m.q", "m.o"]):
+        torch.testing.assert_close(d.S[i], lora_svd(*ad[name]).S)
+
+
+def test_qr_route_in_float32_for_bf16_input():
+    A, B = adapter(5, torch.bfloat16)["m.q"]
+    d = lora_svd(A, B)
+    assert d.S.dtype == torch.float32 and d.Qb.dtype == torch.float32
+
+
+# ---- contract: every operator ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", ALL)
+def test_keeps_keys_rank_shapes_dtype(op, dtype):
+    ps = parents_for(op, dtype=dtype)
+    c, rec = child(op, ps)
+    assert list(c) == list(ps[0])
+    for n, (A, B) in c.items():
+        assert A.shape == ps[0][n][0].shape and B.shape == ps[0][n][1].shape
+        assert A.dtype == dtype and B.dtype == dtype
+        assert torch.isfinite(A.float()).all() and torch.isfinite(B.float()).all()
+    assert rec["operator"] == op and rec["id"] == get_operator(op).id
+    assert rec["acts_on"] in ("factors", "dW")
+
+
+@pytest.mark.parametrize("op", ALL)
+def test_parents_unchanged(op):
+    ps = parents_for(op)
+    before = [{n: (A.clone(), B.clone()) for n, (A, B) in p.items()} for p in ps]
+    c, _ = child(op, ps)
+    for p, b in zip(ps, before):
+        assert same(p, b)
+    # and the child does not alias a parent's storage (writing to it must not reach a parent)
+    for n, (A, B) in c.items():
+        A.add_(1.0)
+        B.add_(1.0)
+    for p, b in zip(ps, before):
+        assert same(p, b)
+
+
+@pytest.mark.parametrize("op", RANDOM_OPS)
+def test_seeded(op):
+    ps = parents_for(op)
+    a, ra = child(op, ps, seed=7)
+    b, rb = child(op, ps, seed=7)
+    assert same(a, b) and ra == rb
+    others = [child(op, ps, seed=s)[0] for s in (8, 9, 10)]
+    assert any(not same(a, o) for o in others)
+
+
+@pytest.mark.parametrize("op", ["average", "svd_merge", "clone", "xes"])
+def test_deterministic_ops_ignore_seed(op):
+    ps = parents_for(op)
+    assert same(child(op, ps, seed=1)[0], child(op, ps, seed=2)[0])
+
+
+def test_ids_and_registry():
+    ids = {op.id: name for name, op in OPERATORS.items() if op.id}
+    assert ids == {"M1": "svd_structured", "M2": "layer_selective_gaussian", "M3": "component_masking",
+                   "M4": "full_gaussian", "M5": "neftune_style", "X1": "dare", "X2": "layer_wise",
+                   "X3": "svd_subspace", "X4": "extrapolative", "X5": "xes"}
+    assert {"average", "svd_merge", "clone"} <= set(OPERATORS)
+    for name in ("svd_structured", "component_masking", "svd_subspace", "svd_merge"):
+        assert OPERATORS[name].acts_on == "dW"
+
+
+# ---- exactness -------------------------------------------------------------------------------------------------
+
+
+def test_clone_is_exact():
+    p = adapter(1)
+    c, _ = child("clone", [p])
+    assert same(c, p)
+
+
+@pytest.mark.parametrize("op", ["average", "svd_merge"])
+def test_merge_of_identical_parents_is_the_parent(op):
+    p = adapter(1)
+    q = {n: (A.clone(), B.clone()) for n, (A, B) in p.items()}
+    c, _ = child(op, [p, q])
+    assert_dW_close(c, p)
+
+
+def test_svd_merge_is_best_rank_r_of_mean():
+    p, q = adapter(1), adapter(2)
+    c, _ = child("svd_merge", [p, q])
+    for n in SHAPES:
+        mean = (dW(p, n) + dW(q, n)) / 2
+        U, S, Vh = torch.linalg.svd(mean)
+        best = (U[:, :R] * S[:R]) @ Vh[:R]
+        torch.testing.assert_close(dW(c, n), best, atol=1e-4, rtol=1e-4)
+
+
+def test_m1_eps0_and_m3_fraction0_preserve_dW():
+    p = adapter(1)
+    assert_dW_close(child("svd_structured", [p], eps=0.0)[0], p)
+    assert_dW_close(child("component_masking", [p], fraction=0.0)[0], p)
+
+
+def test_m1_changes_spectrum_and_keeps_rank():
+    p = adapter(1)
+    c, _ = child("svd_structured", [p])
+    for n in SHAPES:
+        s_old = torch.linalg.svdvals(dW(p, n))[:R]
+        s_new = torch.linalg.svdvals(dW(c, n))
+        assert not torch.allclose(s_old, s_new[:R], rtol=1e-3)
+        assert (s_new[:R] > 1e-6 * s_new[0]).all() and (s_new[R:] < 1e-6 * s_new[0]).all()
+
+
+def test_m3_masks_components_but_keeps_them_trainable():
+    p = adapter(1)
+    c, rec = child("component_masking", [p], fraction=0.5)
+    k = rec["params"]["n_masked_per_module"]
+    assert k == 3
+    for n in SHAPES:
+        s = torch.linalg.svdvals(dW(c, n))
+        kept = s > 1e-6 * s[0]
+        assert int(kept.sum()) == R - k
+        # surviving components are the parent's own singular values
+        s_par = torch.linalg.svdvals(dW(p, n))[:R]
+        assert all(torch.isclose(s_par, v, rtol=1e-4).any() for v in s[kept])
+        A, B = c[n]
+        assert torch.linalg.matrix_rank(A.double()) == R  # masked components: B column 0, A row kept
+        assert int((B.abs().sum(0) == 0).sum()) == k
+
+
+@pytest.mark.parametrize("k", [0, 3, R])
+def test_x3_split(k):
+    p1, p2 = adapter(1), adapter(2)
+    c, rec = child("svd_subspace", [p1, p2], k=k)
+    assert rec["params"]["k"] == k
+    for n in SHAPES:
+        def top(ad, j):
+            U, S, Vh = torch.linalg.svd(dW(ad, n))
+            return (U[:, :j] * S[:j]) @ Vh[:j]
+        torch.testing.assert_close(dW(c, n), top(p1, k) + top(p2, R - k), atol=1e-4, rtol=1e-4)
+
+
+def test_x3_fitter_parent_first_and_k_drawn_inside():
+    p1, p2 = adapter(1), adapter(2)
+    a, rec = make_child("svd_subspace", [p1, p2], generator=torch.Generator().manual_seed(0), scaling=SCALING,
+                        fitness=[0.0, 1.0], params={"k": R})
+    assert_dW_close(a, p2)  # p2 is fitter
+    for s in range(10):
+        k = child("svd_subspace", [p1, p2], seed=s)[1]["params"]["k"]
+        assert 1 <= k <= R - 1
+
+
+def test_x2_modules_whole_from_one_parent():
+    p1, p2 = adapter(1), adapter(2)
+    seen = set()
+    for s in range(4):
+        c, rec = child("layer_wise", [p1, p2], seed=s)
+        for n, (A, B) in c.items():
+            src = [i for i, p in enumerate((p1, p2)) if torch.equal(A, p[n][0]) and torch.equal(B, p[n][1])]
+            assert len(src) == 1
+            seen.add(src[0])
+        assert sum(rec["params"]["modules_from_parent"]) == len(SHAPES)
+    assert seen == {0, 1}
+
+
+def test_x4_extrapolates_from_worse_to_better():
+    p1, p2 = adapter(1), adapter(2)
+    c, _ = make_child("extrapolative", [p1, p2], generator=torch.Generator().manual_seed(0), scaling=SCALING,
+                      fitness=[0.0, 5.0], params={"eta": 1.0})
+    assert same(c, p2)
+    c, rec = make_child("extrapolative", [p1, p2], generator=torch.Generator().manual_seed(0), scaling=SCALING,
+                        fitness=[0.0, 5.0])
+    eta = rec["params"]["eta"]
+    assert 1.0 <= eta <= 1.5
+    for n in SHAPES:
+        torch.testing.assert_close(c[n][0], p1[n][0] + eta * (p2[n][0] - p1[n][0]))
+
+
+def test_x5_xes_rule():
+    good, bad = adapter(1), adapter(2)
+    c, rec = make_child("xes", [bad, good], generator=torch.Generator().manual_seed(0), scaling=SCALING,
+                        fitness=[-1.0, 2.0])
+    assert rec["params"]["coefficients"] == [0.25, 0.75]
+    for n in SHAPES:
+        torch.testing.assert_close(c[n][1], 0.75 * good[n][1] + 0.25 * bad[n][1])
+    four = [adapter(i) for i in range(4)]
+    c, rec = make_child("xes", four, generator=torch.Generator().manual_seed(0), scaling=SCALING,
+                        fitness=[3.0, 0.0, 2.0, 1.0])
+    co = rec["params"]["coefficients"]
+    assert abs(sum(co) - 1) < 1e-12 and co[0] > co[2] > 0.25 > co[3] > co[1]
+
+
+def test_dare_p0_is_average_and_drop_rate():
+    p1, p2 = adapter(1), adapter(2)
+    assert_dW_close(child("dare", [p1, p2], p=0.0)[0], child("average", [p1, p2])[0], atol=1e-6)
+    big = {"w": (torch.randn(64, 256), torch.randn(256, 64))}
+    big2 = {"w": (torch.randn(64, 256), torch.randn(256, 64))}
+    c, rec = child("dare", [big, big2], p=0.7)
+    zeros = float((c["w"][0] == 0).float().mean())
+    assert abs(zeros - 0.49) < 0.02  # dropped in both parents
+    assert abs(rec["params"]["p_used"] - 0.7) < 1e-4
+
+
+# ---- fresh adapters (B = 0) ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["layer_selective_gaussian", "full_gaussian"])
+def test_gaussian_fallback_moves_dW_of_fresh_adapter(op):
+    p = adapter(1, fresh=True)
+    c, rec = child(op, [p])
+    changed = [n for n in SHAPES if dW(c, n).abs().max() > 0]
+    expected = len(SHAPES) if op == "full_gaussian" else rec["params"]["n_mutated"]
+    assert len(changed) == expected >= 1
+    for n in changed:
+        B = c[n][1]
+        # fallback scale eps / sqrt(last dim of B = r)
+        eps = rec["params"]["eps"]
+        assert 0.5 * eps / R**0.5 < float(B.std()) < 2 * eps / R**0.5
+
+
+def test_neftune_moves_A_only():
+    p = adapter(1, fresh=True)
+    c, _ = child("neftune_style", [p])
+    for n, (A, B) in c.items():
+        assert not torch.equal(A, p[n][0]) and torch.equal(B, p[n][1])
+        r, d_in = A.shape
+        assert float((A - p[n][0]).abs().max()) <= 10.0 / (d_in * r) ** 0.5
+
+
+@pytest.mark.parametrize("op", ["svd_structured", "component_masking"])
+def test_svd_mutations_on_zero_dW_copy_the_factors(op):
+    """dW = 0 has no spectrum to scale, rotate or mask: the child is the parent (still trainable: A != 0)."""
+    p = adapter(1, fresh=True)
+    c, rec = child(op, [p])
+    assert same(c, p)
+    assert rec["params"]["zero_dW_modules"] == len(SHAPES)
+
+
+def test_svd_merge_of_fresh_adapters_stays_trainable():
+    c, _ = child("svd_merge", [adapter(1, fresh=True), adapter(2, fresh=True)])
+    for A, B in c.values():
+        assert float(B.abs().max()) == 0.0
+        assert torch.linalg.matrix_rank(A.double()) == R
+
+
+# ---- errors ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", [n for n in ALL if get_operator(n).kind == "crossover"])
+def test_crossover_with_one_parent_is_an_error(op):
+    with pytest.raises(ValueError, match="parents"):
+        make_child(op, [adapter(1)], generator=torch.Generator(), scaling=SCALING, fitness=[1.0])
+
+
+def test_other_errors():
+    g = torch.Generator()
+    p, q = adapter(1), adapter(2)
+    with pytest.raises(ValueError, match="unknown operator"):
+        make_child("nope", [p], generator=g, scaling=SCALING)
+    with pytest.raises(ValueError, match="fitness"):
+        make_child("xes", [p, q], generator=g, scaling=SCALING)
+    with pytest.raises(ValueError, match="even"):
+        make_child("xes", [p, q, p], generator=g, scaling=SCALING, fitness=[1, 2, 3])
+    with pytest.raises(ValueError, match="no parameter 'epsilon'"):
+        make_child("full_gaussian", [p], generator=g, scaling=SCALING, params={"epsilon": 0.1})
+    with pytest.raises(ValueError, match="exactly 1"):
+        make_child("full_gaussian", [p, q], generator=g, scaling=SCALING)
+    with pytest.raises(ValueError, match="different modules"):
+        make_child("average", [p, {"x": p["m.q"]}], generator=g, scaling=SCALING)
+    with pytest.raises(TypeError, match="Generator"):
+        make_child("clone", [p], generator=0, scaling=SCALING)
