@@ -1,0 +1,197 @@
+"""PBT replacement planning (SPEC section 3 step 8) and EvolveConfig validation, with fixed fitness values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lorapop.evolve.config import DEFAULT_OPERATORS, EvolveConfig
+from lorapop.evolve.operators import get_operator
+from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements, quantile_size
+
+
+def members(spec):
+    """spec: list of (role, fitness); ids t0.. / s0.. / x0.., slots in order."""
+    out, counts = [], {}
+    for slot, (role, fit) in enumerate(spec):
+        i = counts.get(role, 0)
+        counts[role] = i + 1
+        out.append({"id": f"{role[0]}{i}", "slot": slot, "role": role, "fitness": fit})
+    return out
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+POP = members([("teacher", 5.0), ("teacher", 1.0), ("teacher", 3.0), ("teacher", -2.0),
+               ("student", 0.5), ("student", 9.0), ("student", 4.0), ("student", 7.0),
+               ("xsolo", -100.0)])
+BY_ID = {m["id"]: m for m in POP}
+
+
+def test_quantile_size():
+    assert [quantile_size(n, 0.25) for n in range(1, 10)] == [0, 1, 1, 1, 2, 2, 2, 2, 3]
+    assert quantile_size(8, 0.5) == 4 and quantile_size(3, 0.5) == 1
+
+
+def test_schedule():
+    cfg = EvolveConfig()
+    assert [s for s in range(1, 101) if is_evolve_step(s, cfg)] == [20, 40, 60, 80, 100]
+    cfg = EvolveConfig(perturbation_interval=10, burn_in_period=25)
+    assert [s for s in range(1, 61) if is_evolve_step(s, cfg)] == [30, 40, 50, 60]
+    cfg = EvolveConfig(perturbation_interval=3, burn_in_period=0)
+    assert [s for s in range(1, 10) if is_evolve_step(s, cfg)] == [3, 6, 9]
+    assert plan_replacements(POP, 19, EvolveConfig(), gen()) == []
+    assert plan_replacements(POP, 21, EvolveConfig(), gen()) == []
+
+
+def test_bottom_replaced_by_children_of_top_within_role():
+    for seed in range(20):
+        plan = plan_replacements(POP, 40, EvolveConfig(), gen(seed))
+        assert {r.old_id for r in plan} == {"t3", "s0"}  # worst teacher, worst student; solo untouched
+        for r in plan:
+            assert BY_ID[r.old_id]["slot"] == r.slot and r.role == BY_ID[r.old_id]["role"]
+            assert all(BY_ID[p]["role"] == r.role for p in r.parents)
+            top = {"teacher": "t0", "student": "s1"}[r.role]
+            middle = {"teacher": "t2", "student": "s3"}[r.role]
+            n = get_operator(r.operator).n_parents
+            if n == 1:
+                assert r.parents == (top,)
+            else:  # top quantile has one member: second parent is the best survivor outside it
+                assert r.parents == (top, middle)
+            assert r.parent_slots == tuple(BY_ID[p]["slot"] for p in r.parents)
+            assert r.fitness == tuple(BY_ID[p]["fitness"] for p in r.parents)
+            assert r.step == 40
+
+
+def test_larger_role_quantiles():
+    fits = [3.0, -1.0, 8.0, 0.0, 6.0, 2.0, 7.0, -5.0]  # q = 2: bottom {-5, -1}, top {8, 7}
+    pop = members([("student", f) for f in fits])
+    by_id = {m["id"]: m for m in pop}
+    cfg = EvolveConfig(operators={"average": 1.0, "full_gaussian": 1.0})
+    seen_parents = set()
+    for seed in range(10):
+        plan = plan_replacements(pop, 20, cfg, gen(seed))
+        assert sorted(by_id[r.old_id]["fitness"] for r in plan) == [-5.0, -1.0]
+        for r in plan:
+            assert {by_id[p]["fitness"] for p in r.parents} <= {8.0, 7.0}
+            if r.operator == "average":
+                assert [by_id[p]["fitness"] for p in r.parents] == [8.0, 7.0]  # best first
+            seen_parents.update(r.parents)
+    assert len(seen_parents) == 2
+
+
+def test_single_member_roles_and_two_member_fallback():
+    pop = members([("teacher", 1.0), ("student", 0.0), ("student", 2.0)])
+    cfg = EvolveConfig(operators={"svd_subspace": 1.0, "full_gaussian": 0.0})
+    plan = plan_replacements(pop, 20, cfg, gen())
+    assert len(plan) == 1
+    (r,) = plan
+    assert r.old_id == "s0" and r.parents == ("s1",)
+    assert r.operator == "clone" and "svd_subspace" in r.note  # no 1-parent op with weight > 0 -> clone
+    cfg = EvolveConfig(operators={"svd_subspace": 1.0, "full_gaussian": 0.5})
+    notes = 0
+    for s in range(10):  # svd_subspace is redrawn among the 1-parent operators: always full_gaussian here
+        (r,) = plan_replacements(pop, 20, cfg, gen(s))
+        assert r.operator == "full_gaussian" and r.parents == ("s1",)
+        notes += bool(r.note)
+    assert 0 < notes < 10
+    assert plan_replacements(members([("teacher", 1.0), ("student", 0.0)]), 20, EvolveConfig(), gen()) == []
+
+
+def test_xes_good_and_bad_parents():
+    fits = [3.0, -1.0, 8.0, 0.0, 6.0, 2.0, 7.0, -5.0]
+    pop = members([("teacher", f) for f in fits])
+    by_id = {m["id"]: m for m in pop}
+    plan = plan_replacements(pop, 20, EvolveConfig(operators={"xes": 1.0}), gen())
+    for r in plan:
+        f = [by_id[p]["fitness"] for p in r.parents]
+        assert f == [8.0, 7.0, -1.0, -5.0]  # 2 good from the top quantile, 2 bad (the worst)
+
+
+def test_deterministic_and_order_independent():
+    cfg = EvolveConfig(operators={n: 1.0 for n in ("clone", "full_gaussian", "average", "svd_subspace")})
+    a = plan_replacements(POP, 20, cfg, gen(3))
+    b = plan_replacements(list(reversed(POP)), 20, cfg, gen(3))
+    assert a == b
+    ops = {tuple(r.operator for r in plan_replacements(POP, 20, cfg, gen(s))) for s in range(12)}
+    assert len(ops) > 1
+
+
+def test_operator_weights_respected():
+    cfg = EvolveConfig(operators={"clone": 3.0, "full_gaussian": 1.0, "average": 0.0})
+    counts = {}
+    g = gen(0)
+    for _ in range(200):
+        for r in plan_replacements(POP, 20, cfg, g):
+            counts[r.operator] = counts.get(r.operator, 0) + 1
+    assert "average" not in counts
+    assert 0.65 < counts["clone"] / (counts["clone"] + counts["full_gaussian"]) < 0.85
+
+
+def test_ties_broken_at_random():
+    pop = members([("student", 0.0)] * 4)
+    replaced = {plan_replacements(pop, 20, EvolveConfig(), gen(s))[0].old_id for s in range(20)}
+    assert len(replaced) > 1
+
+
+def small_adapter(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"a": (torch.randn(4, 8, generator=g), torch.randn(6, 4, generator=g)),
+            "b": (torch.randn(4, 5, generator=g), torch.randn(8, 4, generator=g))}
+
+
+def test_apply_plan_reads_all_parents_before_writing():
+    fits = [3.0, -1.0, 8.0, 0.0, 6.0, 2.0, 7.0, -5.0]
+    pop = members([("teacher", f) for f in fits])
+    slots = {m["slot"]: small_adapter(m["slot"]) for m in pop}
+    original = {s: {n: (A.clone(), B.clone()) for n, (A, B) in ad.items()} for s, ad in slots.items()}
+    cfg = EvolveConfig(operators={"xes": 1.0})
+    plan = plan_replacements(pop, 20, cfg, gen())
+    writes = []
+
+    def set_adapter(slot, ad):
+        writes.append(slot)
+        slots[slot] = ad
+
+    lineage = apply_plan(plan, lambda s: slots[s], set_adapter, generator=gen(1), scaling=1.0,
+                         new_id=lambda r: f"new{r.slot}")
+    assert sorted(writes) == sorted(r.slot for r in plan)
+    # every child = 0.25 * (1/4 + lr w) weighted sum of the ORIGINAL parents, also the ones replaced this round
+    for r, rec in zip(plan, lineage):
+        co = rec["params"]["coefficients"]
+        exp = sum(c * original[s]["a"][0] for c, s in zip(co, r.parent_slots))
+        torch.testing.assert_close(slots[r.slot]["a"][0], exp)
+        assert rec["child"] == f"new{r.slot}" and rec["replaced"] == r.old_id and rec["step"] == 20
+        assert set(rec) >= {"step", "child", "replaced", "parents", "operator", "params", "role"}
+        assert rec["id"] == "X5"
+
+
+# ---- config -----------------------------------------------------------------------------------------------------
+
+
+def test_config_defaults_and_validation():
+    cfg = EvolveConfig()
+    cfg.validate()
+    assert cfg.operators == DEFAULT_OPERATORS and len([w for w in cfg.operators.values() if w > 0]) >= 4
+    assert (cfg.perturbation_interval, cfg.burn_in_period, cfg.quantile_fraction) == (20, 20, 0.25)
+    import dataclasses
+    assert all(f.metadata.get("help") for f in dataclasses.fields(EvolveConfig))
+    bad = [({"operators": {"mystery": 1.0}}, "evolve.operators: unknown operator 'mystery'"),
+           ({"operators": {"clone": -1.0, "average": 2.0}}, "evolve.operators.clone: weight must be >= 0"),
+           ({"operators": {"clone": 0.0}}, "evolve.operators: weights must sum to a positive"),
+           ({"params": {"dare": {"q": 0.5}}}, "evolve.params.dare: .*no parameter 'q'"),
+           ({"params": {"nope": {}}}, "evolve.params: unknown operator"),
+           ({"quantile_fraction": 0.75}, "evolve.quantile_fraction"),
+           ({"perturbation_interval": 0}, "evolve.perturbation_interval"),
+           ({"burn_in_period": -1}, "evolve.burn_in_period")]
+    for kwargs, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            EvolveConfig(**kwargs).validate()
+
+
+def test_config_params_reach_the_plan():
+    cfg = EvolveConfig(operators={"full_gaussian": 1.0}, params={"full_gaussian": {"eps": 0.05}})
+    plan = plan_replacements(POP, 20, cfg, gen())
+    assert all(r.params == {"eps": 0.05} for r in plan)
