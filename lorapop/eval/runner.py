@@ -48,6 +48,10 @@ class EvalConfig:
     out: str | None = field(default=None, metadata={"help": "path of the combined eval.json (default: none)"})
     keep_text: bool = field(default=False, metadata={"help": "store every generated text in eval.json"})
     write_run_files: bool = field(default=True, metadata={"help": "write eval.json into each run dir"})
+    threads: int | None = field(default=None, metadata={
+        "help": "torch CPU threads (1 is fastest on a CPU shared with other jobs); default: torch's choice"})
+    model: str = field(default="embedded", metadata={
+        "help": "base model when no run dir is given (base-only evaluation)"})
 
 
 @dataclass
@@ -69,6 +73,9 @@ def _engine_for(group: list[_Run], cfg: EvalConfig):
     from lorapop.engine import DEFAULT_TARGET_MODULES, EngineConfig, TorchEngine
 
     ms = [m for r in group for m in r.members]
+    if not ms:
+        return TorchEngine.from_config(group[0].model, n_adapters=1, cfg=EngineConfig(
+            gen_batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype))
     targets: list[str] = []
     for m in ms:
         targets += [t for t in m.target_modules if t not in targets]
@@ -100,6 +107,10 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     from lorapop.eval.harness import CodeJudge, evaluate_benchmark, make_executor
 
     cfg = cfg or EvalConfig()
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     names = parse_benchmarks(cfg.benchmarks)
     for b in cfg.data:
         get_spec(b)
@@ -117,6 +128,8 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     groups: dict[tuple, list[_Run]] = {}
     for r in runs:
         groups.setdefault((r.model, r.members[0].rank), []).append(r)
+    if not runs:  # base-only evaluation: an engine with one (unused) slot
+        groups[(cfg.model, 0)] = [_Run(Path("."), Path("."), 0, [], cfg.model)]
     if len({k[0] for k in groups}) > 1 or len(groups) > 1:
         warnings.append(f"runs use {len(groups)} (model, rank) combinations: evaluated in separate engine passes")
     # results[benchmark][(group index, adapter id)] -> BenchResult rows
@@ -144,7 +157,7 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
                 warnings += res.warnings
                 if gi == 0:
                     base_scores[b] = _entry(res, BASE, probs)
-                for r in group:
+                for r in (group if runs else []):
                     for m in r.members:
                         per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs)
             engine.close()
@@ -223,6 +236,10 @@ def format_table(result: dict) -> str:
     base = result["base"]["scores"]
     baseline = next((r for r in result["runs"] if r["is_baseline"]), None)
     targets = [r for r in result["runs"] if not r["is_baseline"]] or result["runs"]
+    if not targets:
+        lines.append(f"base model only; {'benchmark':<14}{'n':>5} {'pass@1':>7}")
+        for b in ok + (["aggregate"] if ok else []):
+            lines.append(f"{b:<14}{result['n_problems'].get(b, '')!s:>5} {_pct(base.get(b)):>7}")
     for r in targets:
         lines.append(f"run {r['run_dir']} (step {r['step']}, {len(r['members'])} members); baseline: "
                      f"{baseline['run_dir'] if baseline else 'none'}")
@@ -245,8 +262,10 @@ def format_table(result: dict) -> str:
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     helps = {f.name: f.metadata.get("help", "") for f in fields(EvalConfig)}
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
+    p.add_argument("--model", default="embedded", help=helps["model"])
+    p.add_argument("--threads", type=int, default=None, help=helps["threads"])
     p.add_argument("--benchmarks", default="all", help=helps["benchmarks"])
     p.add_argument("--limit", type=int, default=None, help=helps["limit"])
     p.add_argument("--step", type=int, default=None, help=helps["step"])
@@ -270,7 +289,7 @@ def config_from_args(a: argparse.Namespace) -> EvalConfig:
         data[get_spec(name).name] = path
     cfg = EvalConfig(benchmarks=a.benchmarks, limit=a.limit, step=a.step, batch_size=a.batch_size,
                      data_dir=a.data_dir, data=data, device=a.device, baseline=a.baseline, out=a.out,
-                     keep_text=a.keep_text)
+                     keep_text=a.keep_text, threads=a.threads, model=a.model)
     if a.max_new_tokens:
         cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
     return cfg

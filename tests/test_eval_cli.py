@@ -1,0 +1,133 @@
+"""`lorapop eval` end to end with the real embedded model, real PEFT adapter dirs, the real sandbox (tiny limits)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lorapop.eval import RunDirError, cli_main, find_checkpoint, load_members
+
+pytestmark = pytest.mark.slow
+
+
+def _write_run(root: Path, engine, slots: dict[str, int], roles: dict[str, str], mode: str, step: int = 3) -> Path:
+    ck = root / "checkpoints" / f"step_{step:06d}"
+    for mid, slot in slots.items():
+        engine.save_adapter(slot, ck / "adapters" / mid)
+    (ck / "COMPLETE").write_text(str(step))
+    (root / "population.json").write_text(json.dumps(
+        {"step": step, "members": [{"id": m, "slot": s, "role": roles[m]} for m, s in slots.items()]}))
+    (root / "config.yaml").write_text(f"model:\n  name: embedded\npopulation:\n  mode: {mode}\n"
+                                      f"engine:\n  rank: 4\n  lora_alpha: 8\n")
+    return root
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: on a CPU shared with other jobs, two threads run this model several times slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    import torch
+
+    from lorapop.engine import EngineConfig, TorchEngine
+    from lorapop.model import load_base_model
+
+    model, tok = load_base_model("embedded")  # a private copy: the engine injects layers into it
+    eng = TorchEngine(model, tok, 3, EngineConfig(rank=4, lora_alpha=8, device="cpu"))
+    g = torch.Generator().manual_seed(0)
+    for i in range(3):
+        w = eng.get_adapter(i)
+        eng.set_adapter(i, {n: (a, torch.randn(b.shape, generator=g) * 0.02) for n, (a, b) in w.items()})
+    root = tmp_path_factory.mktemp("runs")
+    pop = _write_run(root / "pop", eng, {"t0": 0, "s0": 1}, {"t0": "teacher", "s0": "student"}, "population")
+    single = _write_run(root / "single", eng, {"a0": 2}, {"a0": "agent"}, "single")
+    (root / "empty" / "checkpoints" / "step_000001").mkdir(parents=True)
+    (root / "empty" / "checkpoints" / "step_000001" / "COMPLETE").write_text("1")
+    eng.close()
+    return {"pop": pop, "single": single, "empty": root / "empty", "root": root}
+
+
+def test_discovery(runs):
+    ck = find_checkpoint(runs["pop"])
+    assert ck.name == "step_000003"
+    ms = load_members(runs["pop"], ck)
+    assert [(m.id, m.role, m.rank) for m in ms] == [("s0", "student", 4), ("t0", "teacher", 4)]
+    with pytest.raises(RunDirError, match="no checkpoint for step 7"):
+        find_checkpoint(runs["pop"], 7)
+    with pytest.raises(RunDirError, match=r"checkpoint has no adapters: .*empty.*step_000001.*adapters"):
+        load_members(runs["empty"], find_checkpoint(runs["empty"]))
+
+
+def test_eval_one_batched_pass_per_benchmark(runs, shared_data, capsys, monkeypatch):
+    from lorapop.engine.torch_engine import TorchEngine
+
+    calls = []
+    orig = TorchEngine.generate
+
+    def counting(self, prompts, adapter_ids, params=None, seeds=None):
+        calls.append(sorted(set(adapter_ids)) + [len(prompts)])
+        return orig(self, prompts, adapter_ids, params, seeds)
+
+    monkeypatch.setattr(TorchEngine, "generate", counting)
+    out = runs["root"] / "combined.json"
+    rc = cli_main([str(runs["pop"]), str(runs["single"]), "--benchmarks", "mbppplus,gsm8k", "--limit", "2",
+                   "--max-new-tokens", "12", "--out", str(out), "--data-dir", str(shared_data), "--device", "cpu"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    # base (-1) and all three members of both runs share one generate call per benchmark
+    assert calls == [[-1, 0, 1, 2, 2 * 4], [-1, 0, 1, 2, 2 * 4]]
+    res = json.loads(out.read_text())
+    assert res["baseline"] == str(runs["single"]) and res["benchmarks"] == ["mbppplus", "gsm8k"]
+    pop = next(r for r in res["runs"] if r["run_dir"] == str(runs["pop"]))
+    for m in pop["members"]:
+        for b in ("mbppplus", "gsm8k"):
+            e = m["benchmarks"][b]
+            assert e["n"] == 2 and e["pass@1"] == sum(e["passed"]) / 2 and e["gen_tokens"] > 0
+    stats = pop["population"]["all"]["gsm8k"]
+    vals = [m["scores"]["gsm8k"] for m in pop["members"]]
+    assert (stats["min"], stats["max"], stats["n"]) == (min(vals), max(vals), 2)
+    assert pop["population"]["students"]["gsm8k"]["n"] == 1
+    assert "aggregate" in res["base"]["scores"] and "aggregate" in text and "mbppplus" in text
+    for r in (runs["pop"], runs["single"]):
+        one = json.loads((r / "eval.json").read_text())
+        assert len(one["runs"]) == 1 and one["runs"][0]["run_dir"] == str(r)
+
+
+def test_eval_bad_inputs(runs, shared_data, tmp_path, capsys):
+    rc = cli_main([str(runs["pop"]), "--benchmarks", "mbppplus,bogus"])
+    assert rc == 2 and "bogus" in capsys.readouterr().err
+    rc = cli_main([str(runs["empty"]), "--benchmarks", "gsm8k", "--limit", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "checkpoint has no adapters" in err and "step_000001" in err
+    # a malformed line is skipped with a warning in eval.json; a missing file fails only its benchmark
+    lines = (shared_data / "math" / "gsm8k.jsonl").read_text().splitlines()[:2]
+    bad = tmp_path / "gsm8k.jsonl"
+    bad.write_text(lines[0] + "\n{not json\n" + lines[1] + "\n")
+    out = tmp_path / "e.json"
+    rc = cli_main([str(runs["single"]), "--benchmarks", "gsm8k,aime24", "--data", f"gsm8k={bad}",
+                   "--data", f"aime24={tmp_path / 'nope.jsonl'}", "--max-new-tokens", "4", "--out", str(out),
+                   "--device", "cpu"])
+    res = json.loads(out.read_text())
+    assert rc == 1  # one benchmark failed, the other ran
+    assert res["n_problems"] == {"gsm8k": 2} and "aime24" in res["errors"] and "nope.jsonl" in res["errors"]["aime24"]
+    assert any(f"{bad}:2:" in w for w in res["warnings"])
+
+
+def test_base_only_eval(shared_data, tmp_path, capsys):
+    out = tmp_path / "base.json"
+    rc = cli_main(["--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),
+                   "--data-dir", str(shared_data), "--device", "cpu"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["runs"] == [] and res["base"]["benchmarks"]["gsm8k"]["n"] == 2
+    assert "base model only" in capsys.readouterr().out
