@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_helpers import randomize_adapters, tiny_engine
+from test_engine_helpers import randomize_adapters, tiny_engine
 from lorapop.engine import Engine, EngineConfig, SamplingParams, TorchEngine, TrainSample
 
 
@@ -298,7 +298,7 @@ def test_bad_inputs_raise_clear_errors(eng):
 
 
 def test_wrong_target_module_in_config_is_named():
-    from engine_helpers import tiny_llama
+    from test_engine_helpers import tiny_llama
 
     model, tok = tiny_llama()
     with pytest.raises(ValueError, match="unknown LoRA target module 'qkv_proj'"):

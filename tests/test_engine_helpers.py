@@ -52,3 +52,21 @@ def tiny_engine(n_adapters: int = 3, seed: int = 0, randomize: bool = True, **cf
     if randomize:
         randomize_adapters(eng, seed)
     return eng
+
+
+def engine_logits(engine, input_ids: list[int], adapter: int) -> torch.Tensor:
+    """Full logits of one sequence through the engine's model under one adapter (-1 = base)."""
+    engine._ctx.set(torch.tensor([adapter], device=engine.device))
+    try:
+        with torch.no_grad():
+            return engine.model(input_ids=torch.tensor([input_ids], device=engine.device)).logits[0].float().cpu()
+    finally:
+        engine._ctx.set(None)
+
+
+def randomize_peft_model(peft_model, seed: int = 0, scale: float = 0.3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
