@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lorapop.evolve._common import (Adapter, copy_adapter, dtype_of, in_order, keep_mask, quantised_p, randint,
-                                    shape_groups, stack, uniform_scalar, unstack_into)
-from lorapop.evolve.svd import lora_svd, null_mask, rebuild, row_scale, trainable_scales
+from lorapop.evolve._common import (Adapter, copy_adapter, dtype_of, in_order, keep_mask, pmap, quantised_p,
+                                    randint, shape_groups, uniform_scalar)
+from lorapop.evolve.svd import modules_svd, null_mask, rebuild, trainable_scales
 
 
 def _at_least_two(parents, name: str) -> None:
@@ -48,6 +48,14 @@ def _weighted_sum(tensors: Sequence[Tensor], coefs: Sequence[float]) -> Tensor:
 def _combine(parents: Sequence[Adapter], coefs: Sequence[float]) -> Adapter:
     return {n: (_weighted_sum([p[n][0] for p in parents], coefs), _weighted_sum([p[n][1] for p in parents], coefs))
             for n in parents[0]}
+
+
+def _pad_rank(A: Tensor, B: Tensor, r: int, dtype) -> tuple[Tensor, Tensor]:
+    """Zero components up to rank r (only when a dimension is smaller than r), cast to the storage dtype."""
+    if A.shape[0] < r:
+        B = torch.nn.functional.pad(B, (0, r - B.shape[1]))
+        A = torch.nn.functional.pad(A, (0, 0, 0, r - A.shape[0]))
+    return A.to(dtype), B.to(dtype)
 
 
 def average(parents, *, generator=None, scaling=None, fitness=None, log=None) -> Adapter:
@@ -122,16 +130,22 @@ def svd_subspace(parents, *, generator, scaling=None, fitness=None, log=None, k:
     dtype = dtype_of(first)
     child: Adapter = {}
     for names in shape_groups(first):
-        A1, B1 = stack(first, names)
-        A2, B2 = stack(second, names)
         n = len(names)
-        # both parents' modules in one batched QR/SVD
-        d = lora_svd(torch.cat([A1, A2]), torch.cat([B1, B2]))
-        s_b, s_a = trainable_scales(d.S, null_mask(d.S), row_scale(torch.cat([A1, A2])))
-        A_new, B_new = rebuild(d, s_b, s_a, r)
-        A_child = torch.cat([A_new[:n, :k], A_new[n:, : r - k]], dim=1)
-        B_child = torch.cat([B_new[:n, :, :k], B_new[n:, :, : r - k]], dim=2)
-        unstack_into(child, names, A_child, B_child, dtype)
+        # both parents' modules in one decomposition (their small SVDs batched together)
+        d = modules_svd([first[nm][0] for nm in names] + [second[nm][0] for nm in names],
+                        [first[nm][1] for nm in names] + [second[nm][1] for nm in names])
+        s_b, s_a = trainable_scales(d.S, null_mask(d.S), d.a_rms)
+        cb = d.U * s_b[:, None, :]
+        ca = s_a[:, :, None] * d.Vh
+
+        def one(i, d=d, cb=cb, ca=ca, n=n):
+            j = i + n
+            B = torch.cat([d.Qb[i] @ cb[i, :, :k], d.Qb[j] @ cb[j, :, : r - k]], dim=1)
+            A = torch.cat([ca[i, :k] @ d.Qa[i].mT, ca[j, : r - k] @ d.Qa[j].mT], dim=0)
+            return _pad_rank(A, B, r, dtype)
+
+        for nm, f in zip(names, pmap(one, range(n))):
+            child[nm] = f
     if log is not None:
         log["k"] = k
         log["parent_order_by_fitness"] = fit is not None
@@ -199,16 +213,14 @@ def svd_merge(parents, *, generator=None, scaling=None, fitness=None, log=None) 
     r = next(iter(parents[0].values()))[0].shape[0]
     child: Adapter = {}
     for names in shape_groups(parents[0]):
-        stacks = [stack(p, names) for p in parents]
-        A_cat = torch.cat([a for a, _ in stacks], dim=1)
-        B_cat = torch.cat([b.float() / n_par for _, b in stacks], dim=2)
-        d = lora_svd(A_cat, B_cat)
-        S = d.S[..., :r]
-        a_ref = torch.stack([row_scale(a) for a, _ in stacks]).mean(dim=0)
+        # sum_i B_i A_i = [B_1 .. B_n] @ [A_1; ..; A_n]; the 1/n goes on the singular values
+        d = modules_svd(pmap(lambda nm: torch.cat([p[nm][0] for p in parents], dim=0), names),
+                        pmap(lambda nm: torch.cat([p[nm][1] for p in parents], dim=1), names))
+        S = d.S[:, :r] / n_par
         # null relative to the merged dW's largest singular value
-        s_b, s_a = trainable_scales(S, null_mask(d.S)[..., :r], a_ref)
-        A_new, B_new = rebuild(d, s_b, s_a, r)
-        unstack_into(child, names, A_new, B_new, dtype)
+        s_b, s_a = trainable_scales(S, null_mask(d.S)[:, :r], d.a_rms)
+        for nm, (A, B) in zip(names, rebuild(d, s_b, s_a, r)):
+            child[nm] = (A.to(dtype), B.to(dtype))
     return in_order(child, parents[0])
 
 

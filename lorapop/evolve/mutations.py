@@ -12,9 +12,8 @@ import math
 
 import torch
 
-from lorapop.evolve._common import (Adapter, dtype_of, gaussian_perturb, in_order, rand, randn, shape_groups,
-                                    stack, unstack_into)
-from lorapop.evolve.svd import lora_svd, null_mask, rebuild, row_scale, trainable_scales
+from lorapop.evolve._common import Adapter, dtype_of, gaussian_perturb, in_order, rand, randn, shape_groups
+from lorapop.evolve.svd import modules_svd, null_mask, rebuild, trainable_scales
 
 
 def _single(parents, name: str) -> Adapter:
@@ -42,8 +41,8 @@ def svd_structured(parents, *, generator, scaling=None, fitness=None, log=None, 
     child: Adapter = {}
     zero_modules = 0
     for names in shape_groups(p):
-        A, B = stack(p, names)
-        d = lora_svd(A, B)
+        As, Bs = [p[n][0] for n in names], [p[n][1] for n in names]
+        d = modules_svd(As, Bs)
         n, m = d.S.shape
         dev = d.S.device
         z = randn((n, m), generator, dev)
@@ -52,17 +51,19 @@ def svd_structured(parents, *, generator, scaling=None, fitness=None, log=None, 
         # V' = V R_V  <=>  Vh' = R_V^T Vh
         Vh = (eye + eps * _skew(randn((n, m, m), generator, dev))).mT @ d.Vh
         dead = null_mask(d.S)
-        s_b, s_a = trainable_scales(d.S * torch.exp(eps * z), dead, row_scale(A))
-        A_new, B_new = rebuild(d, s_b, s_a, A.shape[-2], U=U, Vh=Vh)
-        zero = dead.all(dim=-1)
-        if zero.any():
-            zero_modules += int(zero.sum())
-            A_new[zero] = A[zero].float()
-            B_new[zero] = B[zero].float()
-        unstack_into(child, names, A_new, B_new, dtype)
+        s_b, s_a = trainable_scales(d.S * torch.exp(eps * z), dead, d.a_rms)
+        zero = dead.all(dim=-1).tolist()
+        zero_modules += sum(zero)
+        _emit(child, names, rebuild(d, s_b, s_a, As[0].shape[0], U=U, Vh=Vh), zero, p, dtype)
     if log is not None:
         log["zero_dW_modules"] = zero_modules
     return in_order(child, p)
+
+
+def _emit(child: Adapter, names, factors, zero, parent: Adapter, dtype) -> None:
+    """Store rebuilt factors; modules whose dW is exactly 0 get the parent's factors copied instead."""
+    for name, (A, B), z in zip(names, factors, zero):
+        child[name] = (parent[name][0].clone(), parent[name][1].clone()) if z else (A.to(dtype), B.to(dtype))
 
 
 def layer_selective_gaussian(parents, *, generator, scaling=None, fitness=None, log=None, eps: float = 0.1,
@@ -133,8 +134,8 @@ def component_masking(parents, *, generator, scaling=None, fitness=None, log=Non
     zero_modules = 0
     n_drop = 0
     for names in shape_groups(p):
-        A, B = stack(p, names)
-        d = lora_svd(A, B)
+        As, Bs = [p[n][0] for n in names], [p[n][1] for n in names]
+        d = modules_svd(As, Bs)
         n, m = d.S.shape
         n_drop = round(fraction * m)
         # Random subset per module: rank of uniform keys < n_drop  <=>  among the n_drop smallest keys.
@@ -142,15 +143,11 @@ def component_masking(parents, *, generator, scaling=None, fitness=None, log=Non
         masked = keys.argsort(dim=-1).argsort(dim=-1) < n_drop
         null = null_mask(d.S)
         sqrt_s = torch.where(null, torch.zeros_like(d.S), d.S.sqrt())
-        s_b, s_a = trainable_scales(torch.where(masked, torch.zeros_like(d.S), d.S), masked | null, row_scale(A),
+        s_b, s_a = trainable_scales(torch.where(masked, torch.zeros_like(d.S), d.S), masked | null, d.a_rms,
                                     s_a_dead=sqrt_s)
-        A_new, B_new = rebuild(d, s_b, s_a, A.shape[-2])
-        zero = null.all(dim=-1)
-        if zero.any():
-            zero_modules += int(zero.sum())
-            A_new[zero] = A[zero].float()
-            B_new[zero] = B[zero].float()
-        unstack_into(child, names, A_new, B_new, dtype)
+        zero = null.all(dim=-1).tolist()
+        zero_modules += sum(zero)
+        _emit(child, names, rebuild(d, s_b, s_a, As[0].shape[0]), zero, p, dtype)
     if log is not None:
         log["n_masked_per_module"] = n_drop
         log["zero_dW_modules"] = zero_modules
