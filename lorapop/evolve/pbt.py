@@ -165,8 +165,8 @@ def plan_replacements(members: Iterable[Any], step: int, cfg: EvolveConfig, gene
     return plan
 
 
-def apply_plan(plan: Sequence[Replacement], get_adapter: Callable[[int], dict], set_adapter: Callable[[int, dict], None],
-               *, generator: torch.Generator, scaling: float, new_id: Callable[[Replacement], str] | None = None
+def apply_plan(plan: Sequence[Replacement], get_adapter: Callable[[int], dict],
+               set_adapter: Callable[[int, dict], None], *, generator: torch.Generator, scaling: float, new_id: Callable[[Replacement], str] | None = None
                ) -> list[dict[str, Any]]:
     """Make and install every child of ``plan``; returns one lineage record per replacement.
 
