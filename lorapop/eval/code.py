@@ -17,7 +17,9 @@ Everything that touches benchmark values runs inside the executor sandbox:
   Decimal comparison per line. A fixed import preamble (typing, collections, math, ...) is prepended, as LCB does.
 
 One sandbox run judges one candidate on all of its tests and stops at the first failure; the run's timeout covers
-all tests (a timeout is a failure).
+all tests (a timeout is a failure). Known limit: the candidate shares that process with the judging code, so a
+program written to attack the harness (walking frames to overwrite ``_result``) could forge a pass; the candidate
+runs in its own namespace, which stops accidental clobbering, not a deliberate attack.
 """
 
 from __future__ import annotations
