@@ -6,8 +6,9 @@ Public API: :class:`~lorapop.eval.runner.EvalConfig`, :func:`~lorapop.eval.runne
 """
 
 from lorapop.eval.data import BENCHMARKS, BenchmarkError, load_benchmark
-from lorapop.eval.runner import EvalConfig, build_parser, cli_main, format_table, run_eval, run_from_args
+from lorapop.eval.runner import (EvalConfig, add_arguments, build_parser, cli_main, format_table, run, run_eval,
+                                 run_from_args)
 from lorapop.eval.runs import RunDirError, find_checkpoint, load_members
 
-__all__ = ["BENCHMARKS", "BenchmarkError", "EvalConfig", "RunDirError", "build_parser", "cli_main",
+__all__ = ["BENCHMARKS", "BenchmarkError", "EvalConfig", "RunDirError", "add_arguments", "build_parser", "cli_main", "run",
            "find_checkpoint", "format_table", "load_benchmark", "load_members", "run_eval", "run_from_args"]

@@ -313,5 +313,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     return run_from_args(build_parser().parse_args(argv))
 
 
+# Hooks in the shape lorapop/cli.py uses for subcommands: sub.add_parser("eval"); add_arguments(p); func=run.
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    build_parser(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_from_args(args)
+
+
 if __name__ == "__main__":
     sys.exit(cli_main())
