@@ -10,5 +10,5 @@ from lorapop.eval.runner import (EvalConfig, add_arguments, build_parser, cli_ma
                                  run_from_args)
 from lorapop.eval.runs import RunDirError, find_checkpoint, load_members
 
-__all__ = ["BENCHMARKS", "BenchmarkError", "EvalConfig", "RunDirError", "add_arguments", "build_parser", "cli_main", "run",
-           "find_checkpoint", "format_table", "load_benchmark", "load_members", "run_eval", "run_from_args"]
+__all__ = ["BENCHMARKS", "BenchmarkError", "EvalConfig", "RunDirError", "add_arguments", "build_parser", "cli_main",
+           "run", "find_checkpoint", "format_table", "load_benchmark", "load_members", "run_eval", "run_from_args"]
