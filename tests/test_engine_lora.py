@@ -197,3 +197,18 @@ def test_lora_context_detects_uniform_batches():
     assert ctx.uniform == 2 and not ctx.has_base_rows
     ctx.set(torch.tensor([-1, -1]))
     assert ctx.uniform is None and ctx.has_base_rows
+
+
+def test_grouped_runs_path_equals_gather_path_and_keeps_base_rows_exact():
+    model, ctx, layers, _ = _tiny()
+    x = torch.randn(6, 3, 6)
+    ids = torch.tensor([-1, 0, 0, 2, 2, 2])
+    ctx.set(ids)
+    assert ctx.runs == [(0, 1, -1), (1, 3, 0), (3, 6, 2)]
+    gathered = model(x)  # grad enabled: index_select + bmm
+    with torch.no_grad():
+        grouped = model(x)  # inference: one matmul per run
+        ctx.set(None)
+        base = model(x)
+    torch.testing.assert_close(grouped, gathered.detach())
+    assert torch.equal(grouped[0], base[0])

@@ -22,17 +22,24 @@ class LoRAContext:
         self.adapter_ids: torch.Tensor | None = None  # [batch] long, -1 = base
         self.uniform: int | None = None  # set when every row uses the same adapter (>= 0): skip the gather
         self.has_base_rows = False
+        self.runs: list[tuple[int, int, int]] = []  # (start, end, adapter) of contiguous equal-id rows
 
     def set(self, adapter_ids: torch.Tensor | None) -> None:
         self.adapter_ids = adapter_ids
         self.uniform = None
         self.has_base_rows = False
+        self.runs = []
         if adapter_ids is None or adapter_ids.numel() == 0:
             return
-        lo, hi = int(adapter_ids.min()), int(adapter_ids.max())
-        self.has_base_rows = lo < 0
-        if lo == hi and lo >= 0:
-            self.uniform = lo
+        ids = adapter_ids.tolist()
+        self.has_base_rows = min(ids) < 0
+        if min(ids) == max(ids) and ids[0] >= 0:
+            self.uniform = ids[0]
+        start = 0
+        for k in range(1, len(ids) + 1):
+            if k == len(ids) or ids[k] != ids[start]:
+                self.runs.append((start, k, ids[start]))
+                start = k
 
 
 class MultiLoRALinear(nn.Module):
@@ -68,6 +75,18 @@ class MultiLoRALinear(nn.Module):
         if self.ctx.uniform is not None:
             i = self.ctx.uniform
             delta = (xf @ self.lora_A[i].T) @ self.lora_B[i].T
+        elif not torch.is_grad_enabled() and len(self.ctx.runs) * 4 <= shape[0] + 4:
+            # Inference with rows grouped by adapter (the engine sorts them so): one matmul per run reads each
+            # adapter's weights once, where the gather below copies them once per row; in decode, where every
+            # step is memory-bound, that copy cost more than the LoRA math itself. Autograd keeps the gather: the
+            # backward of A[i] would build a full-size gradient per run.
+            pieces = []
+            for s, e, i in self.ctx.runs:
+                if i < 0:
+                    pieces.append(xf.new_zeros(e - s, xf.shape[1], self.lora_B.shape[1]))
+                else:
+                    pieces.append((xf[s:e] @ self.lora_A[i].T) @ self.lora_B[i].T)
+            delta = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
             idx = ids.clamp(min=0)
             a = self.lora_A.index_select(0, idx)  # [b, r, d_in]

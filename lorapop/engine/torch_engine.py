@@ -144,6 +144,7 @@ class TorchEngine:
         out: list[Completion | None] = [None] * len(prompts)
         try:
             for rows in _chunks(order, max(1, self.cfg.gen_batch_size)):
+                rows = sorted(rows, key=lambda k: adapter_ids[k])  # contiguous adapter runs (see lora.py)
                 toks, reasons = self._generate_batch([prompts[k] for k in rows], [adapter_ids[k] for k in rows],
                                                      params, [seeds[k] for k in rows])
                 for k, t, r in zip(rows, toks, reasons):
