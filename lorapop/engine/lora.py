@@ -75,17 +75,18 @@ class MultiLoRALinear(nn.Module):
         if self.ctx.uniform is not None:
             i = self.ctx.uniform
             delta = (xf @ self.lora_A[i].T) @ self.lora_B[i].T
-        elif not torch.is_grad_enabled() and len(self.ctx.runs) * 4 <= shape[0] + 4:
-            # Inference with rows grouped by adapter (the engine sorts them so): one matmul per run reads each
-            # adapter's weights once, where the gather below copies them once per row; in decode, where every
-            # step is memory-bound, that copy cost more than the LoRA math itself. Autograd keeps the gather: the
-            # backward of A[i] would build a full-size gradient per run.
+        elif len(self.ctx.runs) * 2 <= shape[0]:
+            # Rows grouped by adapter (the engine sorts them so): one matmul per run reads each adapter's weights
+            # once, where a per-row gather copies them once per row; in decode, where every step is memory-bound,
+            # that copy cost more than the LoRA math. unbind (views) keeps the backward to one stacked gradient per
+            # parameter instead of a full-size gradient per run.
+            a_all, b_all = self.lora_A.unbind(0), self.lora_B.unbind(0)
             pieces = []
             for s, e, i in self.ctx.runs:
                 if i < 0:
                     pieces.append(xf.new_zeros(e - s, xf.shape[1], self.lora_B.shape[1]))
                 else:
-                    pieces.append((xf[s:e] @ self.lora_A[i].T) @ self.lora_B[i].T)
+                    pieces.append((xf[s:e] @ a_all[i].T) @ b_all[i].T)
             delta = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
             idx = ids.clamp(min=0)

@@ -273,7 +273,7 @@ class TorchEngine:
         order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]) + len(completions[k]))
         try:
             for rows in _chunks(order, max(1, self.cfg.train_micro_batch_size)):
-                rows = [k for k in rows if completions[k]]
+                rows = sorted((k for k in rows if completions[k]), key=lambda k: adapter_ids[k])
                 if not rows:
                     continue
                 logp, row_t = self._response_logprobs([prompts[k] for k in rows], [completions[k] for k in rows],
@@ -309,6 +309,7 @@ class TorchEngine:
         work.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         try:
             for mb in _chunks(work, max(1, self.cfg.train_micro_batch_size)):
+                mb = sorted(mb, key=lambda s: int(s.adapter_id))  # contiguous adapter runs (see lora.py)
                 logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
                                                       [int(s.adapter_id) for s in mb])
                 w = torch.tensor([-float(s.advantage) / stats[int(s.adapter_id)]["n_tokens"] for s in mb],
