@@ -1,6 +1,6 @@
 """Evaluation benchmark: is evaluating 8 members + the base one batched multi-LoRA pass, at base-model speed?
 
-Default mode (MBPP+, first 32 problems, greedy, max_new_tokens capped at 64 by default to keep the run short on a
+Default mode (MBPP+, first 32 problems, greedy, max_new_tokens capped at 48 by default to keep the run short on a
 2-core CPU; pass --max-new-tokens 128 or more on a faster machine):
 
 * mixed pass: 32 problems x (base + 8 members with random non-zero LoRA B) = 288 rows in one engine call, chunked by
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=str(DATA))
     p.add_argument("--n-problems", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--canonical", action="store_true")
