@@ -135,6 +135,7 @@ class Trainer:
             times[name] = time.perf_counter() - times[name]
 
         stage("matchmake")
+        players = list(pop.members)  # evolve may replace some; this step's numbers belong to those who played
         teachers = {t.id: t for t in pop.teachers}
         students = {s.id: s for s in pop.students}
         if pop.single:
@@ -181,7 +182,7 @@ class Trainer:
 
         stage("log")
         rows = self.task_records(step, jobs)  # first: it feeds the coverage archive the metrics read
-        metrics = self.step_metrics(step, proposals, jobs, batch, train_stats, lineage, rows)
+        metrics = self.step_metrics(step, players, proposals, jobs, batch, train_stats, lineage, rows)
         metrics.update({f"time/{k}": v for k, v in times.items() if k != "log"})
         self.logger.log_tasks(rows)
         self.logger.log_step(step, metrics)
@@ -217,7 +218,7 @@ class Trainer:
         for rep, record in zip(plan, records):
             self.engine.reset_optimizer(rep.slot)
             child = self.population.replace(rep.slot, record, step)
-            self.ratings.remove(rep.old_id)
+            # the replaced member's rating stays on record (logs, report); matchmaking only sees live members
             self.ratings.add(child.id, mu=parent_mu[rep.slot])
             born.append(self.population.lineage[-1])
             self.progress.message(f"[step {step}] evolve: {rep.old_id} -> {child.id} ({rep.operator} of "
@@ -225,12 +226,13 @@ class Trainer:
         return born
 
     # ---- logging ----------------------------------------------------------------------------------------------------
-    def step_metrics(self, step: int, proposals: list[stages.Rollout], jobs: list[stages.SolveJob],
+    def step_metrics(self, step: int, players: list[Any], proposals: list[stages.Rollout],
+                     jobs: list[stages.SolveJob],
                      batch: list[stages.Rollout], train_stats: dict[int, dict[str, float]],
                      lineage: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
         from lorapop.train.metrics import compute_step_metrics
 
-        return compute_step_metrics(self, step, proposals, jobs, batch, train_stats, lineage, rows)
+        return compute_step_metrics(self, step, players, proposals, jobs, batch, train_stats, lineage, rows)
 
     def task_records(self, step: int, jobs: list[stages.SolveJob]) -> list[dict[str, Any]]:
         from lorapop.train.metrics import task_records

@@ -17,9 +17,11 @@ def _std(xs: list[float]) -> float:
     return statistics.pstdev(xs) if len(xs) > 1 else 0.0
 
 
-def compute_step_metrics(trainer: Any, step: int, proposals: list[Rollout], jobs: list[SolveJob],
-                         batch: list[Rollout], train_stats: dict[int, dict[str, float]],
+def compute_step_metrics(trainer: Any, step: int, players: list[Any], proposals: list[Rollout],
+                         jobs: list[SolveJob], batch: list[Rollout], train_stats: dict[int, dict[str, float]],
                          lineage: list[dict[str, Any]], task_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``players`` are the members who played this step (before evolve), so a member replaced at this step still
+    gets its last numbers; children born at this step only get their starting rating."""
     answers = [r for j in jobs for r in j.rollouts]
     m: dict[str, Any] = {}
     student_rewards = [r.reward for r in answers]
@@ -49,7 +51,7 @@ def compute_step_metrics(trainer: Any, step: int, proposals: list[Rollout], jobs
     batch_by_member: dict[str, list[Rollout]] = defaultdict(list)
     for r in batch:
         batch_by_member[r.member.id].append(r)
-    for mem in trainer.population.members:
+    for mem in players:
         rs = by_member.get(mem.id, [])
         props = [r for r in rs if r.role == "teacher"]
         ans = [r for r in rs if r.role == "student"]
@@ -75,6 +77,11 @@ def compute_step_metrics(trainer: Any, step: int, proposals: list[Rollout], jobs
         m[f"trueskill/{mem.id}/mu"] = trainer.ratings.mu(mem.id)
         m[f"trueskill/{mem.id}/sigma"] = trainer.ratings.sigma(mem.id)
         m[f"trueskill/{mem.id}/expose"] = trainer.ratings.expose(mem.id)
+    for rec in lineage:
+        cid = rec["child"]
+        m[f"trueskill/{cid}/mu"] = trainer.ratings.mu(cid)
+        m[f"trueskill/{cid}/sigma"] = trainer.ratings.sigma(cid)
+        m[f"trueskill/{cid}/expose"] = trainer.ratings.expose(cid)
     m["evolve/replacements"] = len(lineage)
 
     # program descriptors of this step's valid tasks, overall and per proposing teacher
@@ -86,8 +93,8 @@ def compute_step_metrics(trainer: Any, step: int, proposals: list[Rollout], jobs
         m[f"complexity/{stat}"] = _mean([float(d[stat]) for d in all_desc if stat in d])
         for t_id, ds in per_teacher.items():
             m[f"complexity/{t_id}/{stat}"] = _mean([float(d[stat]) for d in ds if stat in d])
-    # live members only, so a replaced member's coverage series ends where it was replaced
-    m.update(trainer.coverage.metrics(members=[mem.id for mem in trainer.population.members]))
+    # this step's players only, so a replaced member's coverage series ends where it was replaced
+    m.update(trainer.coverage.metrics(members=[mem.id for mem in players]))
     return m
 
 
