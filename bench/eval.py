@@ -104,6 +104,7 @@ def measure_base(args) -> dict:
     for b in args.measure_base.split(","):
         spec = BENCHMARKS[b]
         probs, warns = load_benchmark(b, data_dir=args.data_dir, limit=args.limit)
+        probs = probs[args.offset:]  # resume a measurement that was stopped: add up the progress lines
         ex = make_executor(2) if spec.family == "code" else None
         judge = CodeJudge(ex) if ex else None
         passed, toks, t0 = [], 0, time.perf_counter()
@@ -111,7 +112,7 @@ def measure_base(args) -> dict:
             r = evaluate_benchmark(eng, spec, probs[i:i + args.chunk], [-1], args.max_new_tokens, judge)
             passed += r.passed[-1]
             toks += r.gen_tokens[-1]
-            print(json.dumps({"benchmark": b, "done": len(passed), "of": len(probs), "passed": sum(passed),
+            print(json.dumps({"benchmark": b, "offset": args.offset, "done": len(passed), "of": len(probs), "passed": sum(passed),
                               "pass@1_so_far": round(sum(passed) / len(passed), 4), "gen_tokens": toks,
                               "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
         if ex:
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--canonical", action="store_true")
     p.add_argument("--measure-base", default=None, metavar="BENCH[,BENCH]")
     p.add_argument("--limit", type=int, default=None, help="--measure-base: first N problems only")
+    p.add_argument("--offset", type=int, default=0, help="--measure-base: skip the first N problems (resume)")
     p.add_argument("--chunk", type=int, default=64, help="--measure-base: problems per progress line")
     args = p.parse_args(argv)
     if args.threads:
