@@ -108,6 +108,14 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
     assert pop["step"] == 3 and len(pop["members"]) == 4
     assert any(f.name.startswith("events.out.tfevents") for f in run.iterdir())
 
+    # the report reads what the trainer really wrote, after two kills
+    res = subprocess.run([sys.executable, "-m", "lorapop.cli", "report", str(run)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    html = (run / "report.html").read_text()
+    for section in ("Rewards", "TrueSkill", "Lineage", "Coverage"):
+        assert f">{section}<" in html
+
 
 def test_resume_refuses_incompatible_checkpoint(tmp_path):
     run = tmp_path / "runs" / "r"

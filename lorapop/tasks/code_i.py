@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
-from lorapop.tasks.common import ProgramInputTask, fence
+from lorapop.tasks.common import ProgramInputTask, fence, run_checks
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import SAME_SRC, check_call_args
 
@@ -23,20 +23,12 @@ class CodeI(ProgramInputTask):
         return got if isinstance(got, ParseError) else Answer(self.name, got["input"][0])
 
     def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
-        outcomes: list[Outcome | None] = [None] * len(answers)
-        jobs = []
-        for i, a in enumerate(answers):
-            if isinstance(a, ParseError):
-                outcomes[i] = Outcome("format_error", a.reason)
-                continue
+        def prepare(a: Answer) -> str | Outcome:
             bad = check_call_args(a.text)
             if bad is not None:
-                outcomes[i] = Outcome("wrong", f"input {bad.reason}")
-                continue
+                return Outcome("wrong", f"input {bad.reason}")
             # The teacher's validated f runs on the student's literal arguments; nothing model-written by the
             # student is executable, so comparing in the same run is safe.
-            jobs.append((i, f"{task.program}\n{SAME_SRC}\n_result = bool(_same(f({a.text}\n), ({task.outputs[0]}\n)))\n"))
-        for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
-            outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
-                                  r.error or r.value or "")
-        return outcomes  # type: ignore[return-value]
+            return f"{task.program}\n{SAME_SRC}\n_result = bool(_same(f({a.text}\n), ({task.outputs[0]}\n)))\n"
+
+        return run_checks(answers, prepare, executor)

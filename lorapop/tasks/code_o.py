@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
-from lorapop.tasks.common import ProgramInputTask, fence
+from lorapop.tasks.common import ProgramInputTask, fence, run_checks
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import check_literal, compare_code
 
@@ -25,18 +25,10 @@ class CodeO(ProgramInputTask):
         return got if isinstance(got, ParseError) else Answer(self.name, got["output"][0])
 
     def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
-        outcomes: list[Outcome | None] = [None] * len(answers)
-        jobs = []
-        for i, a in enumerate(answers):
-            if isinstance(a, ParseError):
-                outcomes[i] = Outcome("format_error", a.reason)
-                continue
+        def prepare(a: Answer) -> str | Outcome:
             bad = check_literal(a.text, MAX_ANSWER_CHARS)
             if bad is not None:
-                outcomes[i] = Outcome("wrong", f"prediction {bad.reason}")
-                continue
-            jobs.append((i, compare_code(a.text, task.outputs[0])))
-        for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
-            outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
-                                  r.error or r.value or "")
-        return outcomes  # type: ignore[return-value]
+                return Outcome("wrong", f"prediction {bad.reason}")
+            return compare_code(a.text, task.outputs[0])
+
+        return run_checks(answers, prepare, executor)

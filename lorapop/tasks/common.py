@@ -3,7 +3,7 @@ PYTHONHASHSEEDs) and the prompt pieces."""
 
 from __future__ import annotations
 
-from lorapop.tasks.base import Invalid, Proposal, Task
+from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
                                     status_to_invalid)
 
@@ -107,3 +107,24 @@ class ProgramInputTask:
 
     def check(self, task: Task, answer, executor) -> bool:
         return self.check_many(task, [answer], executor)[0].correct
+
+
+def run_checks(answers: list, prepare, executor) -> list[Outcome]:
+    """The shared shape of a ``check_many``: parse errors are format errors, ``prepare(answer)`` either rejects an
+    answer statically (returns an Outcome) or returns sandbox code whose ``_result`` is True exactly when the answer
+    is correct; all such codes run in one batched executor pass."""
+    outcomes: list[Outcome | None] = [None] * len(answers)
+    jobs = []
+    for i, a in enumerate(answers):
+        if isinstance(a, ParseError):
+            outcomes[i] = Outcome("format_error", a.reason)
+            continue
+        got = prepare(a)
+        if isinstance(got, Outcome):
+            outcomes[i] = got
+        else:
+            jobs.append((i, got))
+    for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
+        outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
+                              r.error or r.value or "")
+    return outcomes  # type: ignore[return-value]
