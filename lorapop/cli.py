@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write a self-contained report.html for one or more run directories")
     report.add_arguments(rp)
     rp.set_defaults(func=report.run)
+    from lorapop.eval import runner as evaluation  # torch-free import; heavy modules load lazily
+
+    ep = sub.add_parser("eval", help="greedy pass@1 of the base and every member on code/math benchmarks")
+    evaluation.add_arguments(ep)
+    ep.set_defaults(func=evaluation.run)
     return p
 
 
