@@ -5,7 +5,8 @@
 Prints, in one run:
   mixed_overhead        time for R rows spread over 8 adapters / the same rows all on one adapter (target <= 1.15)
   speedup_vs_sequential 8 adapters one after another (R/8 rows each) / the batched mixed run (target >= 3)
-  train_speedup         8 separate forward+backward passes / one pass over the batch mixing all 8 (target >= 1.0)
+  train_speedup         8 separate forward+backward passes / one pass over the batch mixing all 8 (target >= 1.0),
+                        medians of 3 alternating reps
   base_bytes, adapter_bytes  memory of the shared base and of one adapter
 Every row generates exactly --new-tokens tokens (EOS is masked until then), so early stops cannot bias a ratio.
 The last line is one JSON object with those keys.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -93,8 +95,13 @@ def main() -> None:
             eng.accumulate_gradients([s for s in samples if s.adapter_id == i])
 
     one_pass()  # warm-up (autograd allocations)
-    t_one, _ = _timed(one_pass)
-    t_sep, _ = _timed(separate)
+    # Single timings swung by 30% between consecutive reps on this shared 2-core machine: alternate the two arms
+    # and compare medians.
+    t_ones, t_seps = [], []
+    for _ in range(3):
+        t_ones.append(_timed(one_pass)[0])
+        t_seps.append(_timed(separate)[0])
+    t_one, t_sep = statistics.median(t_ones), statistics.median(t_seps)
     eng.optimizer.zero_grad()
     train_speedup = t_sep / t_one
     print(f"train fwd+bwd, {len(samples)} rows over {n} adapters: one mixed pass {t_one:.1f}s, {n} separate passes "

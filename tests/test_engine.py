@@ -315,3 +315,20 @@ def test_close_restores_the_plain_model():
     ref = [float(lp[len(prompt) - 1, 5]), float(lp[len(prompt), 6])]
     torch.testing.assert_close(torch.tensor(base), torch.tensor(ref), rtol=1e-5, atol=1e-5)
     assert not any(type(m).__name__ == "MultiLoRALinear" for m in eng.model.modules())
+
+
+def test_mixed_decode_equals_each_adapter_alone_and_follows_weight_changes(eng):
+    prompts = [eng.chat_prompt("hello there"), eng.chat_prompt("a b c")] * 3
+    ids = [0, 1, 2, -1, 1, 0]  # mixed adapters and a base row: decode takes the masked all-adapter path
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+
+    def check():
+        mixed = eng.generate(prompts, ids, params)
+        for k, (p, a) in enumerate(zip(prompts, ids)):
+            assert mixed[k].token_ids == eng.generate([p], [a], params)[0].token_ids  # alone: the uniform path
+
+    check()
+    randomize_adapters(eng, seed=7, slots=[1])  # the stacked-B cache must notice the new weights
+    check()
+    eng.train_step([TrainSample(prompts[0], [5, 6, 7], 2, 1.0)])  # and an optimizer step
+    check()

@@ -23,12 +23,14 @@ class LoRAContext:
         self.uniform: int | None = None  # set when every row uses the same adapter (>= 0): skip the gather
         self.has_base_rows = False
         self.runs: list[tuple[int, int, int]] = []  # (start, end, adapter) of contiguous equal-id rows
+        self._masks: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
 
     def set(self, adapter_ids: torch.Tensor | None) -> None:
         self.adapter_ids = adapter_ids
         self.uniform = None
         self.has_base_rows = False
         self.runs = []
+        self._masks = {}
         if adapter_ids is None or adapter_ids.numel() == 0:
             return
         ids = adapter_ids.tolist()
@@ -42,6 +44,19 @@ class LoRAContext:
                 start = k
 
 
+    def block_mask(self, n_adapters: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[batch, 1, n_adapters * rank]``: ones on each row's own adapter block, zeros elsewhere (and everywhere for
+        base rows). Built once per forward and shared by every layer of that shape."""
+        key = (n_adapters, rank, dtype)
+        m = self._masks.get(key)
+        if m is None:
+            ids = self.adapter_ids
+            onehot = (ids[:, None] == torch.arange(n_adapters, device=ids.device)[None, :]).to(dtype)
+            m = onehot.repeat_interleave(rank, dim=1)[:, None, :]
+            self._masks[key] = m
+        return m
+
+
 class MultiLoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, n_adapters: int, rank: int, scaling: float, ctx: LoRAContext) -> None:
         super().__init__()
@@ -52,6 +67,7 @@ class MultiLoRALinear(nn.Module):
         # float32 regardless of the base dtype: these are the trainable master weights.
         self.lora_A = nn.Parameter(torch.zeros(n_adapters, rank, base.in_features, device=dev))
         self.lora_B = nn.Parameter(torch.zeros(n_adapters, base.out_features, rank, device=dev))
+        self._b_cat: tuple[int, torch.Tensor] | None = None  # (lora_B version, [N * r, d_out] copy) for decode
 
     @property
     def in_features(self) -> int:
@@ -75,6 +91,14 @@ class MultiLoRALinear(nn.Module):
         if self.ctx.uniform is not None:
             i = self.ctx.uniform
             delta = (xf @ self.lora_A[i].T) @ self.lora_B[i].T
+        elif xf.shape[1] == 1 and not torch.is_grad_enabled():
+            # Decode (one token per row, memory bound): three ops whatever the mix. x goes through every adapter's A
+            # at once ([b, N*r], tiny), a mask keeps each row's own r-block, and one matmul with all B's stacked
+            # [N*r, d_out] finishes. A per-run loop costs 2 matmuls per run per layer in dispatch, and a per-row
+            # gather copies a weight slice per row; at 8 adapters both cost more than the LoRA math itself.
+            n, r = self.lora_A.shape[0], self.lora_A.shape[1]
+            h = xf @ self.lora_A.reshape(n * r, -1).T
+            delta = (h * self.ctx.block_mask(n, r, h.dtype)) @ self._stacked_b()
         elif len(self.ctx.runs) * 2 <= shape[0]:
             # Rows grouped by adapter (the engine sorts them so): one matmul per run reads each adapter's weights
             # once, where a per-row gather copies them once per row; in decode, where every step is memory-bound,
@@ -96,6 +120,16 @@ class MultiLoRALinear(nn.Module):
             if self.ctx.has_base_rows:
                 delta = delta * (ids >= 0).to(delta.dtype)[:, None, None]
         return y + (self.scaling * delta).to(y.dtype).reshape(*shape[:-1], -1)
+
+
+    def _stacked_b(self) -> torch.Tensor:
+        """``lora_B`` as ``[N * r, d_out]`` (adapter-major, matching ``lora_A.reshape(N * r, d_in)``), rebuilt only
+        when the weights change (optimizer step, set/copy/load), which the parameter's version counter tracks."""
+        version = self.lora_B._version
+        if self._b_cat is None or self._b_cat[0] != version:
+            n, d_out, r = self.lora_B.shape
+            self._b_cat = (version, self.lora_B.detach().permute(0, 2, 1).reshape(n * r, d_out).contiguous())
+        return self._b_cat[1]
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
