@@ -11,6 +11,7 @@ timed with `-S` (no site import at all) and printed for comparison. Last line: o
 from __future__ import annotations
 
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -70,9 +71,14 @@ def main() -> None:
     print(f"protections: {ex.protections}")
     for seed in DETERMINISM_SEEDS:  # start the pools (one-off cost, not per task)
         ex.run_many(["_result = 0"] * cfg.n_workers, hashseed=seed)
-    t0 = time.perf_counter()
-    results = TASK_TYPES["code_o"].validate_many(props, ex)
-    dt = time.perf_counter() - t0
+    # One pass over the 256 seeds takes under a second, so a single timing swung by 30% on this shared machine:
+    # take the median of 5 passes (the fresh-subprocess pass takes seconds and is timed once).
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        results = TASK_TYPES["code_o"].validate_many(props, ex)
+        times.append(time.perf_counter() - t0)
+    dt = statistics.median(times)
     ex.close()
     n_valid = sum(not isinstance(r, Invalid) for r in results)
     reasons: dict[str, int] = {}

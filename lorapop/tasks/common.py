@@ -3,6 +3,8 @@ PYTHONHASHSEEDs) and the prompt pieces."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
                                     status_to_invalid)
@@ -29,14 +31,18 @@ def validate_many(type_name: str, proposals: list[Proposal], executor, *, min_in
             results[pi] = bad
             continue
         jobs.extend((pi, ii, call_code(p.program, inp)) for ii, inp in enumerate(p.inputs))
-    first = executor.run_many([c for _, _, c in jobs], timeout_s=timeout_s, hashseed=hashseeds[0])
+    # The two determinism runs go to the two hash-seed pools at once: run one after the other, half the workers
+    # would sit idle. (A proposal that fails its first run costs a wasted second run; rare, and cheaper than that.)
+    codes = [c for _, _, c in jobs]
+    with ThreadPoolExecutor(2) as pool:
+        second_f = pool.submit(executor.run_many, codes, timeout_s=timeout_s, hashseed=hashseeds[1])
+        first = executor.run_many(codes, timeout_s=timeout_s, hashseed=hashseeds[0])
+        second = second_f.result()
     failed: dict[int, Invalid] = {}
     for (pi, _, _), r in zip(jobs, first):
         if r.status != "ok" and pi not in failed:
             failed[pi] = status_to_invalid(r.status, r.error)
-    again = [j for j in jobs if j[0] not in failed]
-    second = executor.run_many([c for _, _, c in again], timeout_s=timeout_s, hashseed=hashseeds[1])
-    second_by = {(pi, ii): r for (pi, ii, _), r in zip(again, second)}
+    second_by = {(pi, ii): r for (pi, ii, _), r in zip(jobs, second)}
     outputs: dict[int, list[str]] = {}
     for (pi, ii, _), r in zip(jobs, first):
         if pi in failed:
