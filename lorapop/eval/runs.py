@@ -15,11 +15,9 @@ The members of a checkpoint are its adapter directories; roles come from the che
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-STEP_DIR = re.compile(r"^step_(\d+)$")
 _ROLE_BY_PREFIX = {"t": "teacher", "s": "student", "a": "agent"}
 
 
@@ -48,23 +46,19 @@ def read_run_config(run_dir: Path) -> dict:
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
     """``checkpoints/step_XXXXXX`` of ``step``, else the latest complete one (``COMPLETE`` marker present)."""
+    from lorapop.train.checkpoint import STEP_RE, list_checkpoints
+
     root = Path(run_dir) / "checkpoints"
     if not Path(run_dir).is_dir():
         raise RunDirError(f"run directory not found: {run_dir}")
-    found = {}
-    if root.is_dir():
-        for p in root.iterdir():
-            m = STEP_DIR.match(p.name)
-            if m and p.is_dir():
-                found[int(m.group(1))] = p
+    found = {int(STEP_RE.match(p.name).group(1)): p for p in list_checkpoints(root)}
     if step is not None:
         if step not in found:
-            raise RunDirError(f"no checkpoint for step {step} in {root} (have: {sorted(found) or 'none'})")
+            raise RunDirError(f"no complete checkpoint for step {step} in {root} (have: {sorted(found) or 'none'})")
         return found[step]
-    complete = [s for s, p in found.items() if (p / "COMPLETE").is_file()]
-    if not complete:
+    if not found:
         raise RunDirError(f"no complete checkpoint (step_XXXXXX/COMPLETE) in {root}")
-    return found[max(complete)]
+    return found[max(found)]
 
 
 def _roles(run_dir: Path, ckpt: Path) -> dict[str, str]:

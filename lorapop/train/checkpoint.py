@@ -82,7 +82,7 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     found = []
     for p in ckpt_root.iterdir():
         m = STEP_RE.match(p.name)
-        if m and (p / "COMPLETE").is_file() and (p / "trainer_state.json").is_file():
+        if m and (p / "COMPLETE").is_file():  # written last, after trainer_state.json
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
