@@ -54,7 +54,7 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
     found = {int(STEP_RE.match(p.name).group(1)): p for p in list_checkpoints(root)}
     if step is not None:
         if step not in found:
-            raise RunDirError(f"no complete checkpoint for step {step} in {root} (have: {sorted(found) or 'none'})")
+            raise RunDirError(f"no checkpoint for step {step} in {root} (have: {sorted(found) or 'none'})")
         return found[step]
     if not found:
         raise RunDirError(f"no complete checkpoint (step_XXXXXX/COMPLETE) in {root}")
