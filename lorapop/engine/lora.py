@@ -1,10 +1,13 @@
 """Stacked multi-LoRA linear layers: every adapter of the population lives in one tensor per target module.
 
 Each wrapped ``nn.Linear`` keeps the frozen base layer and two parameters ``lora_A: [N, r, d_in]`` and
-``lora_B: [N, d_out, r]``. A forward reads the per-row adapter ids from a shared :class:`LoRAContext` and computes
-``base(x) + scaling * (x @ A[id]^T) @ B[id]^T`` with ``index_select`` + ``bmm``, so one forward serves a batch that
-mixes any adapters (measured at ~1.07x of a single-adapter batch, against 1.62x for peft's mixed batch). Rows with
-id ``-1`` get the base output exactly: their delta is multiplied by zero, and ``y + 0.0 == y`` bit for bit.
+``lora_B: [N, d_out, r]``. A forward reads the per-row adapter ids from a shared :class:`LoRAContext` and adds
+``scaling * (x @ A[id]^T) @ B[id]^T`` to the base output, so one forward serves a batch that mixes any adapters.
+Three ways to compute it, chosen per call: one adapter for the whole batch (plain matmuls); decode with mixed rows
+(rows gathered by adapter into ``[G, M, d]`` and two ``bmm``: each adapter's weights read once, a fixed number of
+ops); prefill and training with mixed rows (one matmul pair per contiguous run of rows, the engine sorts rows by
+adapter; ``unbind`` views keep the backward to one stacked gradient per parameter). Rows with id ``-1`` get the
+base output exactly: their delta is zero, and ``y + 0.0 == y`` bit for bit.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ class LoRAContext:
         self.uniform: int | None = None  # set when every row uses the same adapter (>= 0): skip the gather
         self.has_base_rows = False
         self.runs: list[tuple[int, int, int]] = []  # (start, end, adapter) of contiguous equal-id rows
-        self._masks: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+        # Grouped layout for decode, built once per forward: rows gathered into [G groups, M rows] (padded with a
+        # zero row) for the G adapters present, and where each row's result sits in the flattened [G * M] output.
+        self.group_adapters: torch.Tensor | None = None  # None when the groups are exactly adapters 0..N-1
+        self.gather: torch.Tensor | None = None
+        self.scatter: torch.Tensor | None = None
+        self.n_groups = self.group_rows = 0
 
     def set(self, adapter_ids: torch.Tensor | None) -> None:
         self.adapter_ids = adapter_ids
         self.uniform = None
         self.has_base_rows = False
         self.runs = []
-        self._masks = {}
+        self.gather = self.scatter = self.group_adapters = None
         if adapter_ids is None or adapter_ids.numel() == 0:
             return
         ids = adapter_ids.tolist()
@@ -44,17 +52,26 @@ class LoRAContext:
                 start = k
 
 
-    def block_mask(self, n_adapters: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
-        """``[batch, 1, n_adapters * rank]``: ones on each row's own adapter block, zeros elsewhere (and everywhere for
-        base rows). Built once per forward and shared by every layer of that shape."""
-        key = (n_adapters, rank, dtype)
-        m = self._masks.get(key)
-        if m is None:
-            ids = self.adapter_ids
-            onehot = (ids[:, None] == torch.arange(n_adapters, device=ids.device)[None, :]).to(dtype)
-            m = onehot.repeat_interleave(rank, dim=1)[:, None, :]
-            self._masks[key] = m
-        return m
+    def grouped(self, n_adapters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
+        """``(gather, scatter, adapters, G, M)`` for the decode path (see ``MultiLoRALinear.forward``)."""
+        if self.gather is None:
+            ids = self.adapter_ids.tolist()
+            b = len(ids)
+            present = sorted({i for i in ids if i >= 0})
+            rows = {a: [k for k, i in enumerate(ids) if i == a] for a in present}
+            m = max((len(r) for r in rows.values()), default=1)
+            gather, scatter = [], [len(present) * m] * b  # base rows read the zero row appended to the output
+            for g, a in enumerate(present):
+                for j, k in enumerate(rows[a]):
+                    scatter[k] = g * m + j
+                gather += rows[a] + [b] * (m - len(rows[a]))  # index b: the zero row appended to the input
+            dev = self.adapter_ids.device
+            self.gather = torch.tensor(gather, dtype=torch.long, device=dev)
+            self.scatter = torch.tensor(scatter, dtype=torch.long, device=dev)
+            self.group_adapters = (None if present == list(range(n_adapters))
+                                   else torch.tensor(present, dtype=torch.long, device=dev))
+            self.n_groups, self.group_rows = len(present), m
+        return self.gather, self.scatter, self.group_adapters, self.n_groups, self.group_rows
 
 
 class MultiLoRALinear(nn.Module):
@@ -67,7 +84,6 @@ class MultiLoRALinear(nn.Module):
         # float32 regardless of the base dtype: these are the trainable master weights.
         self.lora_A = nn.Parameter(torch.zeros(n_adapters, rank, base.in_features, device=dev))
         self.lora_B = nn.Parameter(torch.zeros(n_adapters, base.out_features, rank, device=dev))
-        self._b_cat: tuple[int, torch.Tensor] | None = None  # (lora_B version, [N * r, d_out] copy) for decode
 
     @property
     def in_features(self) -> int:
@@ -91,14 +107,22 @@ class MultiLoRALinear(nn.Module):
         if self.ctx.uniform is not None:
             i = self.ctx.uniform
             delta = (xf @ self.lora_A[i].T) @ self.lora_B[i].T
-        elif xf.shape[1] == 1 and not torch.is_grad_enabled():
-            # Decode (one token per row, memory bound): three ops whatever the mix. x goes through every adapter's A
-            # at once ([b, N*r], tiny), a mask keeps each row's own r-block, and one matmul with all B's stacked
-            # [N*r, d_out] finishes. A per-run loop costs 2 matmuls per run per layer in dispatch, and a per-row
-            # gather copies a weight slice per row; at 8 adapters both cost more than the LoRA math itself.
-            n, r = self.lora_A.shape[0], self.lora_A.shape[1]
-            h = xf @ self.lora_A.reshape(n * r, -1).T
-            delta = (h * self.ctx.block_mask(n, r, h.dtype)) @ self._stacked_b()
+        elif xf.shape[1] == 1 and not torch.is_grad_enabled() and self.ctx.runs:
+            # Decode (one token per row): rows gathered by adapter into [G, M, d_in] and two bmm's, so each present
+            # adapter's weights are read once and the op count does not grow with the number of adapters. A per-run
+            # loop costs 2 matmuls per run per layer in dispatch; a per-row gather copies a weight slice per row;
+            # multiplying by every adapter and masking costs N times the LoRA FLOPs.
+            gather, scatter, adapters, g, m = self.ctx.grouped(self.lora_A.shape[0])
+            b, d_in = xf.shape[0], xf.shape[-1]
+            x2 = torch.cat([xf.reshape(b, d_in), xf.new_zeros(1, d_in)])
+            a = self.lora_A if adapters is None else self.lora_A.index_select(0, adapters)
+            bw = self.lora_B if adapters is None else self.lora_B.index_select(0, adapters)
+            if g == 0:  # every row is a base row
+                delta = xf.new_zeros(b, 1, self.lora_B.shape[1])
+            else:
+                h = torch.bmm(x2.index_select(0, gather).view(g, m, d_in), a.transpose(1, 2))
+                o = torch.bmm(h, bw.transpose(1, 2)).reshape(g * m, -1)
+                delta = torch.cat([o, o.new_zeros(1, o.shape[1])]).index_select(0, scatter).view(b, 1, -1)
         elif len(self.ctx.runs) * 2 <= shape[0]:
             # Rows grouped by adapter (the engine sorts them so): one matmul per run reads each adapter's weights
             # once, where a per-row gather copies them once per row; in decode, where every step is memory-bound,
@@ -120,16 +144,6 @@ class MultiLoRALinear(nn.Module):
             if self.ctx.has_base_rows:
                 delta = delta * (ids >= 0).to(delta.dtype)[:, None, None]
         return y + (self.scaling * delta).to(y.dtype).reshape(*shape[:-1], -1)
-
-
-    def _stacked_b(self) -> torch.Tensor:
-        """``lora_B`` as ``[N * r, d_out]`` (adapter-major, matching ``lora_A.reshape(N * r, d_in)``), rebuilt only
-        when the weights change (optimizer step, set/copy/load), which the parameter's version counter tracks."""
-        version = self.lora_B._version
-        if self._b_cat is None or self._b_cat[0] != version:
-            n, d_out, r = self.lora_B.shape
-            self._b_cat = (version, self.lora_B.detach().permute(0, 2, 1).reshape(n * r, d_out).contiguous())
-        return self._b_cat[1]
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
