@@ -1,10 +1,12 @@
 """Wall-clock per self-play step: 4T+4S vs the single agent with identical per-adapter work, and 4T+4S through the
 multi-LoRA engine vs the same population run one adapter at a time.
 
-    .venv/bin/python bench/step_overhead.py [--steps 2] [--tasks-per-type 2] [--tokens 48]
+    .venv/bin/python bench/step_overhead.py [--steps 1] [--tasks-per-type 2]
 
-Every generated row is forced to the same length (min_new_tokens = max_new_tokens) so all three runs do the same
-token work; each run does one warm-up step that is not timed. Last line: JSON with `population_over_single` and
+The runs use the shipped CPU demo config (`cpu_demo`: embedded model, bf16 base, one reference, 160-token proposals,
+96-token answers, n_solve 2) with only the population and the amount of work changed, so a step looks like a demo
+step. Every generated row is forced to its full length (min_new_tokens = max_new_tokens) so all three runs do the
+same token work whatever the model writes; each run does one warm-up step that is not timed. Last line: JSON with `population_over_single` and
 `sequential_over_population` (target on a 2-core CPU: sequential_over_population >= 1.3; the paper reports
 population/single = 1.31 on 8xH100).
 """
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lorapop.config import load_config  # noqa: E402
 from lorapop.engine.base import SamplingParams, TrainSample  # noqa: E402
 from lorapop.train.loop import Trainer  # noqa: E402
+
+DEMO = str(Path(__file__).resolve().parents[1] / "lorapop" / "configs" / "cpu_demo.yaml")
 
 
 class OneAdapterAtATime:
@@ -61,7 +65,7 @@ class OneAdapterAtATime:
 
 def time_run(overrides, steps, sequential=False):
     with tempfile.TemporaryDirectory() as d:
-        cfg = load_config(None, overrides + [f"--run.output_dir={d}", "--run.name=b"])
+        cfg = load_config(DEMO, overrides + [f"--run.output_dir={d}", "--run.name=b"])
         trainer = Trainer(cfg, Path(d) / "b")
         if sequential:
             trainer.engine = OneAdapterAtATime(trainer.engine)
@@ -76,34 +80,34 @@ def time_run(overrides, steps, sequential=False):
             trainer.progress.close()
             trainer.logger.close()
         tokens = {k: v for k, v in m.items() if k.endswith("/n_tokens")}
-        return dt, tokens
+        stages = {k[5:]: round(v, 1) for k, v in m.items() if k.startswith("time/") and v >= 0.05}
+        return dt, tokens, stages
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--tasks-per-type", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    demo = load_config(DEMO)
     common = [
-        "--selfplay.task_types=[code_o,code_i,code_f]", f"--selfplay.tasks_per_type={a.tasks_per_type}",
-        "--selfplay.n_solve=2", "--selfplay.n_references=2",
-        f"--selfplay.propose.max_new_tokens={a.tokens}", f"--selfplay.propose.min_new_tokens={a.tokens}",
-        f"--selfplay.solve.max_new_tokens={a.tokens}", f"--selfplay.solve.min_new_tokens={a.tokens}",
-        "--engine.device=cpu", "--engine.gen_batch_size=128", "--engine.train_micro_batch_size=8",
+        f"--selfplay.tasks_per_type={a.tasks_per_type}",
+        f"--selfplay.propose.min_new_tokens={demo.selfplay.propose.max_new_tokens}",
+        f"--selfplay.solve.min_new_tokens={demo.selfplay.solve.max_new_tokens}",
+        "--engine.gen_batch_size=128",
         "--evolve.burn_in_period=1000", "--run.save_interval=1000", "--run.tensorboard=false",
         "--run.progress=none",
     ]
     pop = common + ["--population.n_teachers=4", "--population.n_students=4"]
     single = common + ["--population.mode=single"]
-    t_single, tok_single = time_run(single, a.steps)
-    print(f"single   : {t_single:7.2f} s/step  trained tokens {tok_single}")
-    t_pop, tok_pop = time_run(pop, a.steps)
-    print(f"4T+4S    : {t_pop:7.2f} s/step  trained tokens {tok_pop}")
-    t_seq, _ = time_run(pop, a.steps, sequential=True)
-    print(f"4T+4S one adapter at a time: {t_seq:7.2f} s/step")
+    t_single, tok_single, st = time_run(single, a.steps)
+    print(f"single   : {t_single:7.2f} s/step  stages {st}  trained tokens {tok_single}")
+    t_pop, tok_pop, st = time_run(pop, a.steps)
+    print(f"4T+4S    : {t_pop:7.2f} s/step  stages {st}  trained tokens {tok_pop}")
+    t_seq, _, st = time_run(pop, a.steps, sequential=True)
+    print(f"4T+4S one adapter at a time: {t_seq:7.2f} s/step  stages {st}")
     res = {"population_over_single": round(t_pop / t_single, 3), "sequential_over_population": round(t_seq / t_pop, 3),
            "single_s_per_step": round(t_single, 2), "population_s_per_step": round(t_pop, 2),
            "sequential_s_per_step": round(t_seq, 2)}
