@@ -39,24 +39,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         print("\n".join(describe(Config)))
         return 0
+    from lorapop.config import load_config
+    from lorapop.configlib import to_dict
+    from lorapop.train.loop import check_compatible, load_run_config, prepare_run_dir
+
     try:
         if args.resume:
-            from lorapop.config import load_config
-            from lorapop.train.loop import load_run_config, prepare_run_dir
-
-            run_dir = Path(args.resume)
-            if not (run_dir / "config.yaml").is_file():
-                raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-            cfg = load_run_config(run_dir, args.overrides)
+            cfg = load_run_config(Path(args.resume), args.overrides)
             if args.config:  # a config given beside --resume must describe the same run
-                from lorapop.train.loop import check_compatible
-                from lorapop.configlib import to_dict
-
                 check_compatible(load_config(resolve_config_path(args.config), []), to_dict(cfg))
         else:
-            from lorapop.config import load_config
-            from lorapop.train.loop import prepare_run_dir
-
             cfg = load_config(resolve_config_path(args.config) if args.config else None, args.overrides)
         run_dir = prepare_run_dir(cfg, resume=bool(args.resume))
     except (ConfigError, FileNotFoundError) as e:

@@ -43,9 +43,7 @@ def check_compatible(cfg: Config, ckpt_cfg: dict) -> None:
 def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     """Check the run directory before anything heavy loads."""
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    if resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+    if resume:  # load_run_config has already checked that config.yaml is there
         latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
         if latest is not None:
             check_compatible(cfg, ckpt.read_trainer_state(latest)["config"])
@@ -309,6 +307,8 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
     """The config of an existing run; only run.steps/run.progress/run.tensorboard may be overridden on resume."""
     from lorapop.config import load_config
 
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
     allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.save_interval=")
     for o in overrides:
         if not o.startswith(allowed):
@@ -317,8 +317,3 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
     cfg = load_config(str(run_dir / "config.yaml"), overrides)
     cfg.run.output_dir, cfg.run.name = str(run_dir.parent), run_dir.name
     return cfg
-
-
-def read_json(path: Path) -> Any:
-    with open(path) as fh:
-        return json.load(fh)

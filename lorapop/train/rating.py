@@ -30,9 +30,6 @@ class Ratings:
         """A new member starts at the prior (or at ``mu``, e.g. its parents' mean) with the prior sigma."""
         self.ratings[member_id] = self.env.create_rating(mu=self.env.mu if mu is None else mu)
 
-    def remove(self, member_id: str) -> None:
-        self.ratings.pop(member_id, None)
-
     def mu(self, member_id: str) -> float:
         return self.ratings[member_id].mu
 
