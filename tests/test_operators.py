@@ -341,3 +341,19 @@ def test_other_errors():
         make_child("average", [p, {"x": p["m.q"]}], generator=g, scaling=SCALING)
     with pytest.raises(TypeError, match="Generator"):
         make_child("clone", [p], generator=0, scaling=SCALING)
+
+
+def test_pmap_workers_run_single_threaded_and_keep_order():
+    # Oversubscription guard: pmap's workers must not each start a full OpenMP team (on 2 cores that made M1 at
+    # rank 64 eight times slower); the caller's own thread count must stay as it was.
+    from lorapop.evolve._common import pmap
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = pmap(lambda i: (i, torch.get_num_threads()), list(range(6)))
+        assert [i for i, _ in out] == list(range(6))
+        assert {n for _, n in out} == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
