@@ -23,10 +23,13 @@ def eng():
     e.close()
 
 
-def test_real_mixed_batch_gradient_equals_each_adapter_alone(eng):
+@pytest.mark.parametrize("equal_runs", [False, True])
+def test_real_mixed_batch_gradient_equals_each_adapter_alone(eng, equal_runs):
     p1, p2 = eng.chat_prompt("Hi"), [1, 504, 3458, 28, 601]
     samples = [TrainSample(p1, [504, 3458, 28], 0, 1.0), TrainSample(p2, [601, 1010, 45, 11, 7], 1, -0.7),
                TrainSample(p2[:3], [28, 29], 0, 0.4), TrainSample(p1[:9], [5, 6, 7, 8], 2, 1.3)]
+    if equal_runs:  # two rows per adapter: the micro-batch takes the [G, L * t, d] bmm path of lora.py
+        samples += [TrainSample(p1[:5], [9, 10], 1, 0.5), TrainSample(p2, [3, 4, 5], 2, -0.2)]
 
     def grads(ss):
         eng.optimizer.zero_grad()

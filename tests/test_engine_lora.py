@@ -219,3 +219,48 @@ def test_grouped_runs_path_equals_gather_path_and_keeps_base_rows_exact():
         base = model(x)
     torch.testing.assert_close(grouped.detach(), gathered)
     assert torch.equal(grouped[0].detach(), base[0])
+
+
+@pytest.mark.parametrize("ids", [[0, 0, 1, 1, 2, 2], [2, 2, 0, 0], [1, 0, 2]])
+def test_equal_runs_bmm_path_gradient_equals_each_adapter_alone(ids):
+    # Equal-length runs of sorted rows (all adapters, a subset in any order, one row each) take the [G, L*t, d]
+    # bmm path under autograd; each adapter's gradient must still be exactly what its rows give alone.
+    model, ctx, layers, _ = _tiny()
+    model.double()  # float64, so the comparison below is about the path and not float32 summation order
+    x = torch.randn(len(ids), 3, 6, dtype=torch.float64)
+    target = torch.randn(len(ids), 3, 6, dtype=torch.float64)
+
+    def grads(rows):
+        for layer in layers.values():
+            layer.lora_A.grad = layer.lora_B.grad = None
+        ctx.set(torch.tensor([ids[r] for r in rows]))
+        out = model(x[rows])
+        ((out - target[rows]) ** 2).sum().backward()
+        return out.detach(), {n: (l.lora_A.grad.clone(), l.lora_B.grad.clone()) for n, l in layers.items()}
+
+    out, mixed = grads(list(range(len(ids))))
+    assert ctx.equal_runs
+    for a in set(ids):
+        rows = [r for r in range(len(ids)) if ids[r] == a]
+        out_a, alone = grads(rows)
+        torch.testing.assert_close(out[rows], out_a, rtol=1e-12, atol=1e-12)
+        for n in layers:
+            torch.testing.assert_close(mixed[n][0][a], alone[n][0][a], rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(mixed[n][1][a], alone[n][1][a], rtol=1e-10, atol=1e-10)
+    for n in layers:  # a slot with no rows gets no gradient
+        for a in set(range(3)) - set(ids):
+            assert torch.count_nonzero(mixed[n][0][a]) == 0 and torch.count_nonzero(mixed[n][1][a]) == 0
+
+
+def test_equal_runs_flag_needs_equal_lengths_and_no_base_rows():
+    ctx = LoRAContext()
+    ctx.set(torch.tensor([0, 0, 1, 1]))
+    assert ctx.equal_runs and ctx.run_adapters(2) is None  # exactly slots 0..N-1: the stacked weights as they are
+    ctx.set(torch.tensor([0, 0, 1, 1]))
+    assert ctx.run_adapters(3).tolist() == [0, 1]
+    ctx.set(torch.tensor([0, 0, 1]))
+    assert not ctx.equal_runs
+    ctx.set(torch.tensor([-1, -1, 1, 1]))
+    assert not ctx.equal_runs
+    ctx.set(torch.tensor([1, 1]))
+    assert not ctx.equal_runs and ctx.uniform == 1

@@ -3,9 +3,10 @@
 Each wrapped ``nn.Linear`` keeps the frozen base layer and two parameters ``lora_A: [N, r, d_in]`` and
 ``lora_B: [N, d_out, r]``. A forward reads the per-row adapter ids from a shared :class:`LoRAContext` and adds
 ``scaling * (x @ A[id]^T) @ B[id]^T`` to the base output, so one forward serves a batch that mixes any adapters.
-Three ways to compute it, chosen per call: one adapter for the whole batch (plain matmuls); decode with mixed rows
+Four ways to compute it, chosen per call: one adapter for the whole batch (plain matmuls); decode with mixed rows
 (rows gathered by adapter into ``[G, M, d]`` and two ``bmm``: each adapter's weights read once, a fixed number of
-ops); prefill and training with mixed rows (one matmul pair per contiguous run of rows, the engine sorts rows by
+ops); training with equal-length runs of rows (the sorted rows viewed as ``[G, L * t, d]``, two ``bmm``); prefill
+and other training batches with mixed rows (one matmul pair per contiguous run of rows, the engine sorts rows by
 adapter; ``unbind`` views keep the backward to one stacked gradient per parameter). Rows with id ``-1`` get the
 base output exactly: their delta is zero, and ``y + 0.0 == y`` bit for bit.
 """
@@ -26,6 +27,8 @@ class LoRAContext:
         self.uniform: int | None = None  # set when every row uses the same adapter (>= 0): skip the gather
         self.has_base_rows = False
         self.runs: list[tuple[int, int, int]] = []  # (start, end, adapter) of contiguous equal-id rows
+        self.equal_runs = False  # >= 2 runs, all of one length, no base rows: the [G, L * t, d] bmm path
+        self._run_ids: tuple[torch.Tensor | None] | None = None  # cache of run_adapters()
         # Grouped layout for decode, built once per forward: rows gathered into [G groups, M rows] (padded with a
         # zero row) for the G adapters present, and where each row's result sits in the flattened [G * M] output.
         self.group_adapters: torch.Tensor | None = None  # None when the groups are exactly adapters 0..N-1
@@ -38,6 +41,8 @@ class LoRAContext:
         self.uniform = None
         self.has_base_rows = False
         self.runs = []
+        self.equal_runs = False
+        self._run_ids = None
         self.gather = self.scatter = self.group_adapters = None
         if adapter_ids is None or adapter_ids.numel() == 0:
             return
@@ -50,6 +55,16 @@ class LoRAContext:
             if k == len(ids) or ids[k] != ids[start]:
                 self.runs.append((start, k, ids[start]))
                 start = k
+        self.equal_runs = (not self.has_base_rows and len(self.runs) > 1
+                           and len({e - s for s, e, _ in self.runs}) == 1)
+
+    def run_adapters(self, n_adapters: int) -> torch.Tensor | None:
+        """Adapter id of each run as a tensor, or None when the runs are exactly adapters 0..N-1 in order."""
+        if self._run_ids is None:
+            ids = [i for _, _, i in self.runs]
+            self._run_ids = (None if ids == list(range(n_adapters))
+                             else torch.tensor(ids, dtype=torch.long, device=self.adapter_ids.device),)
+        return self._run_ids[0]
 
 
     def grouped(self, n_adapters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
@@ -123,18 +138,31 @@ class MultiLoRALinear(nn.Module):
                 h = torch.bmm(x2.index_select(0, gather).view(g, m, d_in), a.transpose(1, 2))
                 o = torch.bmm(h, bw.transpose(1, 2)).reshape(g * m, -1)
                 delta = torch.cat([o, o.new_zeros(1, o.shape[1])]).index_select(0, scatter).view(b, 1, -1)
+        elif self.ctx.equal_runs and torch.is_grad_enabled():
+            # Training, every run the same number of rows (the trainer's compute-matched micro-batches usually are):
+            # the sorted rows are already an [G, L * t, d_in] view, so two bmm's serve every adapter at once,
+            # forward and backward, with no copy of the activations. (Generation keeps the per-run matmuls below.)
+            g = len(self.ctx.runs)
+            xv = xf.reshape(g, -1, xf.shape[-1])
+            run_ids = self.ctx.run_adapters(self.lora_A.shape[0])
+            a = self.lora_A if run_ids is None else self.lora_A.index_select(0, run_ids)
+            bw = self.lora_B if run_ids is None else self.lora_B.index_select(0, run_ids)
+            delta = torch.bmm(torch.bmm(xv, a.transpose(1, 2)), bw.transpose(1, 2)).reshape(shape[0], xf.shape[1], -1)
         elif len(self.ctx.runs) * 2 <= shape[0]:
             # Rows grouped by adapter (the engine sorts them so): one matmul per run reads each adapter's weights
             # once, where a per-row gather copies them once per row; in decode, where every step is memory-bound,
             # that copy cost more than the LoRA math. unbind (views) keeps the backward to one stacked gradient per
             # parameter instead of a full-size gradient per run.
             a_all, b_all = self.lora_A.unbind(0), self.lora_B.unbind(0)
+            # split (not xf[s:e] per run): its backward is one cat of the run gradients, where each slice's
+            # backward would write a zero-filled full-size gradient for every run.
+            parts = xf.split([e - s for s, e, _ in self.ctx.runs])
             pieces = []
-            for s, e, i in self.ctx.runs:
+            for (s, e, i), xr in zip(self.ctx.runs, parts):
                 if i < 0:
                     pieces.append(xf.new_zeros(e - s, xf.shape[1], self.lora_B.shape[1]))
                 else:
-                    pieces.append((xf[s:e] @ a_all[i].T) @ b_all[i].T)
+                    pieces.append((xr @ a_all[i].T) @ b_all[i].T)
             delta = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
             idx = ids.clamp(min=0)
