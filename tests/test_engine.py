@@ -332,3 +332,26 @@ def test_mixed_decode_equals_each_adapter_alone_and_follows_weight_changes(eng):
     check()
     eng.train_step([TrainSample(prompts[0], [5, 6, 7], 2, 1.0)])  # and an optimizer step
     check()
+
+
+@pytest.mark.parametrize("counts,size", [([4, 4, 4, 4], 8), ([8, 7], 8), ([3, 1, 5], 4), ([2, 2, 2], 2),
+                                         ([5], 3), ([1, 1, 1, 1, 1], 3)])
+def test_train_micro_batches_are_bounded_complete_and_balanced(counts, size):
+    from types import SimpleNamespace
+
+    from lorapop.engine.torch_engine import _train_micro_batches
+
+    g = torch.Generator().manual_seed(sum(counts) + size)
+    work = [SimpleNamespace(adapter_id=a, prompt_ids=[0] * int(torch.randint(1, 9, (), generator=g)),
+                            completion_ids=[1] * int(torch.randint(1, 9, (), generator=g)))
+            for a, c in enumerate(counts) for _ in range(c)]
+    mbs = _train_micro_batches(list(reversed(work)), size)
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in work)  # every row exactly once
+    for mb in mbs:
+        assert 1 <= len(mb) <= size
+        ids = [s.adapter_id for s in mb]
+        assert ids == sorted(ids)  # contiguous runs
+        per = [ids.count(a) for a in set(ids)]
+        assert len(set(per)) == 1  # the same number of rows from every adapter present
+    if len(set(counts)) == 1 and size % len(counts) == 0:  # equal counts: no more micro-batches than plain chunking
+        assert len(mbs) == -(-sum(counts) // size)

@@ -36,6 +36,31 @@ def _chunks(seq: list, n: int):
         yield seq[i:i + n]
 
 
+def _train_micro_batches(work: list, size: int) -> list[list]:
+    """Split training rows into micro-batches of at most ``size`` rows, each holding the same number of rows from
+    every adapter in it, rows sorted by adapter.
+
+    Equal runs let the LoRA layers serve the whole micro-batch with one bmm pair (see lora.py) instead of a matmul
+    pair per adapter. Each round takes ``min(size // n_active, fewest rows left)`` rows of every adapter that has
+    rows left; within an adapter rows go shortest first, so a micro-batch's rows have similar lengths (less
+    padding). Gradients are summed over micro-batches, so the split never changes an update.
+    """
+    by: dict[int, list] = {}
+    for s in work:
+        by.setdefault(int(s.adapter_id), []).append(s)
+    groups = [sorted(v, key=lambda s: len(s.prompt_ids) + len(s.completion_ids)) for _, v in sorted(by.items())]
+    out, pos = [], [0] * len(groups)
+    while True:
+        active = [k for k, g in enumerate(groups) if pos[k] < len(g)]
+        if not active:
+            return out
+        take = max(1, min(size // len(active), min(len(groups[k]) - pos[k] for k in active)))
+        active = active[:max(1, size // take)]  # more adapters than rows allowed: the rest wait a round
+        out.append([s for k in active for s in groups[k][pos[k]:pos[k] + take]])
+        for k in active:
+            pos[k] += take
+
+
 class TorchEngine:
     """Owns ``model``: its target linear layers are replaced in place (``close()`` puts them back)."""
 
@@ -306,10 +331,8 @@ class TorchEngine:
             st["n_samples"] += 1
         # Rows with no tokens or zero advantage add nothing to any gradient: skip their forward entirely.
         work = [s for s in samples if s.completion_ids and float(s.advantage) != 0.0]
-        work.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         try:
-            for mb in _chunks(work, max(1, self.cfg.train_micro_batch_size)):
-                mb = sorted(mb, key=lambda s: int(s.adapter_id))  # contiguous adapter runs (see lora.py)
+            for mb in _train_micro_batches(work, max(1, self.cfg.train_micro_batch_size)):
                 logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
                                                       [int(s.adapter_id) for s in mb])
                 w = torch.tensor([-float(s.advantage) / stats[int(s.adapter_id)]["n_tokens"] for s in mb],
