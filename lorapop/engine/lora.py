@@ -66,7 +66,6 @@ class LoRAContext:
                              else torch.tensor(ids, dtype=torch.long, device=self.adapter_ids.device),)
         return self._run_ids[0]
 
-
     def grouped(self, n_adapters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
         """``(gather, scatter, adapters, G, M)`` for the decode path (see ``MultiLoRALinear.forward``)."""
         if self.gather is None:
