@@ -17,7 +17,7 @@ What is covered (as root with util-linux ``unshare``, the normal case here and i
   RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (fork bombs), RLIMIT_NOFILE, no core dumps; stdout
   and stderr are counted and discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``).
   The trainer side has its own deadline and replaces a worker that stops answering.
-* **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED.
+* **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED; runs see PATH and LC_ALL.
 * **Hash seeds.** Workers are pooled per PYTHONHASHSEED (fixed at interpreter start), started lazily.
 
 Not pre-imported on purpose: modules that pull in `random` or `threading` (statistics, queue, secrets...): their
