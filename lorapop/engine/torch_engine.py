@@ -36,29 +36,48 @@ def _chunks(seq: list, n: int):
         yield seq[i:i + n]
 
 
+def _row_len(s) -> int:
+    return len(s.prompt_ids) + len(s.completion_ids)
+
+
+# A micro-batch may pad at most this fraction of extra tokens to take rows from more adapters at once.
+MAX_PAD_FRACTION = 0.15
+
+
 def _train_micro_batches(work: list, size: int) -> list[list]:
     """Split training rows into micro-batches of at most ``size`` rows, each holding the same number of rows from
     every adapter in it, rows sorted by adapter.
 
-    Equal runs let the LoRA layers serve the whole micro-batch with one bmm pair (see lora.py) instead of a matmul
-    pair per adapter. Each round takes ``min(size // n_active, fewest rows left)`` rows of every adapter that has
-    rows left; within an adapter rows go shortest first, so a micro-batch's rows have similar lengths (less
-    padding). Gradients are summed over micro-batches, so the split never changes an update.
+    Equal runs let the LoRA layers serve a micro-batch with one bmm pair (see lora.py) instead of a matmul pair per
+    adapter, but rows of very different lengths in one micro-batch waste compute on padding (a teacher's proposal
+    prompt is far longer than a student's). So adapters are taken in order of their mean row length, rows within
+    an adapter shortest first, and each micro-batch takes ``q`` rows from each of the next ``k`` adapters: the
+    largest ``k`` (most rows) whose padding stays within ``MAX_PAD_FRACTION`` of the real tokens, else one adapter.
+    Gradients are summed over micro-batches, so the split never changes an update.
     """
     by: dict[int, list] = {}
     for s in work:
         by.setdefault(int(s.adapter_id), []).append(s)
-    groups = [sorted(v, key=lambda s: len(s.prompt_ids) + len(s.completion_ids)) for _, v in sorted(by.items())]
+    groups = sorted((sorted(v, key=_row_len) for v in by.values()),
+                    key=lambda g: (sum(map(_row_len, g)) / len(g), int(g[0].adapter_id)))
     out, pos = [], [0] * len(groups)
     while True:
         active = [k for k, g in enumerate(groups) if pos[k] < len(g)]
         if not active:
             return out
-        take = max(1, min(size // len(active), min(len(groups[k]) - pos[k] for k in active)))
-        active = active[:max(1, size // take)]  # more adapters than rows allowed: the rest wait a round
-        out.append([s for k in active for s in groups[k][pos[k]:pos[k] + take]])
-        for k in active:
-            pos[k] += take
+        best = None
+        for k in range(1, min(len(active), size) + 1):
+            chosen = active[:k]
+            q = max(1, min(size // k, min(len(groups[j]) - pos[j] for j in chosen)))
+            rows = [s for j in chosen for s in groups[j][pos[j]:pos[j] + q]]
+            lens = [_row_len(s) for s in rows]
+            if k == 1 or max(lens) * len(lens) <= (1 + MAX_PAD_FRACTION) * sum(lens):
+                if best is None or len(rows) >= len(best[2]):
+                    best = (chosen, q, rows)
+        chosen, q, rows = best
+        out.append(sorted(rows, key=lambda s: int(s.adapter_id)))  # contiguous runs in slot order
+        for j in chosen:
+            pos[j] += q
 
 
 class TorchEngine:
