@@ -144,9 +144,13 @@ def _samples():
     ]
 
 
-def _assert_grad_close(a, b, rel=1e-4):
-    """Equal up to float summation order, judged against the gradient's own scale."""
-    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-12)
+def _assert_grad_close(a, b, rel=1e-4, scale=None):
+    """Equal up to float summation order, judged against ``scale`` (default: the gradient's own largest entry).
+
+    Pass the adapter's largest gradient entry over all its parameters when one parameter's gradient is tiny next
+    to the others: float32 rounding follows the activations' scale, not that parameter's."""
+    if scale is None:
+        scale = max(float(a.abs().max()), float(b.abs().max()), 1e-12)
     assert float((a - b).abs().max()) <= rel * scale, float((a - b).abs().max()) / scale
 
 
@@ -162,8 +166,9 @@ def test_mixed_batch_gradient_equals_each_adapter_alone():
     _, mixed = _grads(eng, samples)
     for a in range(3):
         stats, alone = _grads(eng, [s for s in samples if s.adapter_id == a])
+        scale = max(float(ga[a].abs().max()) for ga in alone)
         for gm, ga in zip(mixed, alone):
-            _assert_grad_close(gm[a], ga[a])
+            _assert_grad_close(gm[a], ga[a], scale=scale)
             assert torch.count_nonzero(ga[[b for b in range(3) if b != a]]) == 0
         assert any(torch.count_nonzero(g[a]) > 0 for g in mixed)
 
