@@ -65,7 +65,8 @@ class EngineConfig:
     gen_batch_size: int = field(default=32, metadata={"help": "Most rows in one generation forward."})
     logprob_chunk_size: int = field(default=512, metadata={
         "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
-                "[chunk, vocab] logits tensor (full-batch logits run out of memory)."})
+                "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
+                "(128 measured ~2x cheaper per element than 512; the CPU configs use 128); GPUs like larger."})
 
 
 @runtime_checkable
