@@ -53,7 +53,7 @@ def _train_micro_batches(work: list, size: int) -> list[list]:
     prompt is far longer than a student's). So adapters are taken in order of their mean row length, rows within
     an adapter shortest first, and each micro-batch takes ``q`` rows from each of the next ``k`` adapters: the
     largest ``k`` (most rows) whose padding stays within ``MAX_PAD_FRACTION`` of the real tokens, else one adapter.
-    Gradients are summed over micro-batches, so the split never changes an update.
+    Gradients are summed over micro-batches, so the split never changes an update (beyond float summation order).
     """
     by: dict[int, list] = {}
     for s in work:

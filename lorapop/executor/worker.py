@@ -6,12 +6,13 @@ Standard library only; started by `lorapop.executor.sandbox` as ``python -s -S w
 1. pre-import the modules task programs may use (after the chroot nothing else can be imported);
 2. as root with a private mount namespace: mount a size-capped tmpfs, chroot into it (no host file is visible
    afterwards, /proc included);
-3. replace its own environment by the runs' one (PATH and LC_ALL only), which every fork inherits;
+3. replace its own environment by the runs' one (PATH and LC_ALL only) and set the limits that are the same for
+   every run (file size, process count, open files, no core), all inherited by every fork;
 4. say hello on the protocol pipe with the protections that are actually in force.
 
-Per run: make a private directory owned by the run uid, fork; the child sets rlimits (CPU, address space, file size,
-process count, open files, no core), drops to an unprivileged uid that owns nothing but that directory, points fds
-0/1/2 at dead pipes, runs the code as a fresh ``__main__`` module and reports ``repr(_result)``. The parent enforces
+Per run: make a private directory owned by the run uid, fork; the child sets its own rlimits (CPU, address space),
+drops to an unprivileged uid that owns nothing but that directory, points fds 0/1/2 at dead pipes, runs the code
+as a fresh ``__main__`` module and reports ``repr(_result)``. The parent enforces
 the wall clock, kills the run's process group and, when it is PID 1 of its own pid namespace, every other process
 in the namespace (catches children that escaped with setsid), reaps, and removes the directory.
 
