@@ -19,6 +19,12 @@ import torch
 from torch import nn
 
 
+def _slot_index(slots: list[int], n_adapters: int, device) -> torch.Tensor | None:
+    """``slots`` as an index into the stacked weights, or None when they are exactly 0..N-1 in order (then the
+    stacked tensors serve as they are, with no ``index_select`` copy)."""
+    return None if slots == list(range(n_adapters)) else torch.tensor(slots, dtype=torch.long, device=device)
+
+
 class LoRAContext:
     """Per-forward state shared by every wrapped layer of one model (set by the engine before each forward)."""
 
@@ -62,8 +68,7 @@ class LoRAContext:
         """Adapter id of each run as a tensor, or None when the runs are exactly adapters 0..N-1 in order."""
         if self._run_ids is None:
             ids = [i for _, _, i in self.runs]
-            self._run_ids = (None if ids == list(range(n_adapters))
-                             else torch.tensor(ids, dtype=torch.long, device=self.adapter_ids.device),)
+            self._run_ids = (_slot_index(ids, n_adapters, self.adapter_ids.device),)
         return self._run_ids[0]
 
     def grouped(self, n_adapters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
@@ -82,8 +87,7 @@ class LoRAContext:
             dev = self.adapter_ids.device
             self.gather = torch.tensor(gather, dtype=torch.long, device=dev)
             self.scatter = torch.tensor(scatter, dtype=torch.long, device=dev)
-            self.group_adapters = (None if present == list(range(n_adapters))
-                                   else torch.tensor(present, dtype=torch.long, device=dev))
+            self.group_adapters = _slot_index(present, n_adapters, dev)
             self.n_groups, self.group_rows = len(present), m
         return self.gather, self.scatter, self.group_adapters, self.n_groups, self.group_rows
 
