@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from lorapop.data import data_dir  # noqa: E402
+
+DATA = data_dir()
 
 
 def _engine(n_adapters: int, batch_size: int, seed: int = 0):

@@ -1,7 +1,7 @@
 """Executor throughput on the 256 AZR seed triples, validated as teacher proposals (full validity check,
 determinism included), against a fresh interpreter per run doing the same work.
 
-    python bench/executor.py [SEED_FILE]      (default ../shared/data/seeds/..., or $LORAPOP_SHARED_DATA/seeds/...)
+    python bench/executor.py [SEED_FILE]      (default: the seed file shipped in lorapop/data/seeds/)
 
 The baseline starts `sys.executable -I -c CODE` per run (isolated mode: the trainer's environment and user site
 do not leak in - the least a fresh-process sandbox does), with the same parallelism as the executor. It is also
@@ -33,8 +33,9 @@ SEED_REL = Path("seeds") / "azr_7b_coder_seed_io.jsonl"
 def seed_path() -> Path:
     if len(sys.argv) > 1:
         return Path(sys.argv[1])
-    base = os.environ.get("LORAPOP_SHARED_DATA")
-    return (Path(base) if base else REPO.parent / "shared" / "data") / SEED_REL
+    from lorapop.data import data_dir
+
+    return data_dir() / SEED_REL
 
 
 def subprocess_validate(props: list[Proposal], n_par: int, extra: list[str], timeout_s: float) -> int:

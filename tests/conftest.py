@@ -3,7 +3,6 @@ costs seconds on this CPU; tests that use it are marked ``slow`` but still run i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def shared_data_dir() -> Path:
-    """`../shared/data` beside the checkout (where CI puts it), or $LORAPOP_SHARED_DATA."""
-    env = os.environ.get("LORAPOP_SHARED_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
-
-
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    d = shared_data_dir()
-    if not d.is_dir():
-        pytest.fail(f"benchmark/seed data not found at {d} (set LORAPOP_SHARED_DATA)")
-    return d
+def data_dir() -> Path:
+    """The benchmark and seed data shipped in the package (``lorapop/data``)."""
+    from lorapop.data import PACKAGE_DATA_DIR
+
+    assert (PACKAGE_DATA_DIR / "seeds").is_dir(), f"package data missing at {PACKAGE_DATA_DIR}"
+    return PACKAGE_DATA_DIR
 
 
 @pytest.fixture(scope="session")

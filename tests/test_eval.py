@@ -25,25 +25,25 @@ def judge():
     ex.close()
 
 
-def test_every_math_file_loads_and_gold_verifies_against_itself(shared_data):
+def test_every_math_file_loads_and_gold_verifies_against_itself(data_dir):
     sizes = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "gsm8k": 1319,
              "olympiadbench": 675}
     for b in MATH:
-        probs, warns = load_benchmark(b, data_dir=shared_data)
+        probs, warns = load_benchmark(b, data_dir=data_dir)
         assert len(probs) == sizes[b] and not warns, b
         # every 7th gold keeps this quick; the full sweep (all 2866 golds) passed when written
         for p in probs[::7]:
             assert check_answer(p.gold, extract_answer(f"so the answer is \\boxed{{{p.gold[0]}}}.")), (b, p.gold)
 
 
-def test_math_known_answers(shared_data):
-    gsm = load_benchmark("gsm8k", data_dir=shared_data, limit=1)[0][0]
+def test_math_known_answers(data_dir):
+    gsm = load_benchmark("gsm8k", data_dir=data_dir, limit=1)[0][0]
     assert gsm.gold == ["18"] and "\\boxed{}" in gsm.prompt
     assert check_answer(["18"], extract_answer("She makes 9 * 2 = 18 dollars.\nAnswer: 18"))  # last number
     assert check_answer(["18"], extract_answer("\\boxed{18.0}"))
     assert not check_answer(["18"], extract_answer("\\boxed{17}"))
     assert not check_answer(["18"], extract_answer("no idea"))
-    m5 = load_benchmark("math500", data_dir=shared_data, limit=1)[0][0]
+    m5 = load_benchmark("math500", data_dir=data_dir, limit=1)[0][0]
     assert check_answer(m5.gold, extract_answer("\\boxed{(3, \\frac{\\pi}{2})}"))
     assert not check_answer(m5.gold, extract_answer("\\boxed{(3, \\pi)}"))
     assert check_answer(["\\frac{1}{2}"], extract_answer("x = \\boxed{0.5}"))
@@ -58,8 +58,8 @@ def test_extract_code():
     assert codeh.extract_code("def g(): pass") == "def g(): pass"
 
 
-def test_mbppplus_canonical_solutions_pass_wrong_ones_fail(shared_data, judge):
-    probs, warns = load_benchmark("mbppplus", data_dir=shared_data)
+def test_mbppplus_canonical_solutions_pass_wrong_ones_fail(data_dir, judge):
+    probs, warns = load_benchmark("mbppplus", data_dir=data_dir)
     assert len(probs) == 378 and not warns
     assert "assert" in probs[0].prompt and "similar_elements" in probs[0].prompt
     sample = probs[::9][:40]  # fixed sample; the full 378 run in bench/eval.py --canonical
@@ -123,8 +123,8 @@ def test_bad_benchmark_name_lists_valid_names():
     assert parse_benchmarks("math") == MATH
 
 
-def test_malformed_line_is_skipped_with_file_and_line(tmp_path, shared_data):
-    lines = (shared_data / "math" / "gsm8k.jsonl").read_text().splitlines()[:4]
+def test_malformed_line_is_skipped_with_file_and_line(tmp_path, data_dir):
+    lines = (data_dir / "math" / "gsm8k.jsonl").read_text().splitlines()[:4]
     lines.insert(2, '{"question": "broken", ')
     f = tmp_path / "gsm8k_bad.jsonl"
     f.write_text("\n".join(lines) + "\n")

@@ -68,7 +68,7 @@ def test_discovery(runs):
         load_members(runs["empty"], find_checkpoint(runs["empty"]))
 
 
-def test_eval_one_batched_pass_per_benchmark(runs, shared_data, capsys, monkeypatch):
+def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch):
     from lorapop.engine.torch_engine import TorchEngine
 
     calls = []
@@ -81,7 +81,7 @@ def test_eval_one_batched_pass_per_benchmark(runs, shared_data, capsys, monkeypa
     monkeypatch.setattr(TorchEngine, "generate", counting)
     out = runs["root"] / "combined.json"
     rc = cli_main([str(runs["pop"]), str(runs["single"]), "--benchmarks", "mbppplus,gsm8k", "--limit", "2",
-                   "--max-new-tokens", "12", "--out", str(out), "--data-dir", str(shared_data), "--device", "cpu"])
+                   "--max-new-tokens", "12", "--out", str(out), "--data-dir", str(data_dir), "--device", "cpu"])
     text = capsys.readouterr().out
     assert rc == 0, text
     # base (-1) and all three members of both runs share one generate call per benchmark
@@ -103,14 +103,14 @@ def test_eval_one_batched_pass_per_benchmark(runs, shared_data, capsys, monkeypa
         assert len(one["runs"]) == 1 and one["runs"][0]["run_dir"] == str(r)
 
 
-def test_eval_bad_inputs(runs, shared_data, tmp_path, capsys):
+def test_eval_bad_inputs(runs, data_dir, tmp_path, capsys):
     rc = cli_main([str(runs["pop"]), "--benchmarks", "mbppplus,bogus"])
     assert rc == 2 and "bogus" in capsys.readouterr().err
     rc = cli_main([str(runs["empty"]), "--benchmarks", "gsm8k", "--limit", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "checkpoint has no adapters" in err and "step_000001" in err
     # a malformed line is skipped with a warning in eval.json; a missing file fails only its benchmark
-    lines = (shared_data / "math" / "gsm8k.jsonl").read_text().splitlines()[:2]
+    lines = (data_dir / "math" / "gsm8k.jsonl").read_text().splitlines()[:2]
     bad = tmp_path / "gsm8k.jsonl"
     bad.write_text(lines[0] + "\n{not json\n" + lines[1] + "\n")
     out = tmp_path / "e.json"
@@ -123,10 +123,10 @@ def test_eval_bad_inputs(runs, shared_data, tmp_path, capsys):
     assert any(f"{bad}:2:" in w for w in res["warnings"])
 
 
-def test_base_only_eval(shared_data, tmp_path, capsys):
+def test_base_only_eval(data_dir, tmp_path, capsys):
     out = tmp_path / "base.json"
     rc = cli_main(["--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),
-                   "--data-dir", str(shared_data), "--device", "cpu"])
+                   "--data-dir", str(data_dir), "--device", "cpu"])
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["runs"] == [] and res["base"]["benchmarks"]["gsm8k"]["n"] == 2

@@ -198,17 +198,17 @@ def test_buffer_identity_seed_sampling_dedup_and_state():
     assert [t.to_dict() for t in b2] == [t.to_dict() for t in b] and not b2.add(b.tasks[5])
 
 
-def test_both_seed_files_load(shared_data):
+def test_both_seed_files_load(data_dir):
     b = TaskBuffer("code_i")
-    assert b.load_seed_file(shared_data / "seeds" / "azr_7b_coder_seed_io.jsonl") > 200
+    assert b.load_seed_file(data_dir / "seeds" / "azr_7b_coder_seed_io.jsonl") > 200
     bf = TaskBuffer("code_f")
-    assert bf.load_seed_file(shared_data / "seeds" / "azr_7b_coder_code_f_seed_io.jsonl") > 200
+    assert bf.load_seed_file(data_dir / "seeds" / "azr_7b_coder_code_f_seed_io.jsonl") > 200
     assert all(len(t.inputs) >= 6 for t in bf.tasks[1:]) and sum(bool(t.message) for t in bf.tasks) > 200
     assert "import re" in next(t.program for t in b.tasks if "re." in t.program and "import" in t.program)
 
 
-def test_seed_file_validated_through_executor(shared_data, ex):
-    path = shared_data / "seeds" / "azr_7b_coder_code_f_seed_io.jsonl"
+def test_seed_file_validated_through_executor(data_dir, ex):
+    path = data_dir / "seeds" / "azr_7b_coder_code_f_seed_io.jsonl"
     lines = path.read_text().splitlines()[:12]
     small = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"lorapop-seed-{os.getpid()}.jsonl")
     with open(small, "w") as fh:

@@ -1,6 +1,6 @@
 """Benchmark registry and loaders: a local JSONL file or a hub id in, a list of :class:`Problem` out.
 
-Loaders never need ``../shared/data`` at import time; :func:`resolve_source` looks for files only when asked.
+The files shipped in ``lorapop/data`` are the default source; :func:`resolve_source` looks for files only when asked.
 A malformed line does not abort a benchmark: it is skipped and a warning naming the file and line number is
 returned with the problems (and ends up in ``eval.json``).
 """
@@ -82,13 +82,11 @@ def parse_benchmarks(value: str | list[str]) -> list[str]:
     return out
 
 
-def default_data_dir() -> Path | None:
-    """``$LORAPOP_SHARED_DATA``, else ``../shared/data`` beside the checkout when it exists."""
-    env = os.environ.get("LORAPOP_SHARED_DATA")
-    if env:
-        return Path(env)
-    guess = Path(__file__).resolve().parents[3] / "shared" / "data"
-    return guess if guess.is_dir() else None
+def default_data_dir() -> Path:
+    """``$LORAPOP_DATA_DIR`` when set, else the benchmark files shipped in the package (``lorapop/data``)."""
+    from lorapop.data import data_dir
+
+    return data_dir()
 
 
 def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> list[Path]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from lorapop.config import Config, config_to_yaml
 from lorapop.configlib import ConfigError, to_dict
+from lorapop.data import resolve_data_file
 from lorapop.train import checkpoint as ckpt
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger, Progress
@@ -95,9 +96,11 @@ class Trainer:
         from lorapop.tasks.buffer import TaskBuffer
 
         buffers = {tt: TaskBuffer(tt) for tt in self.cfg.selfplay.task_types}
-        for path in self.cfg.selfplay.seed_files if load_seeds else []:
-            if not Path(path).is_file():
-                raise ConfigError(f"selfplay.seed_files: no such file {path}")
+        for name in self.cfg.selfplay.seed_files if load_seeds else []:
+            path = resolve_data_file(name)
+            if path is None:
+                raise ConfigError(f"selfplay.seed_files: no such file {name} (a path, or one relative to "
+                                  f"lorapop's data directory such as seeds/azr_7b_coder_seed_io.jsonl)")
             with open(path) as fh:
                 first = json.loads(fh.readline() or "{}")
             wanted = ("code_f",) if "inputs" in first else ("code_o", "code_i")

@@ -1,0 +1,28 @@
+"""Benchmark and seed data that ships inside the package (provenance, licences and conversion: ``README.md`` here).
+
+Nothing is read at import time. ``DATA_DIR`` is where ``lorapop eval`` looks for benchmark files by default and where
+``selfplay.seed_files`` entries that are not existing paths are looked up (e.g. ``seeds/azr_7b_coder_seed_io.jsonl``).
+``$LORAPOP_DATA_DIR`` points both somewhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DATA_DIR = Path(__file__).resolve().parent
+
+
+def data_dir() -> Path:
+    """``$LORAPOP_DATA_DIR`` when set, else the data shipped in the package."""
+    env = os.environ.get("LORAPOP_DATA_DIR")
+    return Path(env).expanduser() if env else PACKAGE_DATA_DIR
+
+
+def resolve_data_file(path: str | Path) -> Path | None:
+    """``path`` itself when it is a file, else ``data_dir() / path`` when that is; ``None`` when neither is."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    q = data_dir() / p
+    return q if not p.is_absolute() and q.is_file() else None
