@@ -138,7 +138,7 @@ class Config:
     population: PopulationConfig = doc(PopulationConfig(), "who plays")
     selfplay: SelfPlayConfig = doc(SelfPlayConfig(), "the game: task types, amounts, rewards, matchmaking")
     rating: RatingConfig = doc(RatingConfig(), "TrueSkill environment")
-    engine: EngineConfig = doc(EngineConfig(), "multi-LoRA engine: LoRA shape, dtype, device, optimizer")
+    engine: EngineConfig = doc(EngineConfig(dtype="auto"), "multi-LoRA engine: LoRA shape, dtype, device, optimizer")
     executor: ExecutorConfig = doc(ExecutorConfig(), "sandboxed Python executor")
     evolve: EvolveConfig = doc(EvolveConfig(), "population-based training: operators and schedule")
     coverage: CoverageConfig = doc(CoverageConfig(), "CVT archive for problem-space coverage")

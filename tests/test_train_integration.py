@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from lorapop.config import load_config
 from lorapop.train.loop import Trainer
@@ -72,6 +73,8 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
     pop = json.loads((run / "population.json").read_text())
     assert pop["step"] == 2 and len(pop["lineage"]) == 2
     assert (run / "config.yaml").is_file() and (run / "coverage_centroids.npy").is_file()
+    # engine.dtype defaults to auto; the run records what it resolved to on this CPU
+    assert yaml.safe_load((run / "config.yaml").read_text())["engine"]["dtype"] in ("float32", "bfloat16")
     assert any(f.name.startswith("events.out.tfevents") for f in run.iterdir())
     ckpt = run / "checkpoints" / "step_000002"
     for m in trainer.population.members:

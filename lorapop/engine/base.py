@@ -46,8 +46,12 @@ class EngineConfig:
                           "attention and MLP projection."},
     )
     dtype: str = field(default="float32", metadata={
-        "help": "dtype of the frozen base model (float32 | bfloat16 | float16). LoRA weights and optimizer state "
-                "always stay float32 (master weights)."})
+        "help": "dtype of the frozen base model (auto | float32 | bfloat16 | float16). 'auto' picks bfloat16 on a GPU "
+                "that supports it and, on CPU, only where the CPU has native bf16 (AVX512-BF16/AMX) and a quick "
+                "probe shows bf16 matmuls at least as fast as float32, else float32 (see lorapop/engine/dtype.py); "
+                "the run's config.yaml records the resolved name. The library default is float32 so a model handed "
+                "to TorchEngine is never cast behind the caller's back; the training and eval configs default to "
+                "auto. LoRA weights and optimizer state always stay float32 (master weights)."})
     device: str = field(default="auto", metadata={"help": "'auto' (cuda when available, else cpu), 'cpu', 'cuda', "
                                                           "'cuda:1', ..."})
     lr: float = field(default=1e-4, metadata={

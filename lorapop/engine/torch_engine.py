@@ -20,6 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .base import Completion, EngineConfig, SamplingParams, TrainSample
+from .dtype import resolve_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
@@ -87,6 +88,7 @@ class TorchEngine:
                  seed: int = 0) -> None:
         self.cfg = cfg = cfg if cfg is not None else EngineConfig()
         self.device = resolve_device(cfg.device)
+        cfg.dtype = resolve_dtype(cfg.dtype, self.device)  # 'auto' -> the name in use, so callers can record it
         dtype = getattr(torch, cfg.dtype)
         model.to(device=self.device, dtype=dtype)
         model.eval()
@@ -112,6 +114,7 @@ class TorchEngine:
         from lorapop.model import load_base_model
 
         cfg = cfg if cfg is not None else EngineConfig()
+        cfg.dtype = resolve_dtype(cfg.dtype, resolve_device(cfg.device))
         model, tok = load_base_model(model_name, dtype=cfg.dtype, device=str(resolve_device(cfg.device)))
         return cls(model, tok, n_adapters, cfg, seed)
 

@@ -42,7 +42,9 @@ class EvalConfig:
         "help": "minimum sandbox wall-clock per candidate (all tests); raised to 4x the canonical solution's time"})
     code_workers: int = field(default=2, metadata={"help": "sandbox workers judging code in parallel"})
     device: str = field(default="auto", metadata={"help": "engine device: auto | cpu | cuda"})
-    dtype: str = field(default="float32", metadata={"help": "base model dtype"})
+    dtype: str = field(default="auto", metadata={
+        "help": "base model dtype: auto (bfloat16 on a bf16 GPU or a CPU where bf16 measures faster, else float32), "
+                "float32, bfloat16 or float16"})
     baseline: str | None = field(default=None, metadata={
         "help": "run dir to treat as the baseline (default: the run whose config has population.mode: single)"})
     out: str | None = field(default=None, metadata={"help": "path of the combined eval.json (default: none)"})

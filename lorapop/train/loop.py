@@ -12,6 +12,7 @@ from typing import Any
 from lorapop.config import Config, config_to_yaml
 from lorapop.configlib import ConfigError, to_dict
 from lorapop.data import resolve_data_file
+from lorapop.engine.dtype import resolve_dtype
 from lorapop.train import checkpoint as ckpt
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger, Progress
@@ -58,6 +59,8 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, *, resume: bool = False, engine: Any = None,
                  executor: Any = None):
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        # Resolved before config.yaml is written, so the run records (and a resume keeps) the dtype it trained in.
+        cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.population = Population.create(cfg.population.mode, cfg.population.n_teachers,
                                             cfg.population.n_students)
