@@ -9,17 +9,29 @@ On a terminal a live ``rich`` bar (done of total, rate, time left); elsewhere (C
         bar.advance(k)
 
 Progress goes to stderr so that stdout stays parseable (benches end with a JSON line). Only one bar is live at a
-time: a bar opened while another is live prints lines instead of fighting it for the terminal.
+time: a bar opened while another is live prints lines instead of fighting it for the terminal. A program that
+already owns a live display (the trainer's step table) registers itself with :func:`set_host`; bars then report to
+it (it draws their line inside its own display) instead of starting a second live display, which rich forbids.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 _live_bar = False  # rich cannot draw two live displays at once
+_lock = threading.Lock()  # bars may open from several threads (the sandbox's two determinism passes)
+_host: "Callable[[Progress | None], None] | None" = None
+
+
+def set_host(host: "Callable[[Progress | None], None] | None") -> None:
+    """Route bars to ``host`` (called with the bar on each update and with ``None`` when it closes); ``None``
+    returns to drawing bars directly."""
+    global _host
+    _host = host
 
 
 def _fmt_s(s: float) -> str:
@@ -49,12 +61,17 @@ class Progress:
         if mode == "auto":
             isatty = getattr(self.stream, "isatty", lambda: False)
             mode = "bar" if isatty() and os.environ.get("CI") is None else "lines"
-        if mode == "bar" and _live_bar:
-            mode = "lines"
+        if mode == "bar" and _host is not None:
+            mode = "host"
         return mode
 
     def __enter__(self) -> "Progress":
         global _live_bar
+        with _lock:
+            if self.mode == "bar" and _live_bar:
+                self.mode = "lines"
+            elif self.mode == "bar":
+                _live_bar = True
         if self.mode == "bar":
             from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
@@ -67,7 +84,6 @@ class Progress:
                 console=Console(file=self.stream), transient=False)
             self._rich.start()
             self._task = self._rich.add_task(self.desc, total=self.total or None, rate="")
-            _live_bar = True
         return self
 
     def __exit__(self, *exc) -> None:
@@ -93,6 +109,8 @@ class Progress:
         self.done = float(done)
         if self.mode == "bar" and self._rich is not None:
             self._rich.update(self._task, completed=self.done, rate=f"{self.rate():.1f}/s")
+        elif self.mode == "host" and _host is not None:
+            _host(self)
         elif self.mode == "lines":
             now = time.monotonic()
             if now - self._last_line >= self.interval_s:
@@ -104,7 +122,10 @@ class Progress:
         if self._rich is not None:
             self._rich.stop()
             self._rich = None
-            _live_bar = False
+            with _lock:
+                _live_bar = False
+        elif self.mode == "host" and _host is not None:
+            _host(None)
         elif self.mode == "lines" and time.monotonic() - self.t0 >= self.interval_s:
             # A short stage says nothing; a long one ends with its total so a log shows what it did.
             print(self.line(), file=self.stream, flush=True)

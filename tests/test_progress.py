@@ -35,8 +35,37 @@ def test_auto_mode_uses_lines_off_a_terminal(monkeypatch):
 def test_bar_mode_draws_with_rich_and_a_second_bar_falls_back_to_lines():
     out, inner_out = io.StringIO(), io.StringIO()
     with progress("update", total=4, unit="rows", mode="bar", stream=out) as p:
-        inner = progress("inner", total=2, mode="bar", stream=inner_out)
-        assert inner.mode == "lines"
+        with progress("inner", total=2, mode="bar", stream=inner_out) as inner:
+            assert inner.mode == "lines"
         p.advance(4)
     assert "update" in out.getvalue()
     assert progress("again", total=1, mode="bar", stream=io.StringIO()).mode == "bar"
+
+
+def test_a_host_display_receives_bars_instead_of_a_second_live_display():
+    from lorapop import progress as mod
+
+    seen = []
+    mod.set_host(lambda bar: seen.append(None if bar is None else bar.line()))
+    try:
+        with progress("generate", total=10, unit="tok", mode="bar", stream=io.StringIO()) as p:
+            assert p.mode == "host"
+            p.advance(5)
+        assert seen[0].startswith("generate: 5/10 tok") and seen[-1] is None
+    finally:
+        mod.set_host(None)
+
+
+def test_trainer_table_shows_the_work_in_flight():
+    from lorapop.train.logger import Progress as StepTable
+
+    out = io.StringIO()
+    table = StepTable("rich", total_steps=3, stream=out)
+    try:
+        table.begin_stage(1, "solve")
+        with progress("generate", total=8, unit="rows", mode="bar", stream=io.StringIO()) as p:
+            p.advance(3)
+            assert "generate: 3/8 rows" in table.work.line()
+    finally:
+        table.close()
+    assert table.work is None and "solve" in out.getvalue()

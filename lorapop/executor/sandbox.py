@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from lorapop.progress import progress
+
 _HDR = struct.Struct(">I")
 WORKER_PY = Path(__file__).with_name("worker.py")
 
@@ -328,6 +330,8 @@ class SandboxExecutor:
         it = iter(range(len(codes)))
         it_lock = threading.Lock()
 
+        bar = progress("sandbox", total=len(codes), unit="runs")
+
         def drain():
             while True:
                 with it_lock:
@@ -335,14 +339,17 @@ class SandboxExecutor:
                 if i is None:
                     return
                 out[i] = self.run(codes[i], timeout_s=timeout_s, hashseed=hashseed)
+                with it_lock:  # the bar is not thread-safe; one worker thread updates it at a time
+                    bar.advance()
 
         n = min(len(codes), max(1, int(self.config.n_workers)))
         threads = [threading.Thread(target=drain, daemon=True) for _ in range(n - 1)]
-        for th in threads:
-            th.start()
-        drain()
-        for th in threads:
-            th.join()
+        with bar:
+            for th in threads:
+                th.start()
+            drain()
+            for th in threads:
+                th.join()
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

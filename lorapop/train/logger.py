@@ -51,12 +51,18 @@ class Progress:
         self.step = 0
         self.stage = ""
         self.last: dict[str, Any] = {}
+        self.work: Any = None  # the lorapop.progress bar of the work in flight, drawn as a row
         if mode == "rich":
             from rich.console import Console
             from rich.live import Live
 
             self.live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=4)
             self.live.start()
+            # Generation, sandbox and update bars (lorapop.progress) draw as a row of this table: rich allows one
+            # live display at a time.
+            from lorapop import progress as work_progress
+
+            work_progress.set_host(self._on_work)
 
     def _render(self) -> Any:
         from rich.table import Table
@@ -69,7 +75,14 @@ class Progress:
                 t.add_row(key, f"{self.last[key]:.3f}")
         for stage, sec in self.stage_times.items():
             t.add_row(f"time/{stage}", f"{sec:.1f}s")
+        if self.work is not None:
+            t.add_row("working", self.work.line())
         return t
+
+    def _on_work(self, bar: Any) -> None:
+        self.work = bar
+        if self.live is not None:
+            self.live.update(self._render())
 
     def begin_stage(self, step: int, stage: str) -> None:
         self.step, self.stage = step, stage
@@ -96,6 +109,9 @@ class Progress:
 
     def close(self) -> None:
         if self.live is not None:
+            from lorapop import progress as work_progress
+
+            work_progress.set_host(None)
             self.live.stop()
             self.live = None
 
