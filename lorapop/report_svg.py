@@ -45,12 +45,17 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[float]:
+    """At most about ``n`` round ticks in [lo, hi]; ``integer`` ticks are whole numbers (steps: a 2-step run shows
+    1 and 2, not 1.2, 1.4, ...)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo] if math.isfinite(lo) else [0.0]
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if (hi - lo) / (m * mag) <= n)
+    mults = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
+    step = next(m * mag for m in mults if (hi - lo) / (m * mag) <= n)
+    if integer:
+        step = max(1, round(step))
     t = math.ceil(lo / step - 1e-9) * step
     out = []
     while t <= hi + step * 1e-9:
@@ -115,7 +120,7 @@ def line_chart(series: list[Series], title: str, *, xlabel: str = "step", ylabel
         y = sy(t)
         out.append(f'<line class="grid" x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}"/>'
                    f'<text class="tick" x="{ML - 5}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
-    for t in nice_ticks(x0, x1, 6):
+    for t in nice_ticks(x0, x1, 6, integer=xlabel == "step"):
         x = sx(t)
         out.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{MT}" y2="{MT + ph}"/>'
                    f'<text class="tick" x="{x:.1f}" y="{MT + ph + 14}" text-anchor="middle">{_fmt(t)}</text>')
@@ -180,7 +185,7 @@ def lineage_timeline(rows: list[list[Life]], row_labels: list[str], title: str, 
     out = [f'<svg class="plot lineage" viewBox="0 0 {tw} {h}" xmlns="http://www.w3.org/2000/svg" role="img" '
            f'aria-label="{escape(title)}">',
            f'<text x="{tw / 2}" y="18" class="ttl" text-anchor="middle">{escape(title)}</text>']
-    for t in nice_ticks(0, x_max, 8):
+    for t in nice_ticks(0, x_max, 8, integer=True):
         x = sx(t)
         out.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{top - 4}" y2="{h - 26}"/>'
                    f'<text class="tick" x="{x:.1f}" y="{h - 12}" text-anchor="middle">{_fmt(t)}</text>')
