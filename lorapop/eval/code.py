@@ -97,18 +97,29 @@ def _deserialize(task_id, inputs):
 '''
 
 # Sandbox side: tagged plain data for any value (JSON natives for None/bool/int/float/str, tagged lists otherwise).
-# Integers beyond 64 bits travel as hex: json refuses ints over 4300 digits and hex has no such limit.
 _ENCODER = r"""
 import fractions as _fractions, decimal as _decimal
+
+_LEAF = frozenset((str, float, bool, type(None)))
+_BIG = 1 << 8192  # about 2466 digits: json refuses ints over 4300 digits, hex has no such limit
+
+def _items(xs, d):
+    # leaves inline: a function call per element would double the cost on large outputs
+    return [i if type(i) in _LEAF or (type(i) is int and -_BIG < i < _BIG) else _enc(i, d) for i in xs]
 
 def _enc(x, depth=0):
     if depth > 500:
         raise RecursionError("output nested more than 500 deep")
     t = type(x)
-    if x is None or t is bool or t is str or t is float:
+    if t in _LEAF:
         return x
     if t is int:
-        return x if -(1 << 63) <= x < (1 << 63) else ["I", hex(x)]
+        return x if -_BIG < x < _BIG else ["I", hex(x)]
+    d = depth + 1
+    if t is list:
+        return ["L", _items(x, d)]
+    if t is tuple:
+        return ["T", _items(x, d)]
     if isinstance(x, bool):
         return bool(x)
     if isinstance(x, int):
@@ -117,15 +128,14 @@ def _enc(x, depth=0):
         return float(x)
     if isinstance(x, str):
         return str(x)
-    d = depth + 1
     if isinstance(x, list):
-        return ["L", [_enc(i, d) for i in x]]
+        return ["L", _items(x, d)]
     if isinstance(x, tuple):
-        return ["T", [_enc(i, d) for i in x]]
+        return ["T", _items(x, d)]
     if isinstance(x, frozenset):
-        return ["F", [_enc(i, d) for i in x]]
+        return ["F", _items(x, d)]
     if isinstance(x, set):
-        return ["S", [_enc(i, d) for i in x]]
+        return ["S", _items(x, d)]
     if isinstance(x, dict):
         return ["D", [[_enc(k, d), _enc(v, d)] for k, v in x.items()]]
     if isinstance(x, complex):

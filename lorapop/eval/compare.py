@@ -42,13 +42,13 @@ def decode(x: Any) -> Any:
     tag, rest = x[0], x[1:]
     try:
         if tag == "L":
-            return [decode(i) for i in rest[0]]
+            return _items(rest[0])
         if tag == "T":
-            return tuple(decode(i) for i in rest[0])
+            return tuple(_items(rest[0]))
         if tag == "S":
-            return {decode(i) for i in rest[0]}
+            return set(_items(rest[0]))
         if tag == "F":
-            return frozenset(decode(i) for i in rest[0])
+            return frozenset(_items(rest[0]))
         if tag == "D":
             return {decode(k): decode(v) for k, v in rest[0]}
         if tag == "I":
@@ -68,6 +68,13 @@ def decode(x: Any) -> Any:
     raise WireError(f"unknown tag {tag!r}")
 
 
+def _items(xs: list) -> list:
+    if not isinstance(xs, list):
+        raise WireError("container payload is not a list")
+    # JSON leaves inline (only lists carry tags): a call per element doubles the cost on large outputs
+    return [i if type(i) is not list else decode(i) for i in xs]
+
+
 def read_result(value: str | None) -> dict:
     """``repr(_result)`` of a sandbox run (a JSON string) -> the decoded dict; WireError when it is not one."""
     if value is None:
@@ -85,6 +92,8 @@ def read_result(value: str | None) -> dict:
 
 
 def decode_all(values: list) -> list:
+    if not isinstance(values, list):
+        raise WireError("outputs are not a list")
     try:
         return [decode(v) for v in values]
     except RecursionError as e:
