@@ -134,27 +134,25 @@ def test_response_prefix_prefill_is_extracted():
 
 # ---- forgeries ----------------------------------------------------------------------------------------------------
 
+# Rewrite the judge's comparison from the candidate's module code (it runs when the judge loads the candidate), the
+# issue's first forgery; the function then answers nonsense.
 FORGE_COMPARE = """import sys
+sys._getframe(1).f_globals['_same'] = lambda *a, **k: True
 def similar_elements(a, b):
-    f = sys._getframe(1)
-    while f is not None:  # rewrite the judge's comparison wherever it lives
-        f.f_globals['_same'] = lambda *a, **k: True
-        f = f.f_back
     return 0
 """
 
 FORGE_READ_EXPECTED = """import sys, pickle
 def similar_elements(a, b):
     f = sys._getframe(1)
-    while f is not None:  # find the expected outputs in the judge's frames or globals and answer with them
-        loc, glob = f.f_locals, f.f_globals
-        if 'expected' in loc and 'i' in loc:
-            return loc['expected'][loc['i']]
-        for k in ('_EXPECTED', 'expected', '_expected'):
-            if k in glob and glob[k] is not None:
-                v = glob[k]
-                return pickle.loads(v) if isinstance(v, bytes) else v
+    while f is not None:  # find the expected output for this call in the judge's frames ...
+        if 'expected' in f.f_locals and 'i' in f.f_locals:
+            return f.f_locals['expected'][f.f_locals['i']]
         f = f.f_back
+    g = sys._getframe(1).f_globals  # ... or the expected outputs in its globals
+    for k in ('_EXPECTED', 'expected', '_expected'):
+        if g.get(k) is not None:
+            return pickle.loads(g[k]) if isinstance(g[k], bytes) else g[k]
     return None
 """
 
