@@ -14,7 +14,8 @@ plus judging). The last line is one JSON object with both keys and the raw figur
 
 Other modes:
   --canonical            judge all 378 MBPP+ canonical solutions in the sandbox (harness sanity; prints the count)
-  --measure-base B[,B]   greedy pass@1 of the bare base model on full benchmarks, in chunks, progress to stdout
+  --measure-base B[,B]   greedy pass@1 of the bare base model on full benchmarks (default templates: evalplus for
+                         code, azr for math; --prompt), in chunks, progress to stdout; --offset N resumes
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def canonical(args) -> dict:
     probs, _ = load_benchmark("mbppplus", data_dir=args.data_dir)
     ex = make_executor(2)
     t = time.perf_counter()
-    v = CodeJudge(ex, timeout_s=30.0).judge(probs, [p.gold["canonical_solution"] for p in probs])
+    v = CodeJudge(ex).judge(probs, [p.gold["canonical_solution"] for p in probs])
     ex.close()
     failed = [p.id for p, x in zip(probs, v) if not x["pass"]]
     return {"canonical_pass": len(probs) - len(failed), "n": len(probs), "failed": failed,
@@ -96,10 +97,10 @@ def canonical(args) -> dict:
 
 
 def measure_base(args) -> dict:
+    from lorapop.engine import EngineConfig, TorchEngine
     from lorapop.eval.data import BENCHMARKS, load_benchmark
     from lorapop.eval.harness import CodeJudge, evaluate_benchmark, make_executor
-
-    from lorapop.engine import EngineConfig, TorchEngine
+    from lorapop.eval.prompts import template_for
 
     eng = TorchEngine.from_config("embedded", 1, EngineConfig(gen_batch_size=args.batch_size))
     out = {}
@@ -111,7 +112,8 @@ def measure_base(args) -> dict:
         judge = CodeJudge(ex) if ex else None
         passed, toks, t0 = [], 0, time.perf_counter()
         for i in range(0, len(probs), args.chunk):
-            r = evaluate_benchmark(eng, spec, probs[i:i + args.chunk], [-1], args.max_new_tokens, judge)
+            r = evaluate_benchmark(eng, spec, probs[i:i + args.chunk], [-1], args.max_new_tokens, judge,
+                                   template=template_for(args.prompt, spec.family))
             passed += r.passed[-1]
             toks += r.gen_tokens[-1]
             print(json.dumps({"benchmark": b, "offset": args.offset, "done": len(passed), "of": len(probs), "passed": sum(passed),
@@ -120,7 +122,8 @@ def measure_base(args) -> dict:
         if ex:
             ex.close()
         out[b] = {"pass@1": sum(passed) / len(passed), "passed": sum(passed), "n": len(passed),
-                  "max_new_tokens": args.max_new_tokens, "warnings": warns}
+                  "offset": args.offset, "max_new_tokens": args.max_new_tokens,
+                  "template": template_for(args.prompt, spec.family), "warnings": warns}
     return out
 
 
@@ -136,6 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None, help="--measure-base: first N problems only")
     p.add_argument("--offset", type=int, default=0, help="--measure-base: skip the first N problems (resume)")
     p.add_argument("--chunk", type=int, default=64, help="--measure-base: problems per progress line")
+    p.add_argument("--prompt", default="auto", help="--measure-base: prompt template (auto, evalplus, azr, plain)")
     args = p.parse_args(argv)
     if args.threads:
         import torch

@@ -10,7 +10,6 @@ import pytest
 
 from lorapop.eval import code as codeh
 from lorapop.eval.data import BENCHMARKS, BenchmarkError, decode_lcb_private, load_benchmark, parse_benchmarks
-from lorapop.eval.mathcheck import check_answer, extract_answer
 
 FIX = Path(__file__).parent / "fixtures"
 MATH = ["aime24", "aime25", "amc23", "math500", "minerva", "gsm8k", "olympiadbench"]
@@ -21,34 +20,18 @@ def judge():
     from lorapop.eval.harness import CodeJudge, make_executor
 
     ex = make_executor(workers=2)
-    yield CodeJudge(ex, timeout_s=20.0, workers=2)
+    yield CodeJudge(ex, workers=2)
     ex.close()
 
 
-def test_every_math_file_loads_and_gold_verifies_against_itself(data_dir):
+def test_every_math_file_loads(data_dir):
     sizes = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "gsm8k": 1319,
              "olympiadbench": 675}
     for b in MATH:
         probs, warns = load_benchmark(b, data_dir=data_dir)
         assert len(probs) == sizes[b] and not warns, b
-        # every 7th gold keeps this quick; the full sweep (all 2866 golds) passed when written
-        for p in probs[::7]:
-            assert check_answer(p.gold, extract_answer(f"so the answer is \\boxed{{{p.gold[0]}}}.")), (b, p.gold)
-
-
-def test_math_known_answers(data_dir):
     gsm = load_benchmark("gsm8k", data_dir=data_dir, limit=1)[0][0]
-    assert gsm.gold == ["18"] and "\\boxed{}" in gsm.prompt
-    assert check_answer(["18"], extract_answer("She makes 9 * 2 = 18 dollars.\nAnswer: 18"))  # last number
-    assert check_answer(["18"], extract_answer("\\boxed{18.0}"))
-    assert not check_answer(["18"], extract_answer("\\boxed{17}"))
-    assert not check_answer(["18"], extract_answer("no idea"))
-    m5 = load_benchmark("math500", data_dir=data_dir, limit=1)[0][0]
-    assert check_answer(m5.gold, extract_answer("\\boxed{(3, \\frac{\\pi}{2})}"))
-    assert not check_answer(m5.gold, extract_answer("\\boxed{(3, \\pi)}"))
-    assert check_answer(["\\frac{1}{2}"], extract_answer("x = \\boxed{0.5}"))
-    assert extract_answer("\\boxed{\\frac{a}{b}} then 7") == "\\frac{a}{b}"
-    assert extract_answer("total 1,234 apples") == "1234"
+    assert gsm.gold == ["18"] and gsm.id == "0" and gsm.task.startswith("Janet")
 
 
 def test_extract_code():
@@ -61,7 +44,7 @@ def test_extract_code():
 def test_mbppplus_canonical_solutions_pass_wrong_ones_fail(data_dir, judge):
     probs, warns = load_benchmark("mbppplus", data_dir=data_dir)
     assert len(probs) == 378 and not warns
-    assert "assert" in probs[0].prompt and "similar_elements" in probs[0].prompt
+    assert "assert" in probs[0].task and "similar_elements" in probs[0].task
     sample = probs[::9][:40]  # fixed sample; the full 378 run in bench/eval.py --canonical
     verdicts = judge.judge(sample, [p.gold["canonical_solution"] for p in sample])
     assert [p.id for p, v in zip(sample, verdicts) if not v["pass"]] == []
@@ -94,7 +77,7 @@ def test_livecodebench_fixture(judge):
     probs, warns = load_benchmark("livecodebench", str(FIX / "lcb_tiny.jsonl"))
     assert len(probs) == 3 and not warns
     assert probs[0].gold["n_public"] == 1 and len(probs[0].gold["tests"]) == 3  # compressed privates decoded
-    assert probs[1].gold["fn_name"] == "twoSum" and "starter code" in probs[1].prompt
+    assert probs[1].gold["fn_name"] == "twoSum" and "starter code" in probs[1].task
     sols = json.loads((FIX / "lcb_tiny_solutions.json").read_text())
     assert all(v["pass"] for v in judge.judge(probs, [sols[p.id] for p in probs]))
     bad = ["print(3)\n", "class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]\n",

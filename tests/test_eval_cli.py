@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from lorapop.eval import RunDirError, cli_main, find_checkpoint, load_members
+from lorapop.eval import RunDirError, cli_main, find_checkpoint, load_benchmark, load_members
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,8 @@ def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch
     monkeypatch.setattr(TorchEngine, "generate", counting)
     out = runs["root"] / "combined.json"
     rc = cli_main([str(runs["pop"]), str(runs["single"]), "--benchmarks", "mbppplus,gsm8k", "--limit", "2",
-                   "--max-new-tokens", "12", "--out", str(out), "--data-dir", str(data_dir), "--device", "cpu"])
+                   "--max-new-tokens", "12", "--out", str(out), "--data-dir", str(data_dir), "--device", "cpu",
+                   "--keep-text"])
     text = capsys.readouterr().out
     assert rc == 0, text
     # base (-1) and all three members of both runs share one generate call per benchmark
@@ -89,10 +91,32 @@ def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch
     res = json.loads(out.read_text())
     assert res["baseline"] == str(runs["single"]) and res["benchmarks"] == ["mbppplus", "gsm8k"]
     pop = next(r for r in res["runs"] if r["run_dir"] == str(runs["pop"]))
-    for m in pop["members"]:
-        for b in ("mbppplus", "gsm8k"):
-            e = m["benchmarks"][b]
-            assert e["n"] == 2 and e["pass@1"] == sum(e["passed"]) / 2 and e["gen_tokens"] > 0
+    # every recorded verdict agrees with judging the recorded text again, independently of the eval pipeline
+    from lorapop.eval.code import extract_solution
+    from lorapop.eval.harness import CodeJudge, make_executor
+    from lorapop.eval.mathcheck import score_math
+    from lorapop.eval.prompts import EVALPLUS_RESPONSE_PREFIX
+
+    probs = {b: load_benchmark(b, data_dir=data_dir, limit=2)[0] for b in ("mbppplus", "gsm8k")}
+    ex = make_executor(2)
+    try:
+        judge = CodeJudge(ex)
+        for m in pop["members"]:
+            for b in ("mbppplus", "gsm8k"):
+                e = m["benchmarks"][b]
+                texts = [d["text"] for d in e["details"]]
+                if b == "gsm8k":
+                    again = [int(score_math(p.gold, t)["pass"]) for p, t in zip(probs[b], texts)]
+                else:
+                    progs = [extract_solution(EVALPLUS_RESPONSE_PREFIX + "\n```python\n" + t, p.gold["entry_point"])
+                             for p, t in zip(probs[b], texts)]
+                    again = [int(v["pass"]) for v in judge.judge(probs[b], progs)]
+                assert e["passed"] == again and e["n"] == 2 and e["gen_tokens"] > 0, (m["id"], b)
+                assert [d["id"] for d in e["details"]] == [p.id for p in probs[b]]
+    finally:
+        ex.close()
+    assert res["templates"]["code"]["name"] == "evalplus" and res["templates"]["math"]["name"] == "azr"
+    assert res["prompt_examples"]["gsm8k"].startswith("A conversation between User and Assistant.")
     stats = pop["population"]["all"]["gsm8k"]
     vals = [m["scores"]["gsm8k"] for m in pop["members"]]
     assert (stats["min"], stats["max"], stats["n"]) == (min(vals), max(vals), 2)
@@ -126,8 +150,25 @@ def test_eval_bad_inputs(runs, data_dir, tmp_path, capsys):
 def test_base_only_eval(data_dir, tmp_path, capsys):
     out = tmp_path / "base.json"
     rc = cli_main(["--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),
-                   "--data-dir", str(data_dir), "--device", "cpu"])
+                   "--data-dir", str(data_dir), "--device", "cpu", "--prompt", "plain"])
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["runs"] == [] and res["base"]["benchmarks"]["gsm8k"]["n"] == 2
+    assert res["templates"] == {"math": {"name": "plain", "instruction": res["templates"]["math"]["instruction"],
+                                         "chat_template": True, "system_prompt": None}}
+    assert res["prompt_examples"]["gsm8k"].startswith("<|im_start|>user\n") and res["skipped"] == []
     assert "base model only" in capsys.readouterr().out
+
+
+def test_default_benchmarks_skip_missing_data_in_one_line(tmp_path, capsys):
+    # a data dir with one benchmark file: that one runs, the others are named in one line
+    (tmp_path / "math").mkdir()
+    (tmp_path / "math" / "aime24.jsonl").write_text('{"id": 0, "problem": "What is 1+1?", "answer": "2"}\n')
+    out = tmp_path / "e.json"
+    t = time.monotonic()
+    rc = cli_main(["--data-dir", str(tmp_path), "--max-new-tokens", "2", "--out", str(out), "--device", "cpu"])
+    text = capsys.readouterr().out
+    assert rc == 0 and json.loads(out.read_text())["benchmarks"] == ["aime24"]
+    skipped = [line for line in text.splitlines() if line.startswith("skipped ")]
+    assert len(skipped) == 1 and "humanevalplus" in skipped[0] and "--data NAME=PATH" in skipped[0]
+    assert time.monotonic() - t < 120  # no hub retries (they cost ~46 s before)

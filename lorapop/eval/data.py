@@ -57,7 +57,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 class Problem:
     benchmark: str
     id: str
-    prompt: str  # the user message (chat template applied by the engine)
+    task: str  # the benchmark's own task text; lorapop.eval.prompts turns it into a prompt
     gold: Any  # math: list of gold answer strings; code: the harness fields (see lorapop.eval.code)
     meta: dict = field(default_factory=dict)
 
@@ -89,35 +89,56 @@ def default_data_dir() -> Path:
     return data_dir()
 
 
+def local_path(spec: BenchmarkSpec, data_dir: str | Path | None) -> Path:
+    """Where ``spec``'s file lives in the data directory (it may not exist)."""
+    return (Path(data_dir) if data_dir else default_data_dir()) / spec.local_file
+
+
+def is_available(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> bool:
+    """True when a run can read ``spec`` without the network: an existing ``--data`` file or the data dir's file."""
+    if source:
+        return Path(source).expanduser().is_file()
+    return local_path(spec, data_dir).is_file()
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json")) or source.count("/") != 1
+
+
 def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> list[Path]:
-    """Where to read ``spec`` from: an explicit file, ``data_dir/<local_file>``, or a hub download."""
+    """Where to read ``spec`` from: an explicit file, ``data_dir/<local_file>``, or (only when ``source`` names a
+    hub dataset id) a hub download. The hub is never tried on its own, so an offline run never waits on it."""
     if source:
         p = Path(source).expanduser()
         if p.is_file():
             return [p]
-        if source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json")) or source.count("/") != 1:
+        if _looks_like_path(source):
             raise BenchmarkError(f"{spec.name}: data file not found: {p}")
         return _hub_download(spec, source)
-    base = Path(data_dir) if data_dir else default_data_dir()
-    if base is not None and (base / spec.local_file).is_file():
-        return [base / spec.local_file]
-    if spec.hub_id:
-        return _hub_download(spec, spec.hub_id)
-    raise BenchmarkError(f"{spec.name}: no data file at {base}/{spec.local_file}; pass a local file with "
-                         f"--data {spec.name}=PATH or set --data-dir")
+    path = local_path(spec, data_dir)
+    if path.is_file():
+        return [path]
+    hub = f" or a hub dataset id (--data {spec.name}={spec.hub_id} downloads it)" if spec.hub_id else ""
+    raise BenchmarkError(f"{spec.name}: no data file at {path}; pass a local JSONL file with --data {spec.name}=PATH"
+                         f"{hub}, or set --data-dir")
 
 
 def _hub_download(spec: BenchmarkSpec, repo_id: str) -> list[Path]:
+    from lorapop.model import _hub_reachable
+
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as e:  # pragma: no cover - huggingface_hub ships with transformers
         raise BenchmarkError(f"{spec.name}: hub id {repo_id!r} needs huggingface_hub; pass a local file instead") from e
     files = spec.hub_files or (Path(spec.local_file).name,)
+    # Offline the hub client retries for tens of seconds per file: look in its local cache only, which answers at once.
+    kw = {} if _hub_reachable(timeout=2.0) else {"local_files_only": True}
     try:
-        return [Path(hf_hub_download(repo_id, f, repo_type="dataset")) for f in files]
+        return [Path(hf_hub_download(repo_id, f, repo_type="dataset", **kw)) for f in files]
     except Exception as e:  # offline, gated, or a layout we do not know
-        raise BenchmarkError(f"{spec.name}: could not download {files} from hub dataset {repo_id!r} "
-                             f"({type(e).__name__}: {e}); pass a local JSONL file with --data {spec.name}=PATH") from e
+        where = "the hub is not reachable and the local hub cache does not have it" if kw else str(e)[:200]
+        raise BenchmarkError(f"{spec.name}: could not get {files} from hub dataset {repo_id!r} ({type(e).__name__}: "
+                             f"{where}); pass a local JSONL file with --data {spec.name}=PATH") from e
 
 
 def read_jsonl(path: Path, warnings: list[str]) -> list[tuple[int, dict]]:
@@ -144,22 +165,34 @@ def load_benchmark(name: str, source: str | None = None, data_dir: str | Path | 
     spec = get_spec(name)
     warnings: list[str] = []
     problems: list[Problem] = []
+    seen: set[str] = set()
     for path in resolve_source(spec, source, data_dir):
         for lineno, rec in read_jsonl(path, warnings):
             if limit is not None and len(problems) >= limit:
                 return problems, warnings
             try:
-                problems.append(_LOADERS[spec.kind](spec, rec, lineno))
+                p = _LOADERS[spec.kind](spec, rec, lineno)
             except (KeyError, TypeError, ValueError, SyntaxError) as e:
                 warnings.append(f"{path}:{lineno}: record skipped ({type(e).__name__}: {e})")
+                continue
+            if p.id in seen:  # per-problem results are keyed by id: a repeated id would merge two problems
+                warnings.append(f"{path}:{lineno}: duplicate problem id {p.id!r}, renamed {p.id}@{lineno}")
+                p.id = f"{p.id}@{lineno}"
+            seen.add(p.id)
+            problems.append(p)
     return problems, warnings
 
 
+def record_id(rec: dict, keys: tuple[str, ...], lineno: int) -> str:
+    """The first of ``keys`` that the record has (0 and "" are ids too; only a missing key or None is not), else
+    the line number."""
+    for k in keys:
+        if rec.get(k) is not None:
+            return str(rec[k])
+    return str(lineno)
+
+
 # ---- per-layout record -> Problem ---------------------------------------------------------------------------
-
-MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-CODE_INSTRUCTION = "Write your solution as a complete Python program in a single ```python code block."
-
 
 def _evalplus(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
     gold = {k: rec[k] for k in ("task_id", "prompt", "entry_point", "canonical_solution", "base_input", "plus_input")}
@@ -169,14 +202,9 @@ def _evalplus(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
                 raise ValueError(f"{k} is a {type(gold[k]).__name__}, expected a list")
             gold[k] = []
     gold["atol"] = float(rec.get("atol") or 0)
-    if spec.name == "mbppplus":
-        # MBPP+ prompts are a docstring holding the task and one assertion (which shows the signature).
-        text = rec["prompt"].strip().strip('"').strip()
-        user = f"{text}\n\n{CODE_INSTRUCTION}"
-    else:
-        user = ("Complete the following Python function. Return the whole function (with its imports) in a single "
-                f"```python code block.\n\n```python\n{rec['prompt'].rstrip()}\n```")
-    return Problem(spec.name, str(rec["task_id"]), user, gold)
+    # The task is the prompt as EvalPlus ships it: MBPP+ a docstring with the task and one assertion (which shows
+    # the signature), HumanEval+ the function's signature and docstring.
+    return Problem(spec.name, str(rec["task_id"]), rec["prompt"], gold)
 
 
 def _lcb(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
@@ -192,15 +220,14 @@ def _lcb(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
     starter = rec.get("starter_code") or ""
     fn_name = meta.get("func_name") if tests[0].get("testtype") == "functional" else None
     body = rec["question_content"].strip()
+    # No code fence in the task: the evalplus template puts the whole task inside one.
     if starter.strip():
-        user = (f"{body}\n\nYou will use the following starter code to write the solution to the problem.\n"
-                f"```python\n{starter.rstrip()}\n```\n\nAnswer with the complete solution in a single ```python block.")
+        task = f"{body}\n\nComplete this starter code (keep its signature):\n\n{starter.rstrip()}\n"
     else:
-        user = (f"{body}\n\nRead the inputs from stdin, solve the problem and write the answer to stdout. "
-                f"{CODE_INSTRUCTION}")
-    pid = str(rec.get("question_id") or rec.get("question_title") or lineno)
+        task = f"{body}\n\nRead the input from stdin and write the answer to stdout.\n"
+    pid = record_id(rec, ("question_id", "question_title"), lineno)
     gold = {"tests": tests, "fn_name": fn_name, "n_public": len(public)}
-    return Problem(spec.name, pid, user, gold, {"platform": rec.get("platform"), "difficulty": rec.get("difficulty")})
+    return Problem(spec.name, pid, task, gold, {"platform": rec.get("platform"), "difficulty": rec.get("difficulty")})
 
 
 _MAX_PRIVATE_BYTES = 512 << 20
@@ -277,8 +304,8 @@ def _math(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
         golds = [str(rec["answer"])]
     if not golds[0].strip():
         raise ValueError("empty gold answer")
-    pid = str(rec.get("id") or rec.get("idx") or rec.get("unique_id") or lineno)
-    return Problem(spec.name, pid, f"{question.strip()}\n\n{MATH_INSTRUCTION}", golds)
+    pid = record_id(rec, ("id", "idx", "unique_id"), lineno)
+    return Problem(spec.name, pid, question.strip(), golds)
 
 
 _LOADERS = {"evalplus": _evalplus, "lcb": _lcb, "math": _math}

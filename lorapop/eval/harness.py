@@ -2,19 +2,25 @@
 
 All (problem x adapter) rows of a benchmark go to the multi-LoRA engine in one ``generate`` call (the engine sorts
 them by prompt length and chunks them by its ``gen_batch_size``), so the base (adapter id -1) and every member share
-each batch. Scoring then runs on the host (math) or in the sandbox (code).
+each batch. Prompts come from :mod:`lorapop.eval.prompts`. Math answers are checked in a helper process with a
+bounded time (:mod:`lorapop.eval.mathcheck`); code runs in the sandbox and is compared on the host
+(:mod:`lorapop.eval.code`, :mod:`lorapop.eval.compare`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from lorapop.eval import code as codeh
+from lorapop.eval import compare as cmp
 from lorapop.eval.data import BenchmarkSpec, Problem
-from lorapop.eval.mathcheck import score_math
+from lorapop.eval.mathcheck import MathChecker, default_checker, score_math
+from lorapop.eval.prompts import Rendered, render, template_for
+from lorapop.progress import progress
 
 # Modules a benchmark program (or its canonical solution) may import inside the sandbox, on top of the executor's
 # defaults; the judging programs themselves need pickle, io, time and sys.
@@ -40,28 +46,35 @@ class BenchResult:
     gen_s: float = 0.0
     score_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    prompt_example: str = ""  # the first problem's prompt as text, for eval.json
 
 
-def generate_rows(engine: Any, problems: list[Problem], adapter_ids: list[int], max_new_tokens: int,
-                  prompt_cache: dict | None = None) -> dict[int, list[Any]]:
-    """Greedy completions for every (problem, adapter) pair in one engine call: {adapter_id: [Completion]}."""
+def render_prompts(engine: Any, problems: list[Problem], template: str, family: str,
+                   cache: dict | None = None) -> list[Rendered]:
+    """One :class:`~lorapop.eval.prompts.Rendered` prompt per problem, built from the engine's tokenizer."""
+    cache = cache if cache is not None else {}
+    out = []
+    for p in problems:
+        key = (p.benchmark, p.id, template)
+        if key not in cache:
+            cache[key] = render(engine.tokenizer, template, family, p.task)
+        out.append(cache[key])
+    return out
+
+
+def generate_rows(engine: Any, prompts: list[Rendered], adapter_ids: list[int], max_new_tokens: int
+                  ) -> dict[int, list[Any]]:
+    """Greedy completions for every (prompt, adapter) pair in one engine call: {adapter_id: [Completion]}."""
     from lorapop.engine import SamplingParams
 
-    cache = prompt_cache if prompt_cache is not None else {}
-    ids = []
-    for p in problems:
-        key = (p.benchmark, p.id, p.prompt)
-        if key not in cache:
-            cache[key] = engine.chat_prompt(p.prompt)
-        ids.append(cache[key])
-    prompts, rows = [], []
-    for i, p_ids in enumerate(ids):
+    ids, rows = [], []
+    for i, r in enumerate(prompts):
         for a in adapter_ids:  # members interleaved per problem: every batch mixes adapters
-            prompts.append(p_ids)
+            ids.append(r.ids)
             rows.append((i, a))
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
-    comps = engine.generate(prompts, [a for _, a in rows], params, seeds=[0] * len(prompts))
-    out: dict[int, list[Any]] = {a: [None] * len(problems) for a in adapter_ids}
+    comps = engine.generate(ids, [a for _, a in rows], params, seeds=[0] * len(ids))
+    out: dict[int, list[Any]] = {a: [None] * len(prompts) for a in adapter_ids}
     for (i, a), c in zip(rows, comps):
         out[a][i] = c
     return out
@@ -74,75 +87,155 @@ def _pmap(fn, items: list, workers: int) -> list:
         return list(pool.map(fn, items))
 
 
+@dataclass
+class Expected:
+    """A problem's canonical outputs and times per input, and its inputs as the host rebuilt them."""
+    outs: dict[str, list]  # "base" | "plus" -> decoded outputs
+    times: dict[str, list[float]]
+    inputs: dict[str, list]
+
+
 class CodeJudge:
-    """Judges candidate programs in the sandbox; caches EvalPlus expected outputs per problem."""
+    """Judges candidate programs: each runs in the sandbox on the inputs alone, the host compares (see
+    :mod:`lorapop.eval.code`). EvalPlus time limits per input: ``max(min_time_limit, gt_time_limit_factor * t)``."""
 
-    def __init__(self, executor: Any, timeout_s: float = 10.0, canonical_timeout_s: float = 120.0,
-                 time_factor: float = 4.0, workers: int = 2):
-        self.executor, self.timeout_s, self.canonical_timeout_s = executor, timeout_s, canonical_timeout_s
-        self.time_factor, self.workers = time_factor, workers
-        self._expected: dict[tuple[str, str], tuple[bytes | None, float] | str] = {}
+    def __init__(self, executor: Any, min_time_limit: float = 1.0, gt_time_limit_factor: float = 4.0,
+                 lcb_timeout_s: float = 10.0, canonical_timeout_s: float = 120.0, workers: int = 2,
+                 task_timeout_s: float = 60.0):
+        self.executor, self.workers = executor, workers
+        self.min_time_limit, self.gt_time_limit_factor = min_time_limit, gt_time_limit_factor
+        self.lcb_timeout_s, self.canonical_timeout_s, self.task_timeout_s = \
+            lcb_timeout_s, canonical_timeout_s, task_timeout_s
+        self._expected: dict[tuple[str, str], Expected | str] = {}
+        self._deserialize = codeh.mbpp_deserializer()
 
-    def expected(self, p: Problem) -> tuple[bytes | None, float] | str:
-        """(pickled outputs or None when they must be recomputed inline, canonical seconds) or an error string."""
+    def time_limits(self, times: list[float]) -> list[float]:
+        return [max(self.min_time_limit, self.gt_time_limit_factor * t) for t in times]
+
+    def expected(self, p: Problem) -> Expected | str:
+        """The canonical solution's outputs (run in the sandbox once per problem), or an error string."""
         key = (p.benchmark, p.id)
         if key not in self._expected:
             r = self.executor.run(codeh.evalplus_expected_program(p.gold, p.benchmark),
                                   timeout_s=self.canonical_timeout_s)
-            parsed = codeh.parse_expected(r.value) if r.status == "ok" else None
-            if parsed is not None:
-                self._expected[key] = parsed
-            elif r.status in ("output_limit", "memory"):  # too large to ship back: the judge recomputes them
-                self._expected[key] = (None, r.duration_s)
-            else:
-                self._expected[key] = f"canonical solution of {p.id} failed in the sandbox: {r.status} {r.error}"
+            try:
+                if r.status != "ok":
+                    raise cmp.WireError(f"{r.status} {r.error}")
+                res = cmp.read_result(r.value)
+                dataset = codeh.dataset_of(p.benchmark)
+                inputs = {w: (self._deserialize(p.gold["task_id"], p.gold[w + "_input"]) if dataset == "mbpp"
+                              else p.gold[w + "_input"]) for w in ("base", "plus")}
+                self._expected[key] = Expected({w: cmp.decode_all(res[w]["outs"]) for w in ("base", "plus")},
+                                               {w: [float(t) for t in res[w]["times"]] for w in ("base", "plus")},
+                                               inputs)
+            except (cmp.WireError, KeyError, TypeError) as e:
+                self._expected[key] = f"canonical solution of {p.id} failed in the sandbox: {e}"
         return self._expected[key]
 
-    def judge(self, problems: list[Problem], candidates: list[str]) -> list[dict]:
-        """One verdict per (problem, candidate program) pair; verdict["pass"] is the benchmark's pass."""
+    def _evalplus_part(self, p: Problem, cand: str, exp: Expected, which: str) -> tuple[bool, str | None]:
+        if not exp.inputs[which]:
+            return True, None
+        limits = self.time_limits(exp.times[which])
+        # EvalPlus's per-task budget: min(60 s, sum of the limits) + 1 s, + 1 s to collect results; +1 s here for
+        # starting the run (fork, reading the inputs).
+        budget = min(self.task_timeout_s, sum(limits)) + 3.0
+        r = self.executor.run(codeh.evalplus_candidate_program(p.gold, p.benchmark, cand, which, limits),
+                              timeout_s=budget)
+        if r.status != "ok":
+            return False, f"{which}: {r.status}: {r.error or ''}"[:300]
+        try:
+            res = cmp.read_result(r.value)
+            outs = cmp.decode_all(res.get("outs") or [])
+        except cmp.WireError as e:
+            return False, f"{which}: {e}"
+        ok, err = cmp.evalplus_check(codeh.dataset_of(p.benchmark), p.gold["entry_point"], exp.inputs[which], outs,
+                                     exp.outs[which], p.gold["atol"])
+        if ok:
+            return True, None
+        # the run's own error (exception, timeout) explains a missing output better than "no output"
+        return False, (str(res.get("error")) if res.get("error") and len(outs) < len(exp.inputs[which])
+                       else f"{which} {err}")
+
+    def judge_one(self, p: Problem, cand: str) -> dict:
+        """The verdict for one candidate program: ``{"pass", "base"?, "error"}``; pass is the benchmark's pass
+        (EvalPlus: base and plus inputs)."""
+        if p.benchmark == "livecodebench":
+            r = self.executor.run(codeh.lcb_candidate_program(p.gold, cand), timeout_s=self.lcb_timeout_s)
+            if r.status != "ok":
+                return {"pass": False, "error": f"{r.status}: {r.error or ''}"[:300]}
+            try:
+                res = cmp.read_result(r.value)
+                outs = cmp.decode_all(res.get("outs") or [])
+            except cmp.WireError as e:
+                return {"pass": False, "error": str(e)}
+            ok, err = cmp.lcb_check(p.gold["tests"], outs, functional=bool(p.gold["fn_name"]))
+            return {"pass": ok, "error": None if ok else (res.get("error") or err)}
+        exp = self.expected(p)
+        if isinstance(exp, str):
+            return {"pass": False, "base": False, "error": exp, "harness_error": True}
+        base, err = self._evalplus_part(p, cand, exp, "base")
+        plus = False
+        if base:  # EvalPlus's plus pass needs the base pass too; a failed base makes the plus run moot
+            plus, err = self._evalplus_part(p, cand, exp, "plus")
+        return {"pass": plus, "base": base, "error": err}
+
+    def judge(self, problems: list[Problem], candidates: list[str], desc: str = "judge") -> list[dict]:
+        """One verdict per (problem, candidate program) pair, with progress for long work."""
         if problems and problems[0].benchmark in ("mbppplus", "humanevalplus"):
-            for p in {p.id: p for p in problems}.values():
-                self.expected(p)
+            todo = [p for p in {p.id: p for p in problems}.values() if (p.benchmark, p.id) not in self._expected]
+            with progress(f"{desc}: canonical solutions", total=len(todo), unit="problems") as bar:
+                lock = threading.Lock()
 
-        def one(pc):
-            p, cand = pc
-            if p.benchmark == "livecodebench":
-                prog, t = codeh.lcb_judge_program(p.gold, cand), self.timeout_s
-            else:
-                exp = self._expected[(p.benchmark, p.id)]
-                if isinstance(exp, str):
-                    return {"pass": False, "error": exp, "harness_error": True}
-                blob, secs = exp
-                prog = codeh.evalplus_judge_program(p.gold, p.benchmark, cand, blob)
-                t = max(self.timeout_s, self.time_factor * secs + 1.0) * (1 if blob is not None else 2)
-            r = self.executor.run(prog, timeout_s=t)
-            v = codeh.parse_verdict(r.status, r.value, r.error)
-            if "plus" in v:
-                v["pass"] = bool(v.get("plus"))
-            return v
+                def canon(p):
+                    self.expected(p)
+                    with lock:
+                        bar.advance()
 
-        return _pmap(one, list(zip(problems, candidates)), self.workers)
+                _pmap(canon, todo, self.workers)
+        with progress(f"{desc}: candidates", total=len(problems), unit="programs") as bar:
+            lock = threading.Lock()
+
+            def one(pc):
+                v = self.judge_one(*pc)
+                with lock:
+                    bar.advance()
+                return v
+
+            return _pmap(one, list(zip(problems, candidates)), self.workers)
 
 
 def evaluate_benchmark(engine: Any, spec: BenchmarkSpec, problems: list[Problem], adapter_ids: list[int],
-                       max_new_tokens: int, judge: CodeJudge | None = None,
-                       keep_text: bool = False) -> BenchResult:
+                       max_new_tokens: int, judge: CodeJudge | None = None, keep_text: bool = False,
+                       template: str | None = None, prompt_cache: dict | None = None,
+                       checker: MathChecker | None = None) -> BenchResult:
+    """Generate for every (problem, adapter) and score. ``template`` defaults to the family's default
+    (:func:`lorapop.eval.prompts.template_for` with ``auto``)."""
+    template = template or template_for("auto", spec.family)
+    prompts = render_prompts(engine, problems, template, spec.family, prompt_cache)
     t0 = time.perf_counter()
-    comps = generate_rows(engine, problems, adapter_ids, max_new_tokens)
+    comps = generate_rows(engine, prompts, adapter_ids, max_new_tokens)
     gen_s = time.perf_counter() - t0
-    res = BenchResult({}, gen_s=gen_s)
+    res = BenchResult({}, gen_s=gen_s, prompt_example=prompts[0].text if prompts else "")
     res.gen_tokens = {a: sum(len(c.token_ids) for c in cs) for a, cs in comps.items()}
     t1 = time.perf_counter()
     if spec.family == "math":
+        checker = checker or default_checker()
         for a, cs in comps.items():
-            scored = [score_math(p.gold, c.text) for p, c in zip(problems, cs)]
+            with progress(f"check {spec.name}", total=len(cs), unit="answers") as bar:
+                scored = []
+                for p, c in zip(problems, cs):
+                    scored.append(score_math(p.gold, c.text, checker))
+                    bar.advance()
             res.passed[a] = [int(s["pass"]) for s in scored]
-            res.extra[a] = [{"answer": s["answer"]} for s in scored]
+            res.extra[a] = [{"answer": s["answer"], **({"timeout": True} if s.get("timeout") else {})}
+                            for s in scored]
     else:
         if judge is None:
             raise ValueError("code benchmarks need a CodeJudge")
         flat = [(a, i) for a in adapter_ids for i in range(len(problems))]
-        verdicts = judge.judge([problems[i] for _, i in flat], [codeh.extract_code(comps[a][i].text) for a, i in flat])
+        programs = [codeh.extract_solution(prompts[i].response_prefix + comps[a][i].text,
+                                           problems[i].gold.get("entry_point")) for a, i in flat]
+        verdicts = judge.judge([problems[i] for _, i in flat], programs, desc=spec.name)
         for a in adapter_ids:
             res.passed[a], res.extra[a] = [], []
         for (a, i), v in zip(flat, verdicts):

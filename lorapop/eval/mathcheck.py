@@ -1,32 +1,72 @@
-"""Math answers: extraction from model output and checking with ``math-verify``.
+"""Math answers: extraction from model output and checking with ``math-verify``, with a bounded time per check.
 
-Extraction rule: the content of the last ``\\boxed{...}`` in the output; if there is none, the last number in the
-output (``-1,234.5`` style, commas dropped; also ``3/4``). No answer -> wrong. Both gold and prediction are wrapped
-in ``\\boxed{}`` before ``math_verify.parse`` so that its LaTeX extractor sees them the same way.
+Extraction, in order:
 
-math-verify guards parse/verify with ``signal.alarm`` timeouts, which only work in the main thread; off the main
-thread we pass ``None`` (no timeout) rather than let it raise. Note the alarm also cancels any other SIGALRM timer
-(e.g. pytest-timeout's signal method) while a check runs.
+1. AZR's rule: the content of the last ``<answer>...</answer>`` (and within it the last ``\\boxed{}``, if any);
+2. the content of the last ``\\boxed{...}`` (or ``\\fbox{}``);
+3. none of those: the whole text goes to ``math_verify.parse`` (its own extraction finds "the answer is 42" in
+   "The answer is 42. (checked in 3 steps)");
+4. math-verify found nothing: the last number in the text (``-1,234.5`` style, commas dropped; also ``3/4``).
+
+No answer -> wrong. Scientific notation written the programming way (``1.3e-6``) is rewritten as
+``1.3 \\times 10^{-6}`` first: math-verify's LaTeX parser reads ``1.3e-6`` as ``1.3 e - 6`` (Euler's e). Answers and
+golds are wrapped in ``\\boxed{}`` before ``parse`` so that its LaTeX extractor sees both the same way.
+
+**Bounded time.** math-verify guards parse and verify with ``signal.alarm``, which works only on a process's main
+thread, and some sympy work (a huge power) runs in C where no signal handler gets a chance. So every check runs in
+one long-lived helper process (spawned, so it never inherits torch's threads), on that process's main thread with
+math-verify's own timeouts on; the caller waits at most ``timeout_s`` for the answer, and a helper that does not
+answer in time is killed (the check counts as wrong, with ``"timeout": true``) and replaced on the next check. This
+holds from any thread of the caller, and never touches the caller's own SIGALRM.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
+import time
 
 from lorapop.eval.data import last_boxed
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+_SCI = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+
+# math-verify's own limits inside the helper (seconds); the caller's bound (timeout_s) sits above them.
+PARSE_TIMEOUT_S = 5
+VERIFY_TIMEOUT_S = 5
+
+
+def normalize_scientific(s: str) -> str:
+    """``1.3e-6`` -> ``1.3 \\times 10^{-6}`` (see the module docstring)."""
+    return _SCI.sub(lambda m: f"{m.group(1)} \\times 10^{{{int(m.group(2))}}}", s)
 
 
 def extract_answer(text: str) -> str | None:
+    """Steps 1-2 of the module docstring: the tagged or boxed answer, or None when there is neither."""
+    tags = _ANSWER_TAG.findall(text) if "<answer>" in text else []
+    if tags:
+        inner = tags[-1].strip()
+        boxed = last_boxed(inner)
+        inner = boxed.strip() if boxed is not None else inner
+        if inner.startswith("\\[") and inner.endswith("\\]"):
+            inner = inner[2:-2].strip()
+        return inner or None
     boxed = last_boxed(text)
     if boxed is not None and boxed.strip():
         return boxed.strip()
+    return None
+
+
+def last_number(text: str) -> str | None:
     nums = _NUMBER.findall(text)
-    if not nums:
-        return None
-    return nums[-1].replace(",", "").replace(" ", "")
+    return nums[-1].replace(",", "").replace(" ", "") if nums else None
 
 
 def _clean_gold(g: str) -> str:
@@ -36,36 +76,148 @@ def _clean_gold(g: str) -> str:
     return g
 
 
-def _timeouts() -> int | None:
-    return 5 if threading.current_thread() is threading.main_thread() else None
+# ---- runs in the helper process ---------------------------------------------------------------------------------
 
-
-def check_answer(golds: list[str], answer: str | None) -> bool:
-    """True when ``answer`` is equivalent (math-verify) to any gold answer."""
-    if answer is None or not answer.strip():
-        return False
+def _matches(golds: list[str], pred: list, answer: str) -> bool:
     from math_verify import parse, verify
 
-    t = _timeouts()
-    try:
-        pred = parse("\\boxed{" + answer + "}", parsing_timeout=t)
-    except Exception:
-        return False
-    if not pred:
-        return False
     for g in golds:
-        try:
-            gold = parse("\\boxed{" + _clean_gold(g) + "}", parsing_timeout=t)
-            if gold and verify(gold, pred, timeout_seconds=t):
-                return True
-        except Exception:
-            continue
+        gold = parse("\\boxed{" + normalize_scientific(_clean_gold(g)) + "}", parsing_timeout=PARSE_TIMEOUT_S)
+        if gold and pred and verify(gold, pred, timeout_seconds=VERIFY_TIMEOUT_S):
+            return True
         # A gold that math-verify cannot parse still counts when the strings agree exactly.
         if not gold and _clean_gold(g).replace(" ", "") == answer.replace(" ", ""):
             return True
     return False
 
 
-def score_math(golds: list[str], output: str) -> dict:
+def score_here(golds: list[str], output: str) -> dict:
+    """The check itself, in the current process (the helper calls it on its main thread)."""
+    from math_verify import parse
+
     ans = extract_answer(output)
-    return {"pass": check_answer(golds, ans), "answer": ans}
+    if ans is None:
+        whole = parse(normalize_scientific(output), parsing_timeout=PARSE_TIMEOUT_S)
+        if whole:
+            return {"pass": _matches(golds, whole, str(whole[-1])), "answer": str(whole[-1])}
+        ans = last_number(output)
+    if ans is None:
+        return {"pass": False, "answer": None}
+    pred = parse("\\boxed{" + normalize_scientific(ans) + "}", parsing_timeout=PARSE_TIMEOUT_S)
+    return {"pass": _matches(golds, pred, ans), "answer": ans}
+
+
+def _serve() -> None:
+    """The helper's loop: one JSON line ``[golds, output]`` in, one JSON line (the result) out."""
+    import json
+    import logging
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "Timeout during comparison" is in our result
+    import math_verify  # noqa: F401  (load sympy before saying ready)
+
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            golds, output = json.loads(line)
+            res = score_here(golds, output)
+        except Exception as e:  # a check that breaks counts as wrong, the helper lives on
+            res = {"pass": False, "answer": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        out.write(json.dumps(res) + "\n")
+        out.flush()
+
+
+# ---- caller side ------------------------------------------------------------------------------------------------
+
+class MathChecker:
+    """One helper process; :meth:`score` answers within ``timeout_s`` (plus the helper's start-up once).
+
+    The helper is a plain ``python -c`` child speaking JSON lines on its stdin/stdout (not multiprocessing, whose
+    spawn re-imports the caller's main script)."""
+
+    def __init__(self, timeout_s: float = 20.0, startup_timeout_s: float = 120.0):
+        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._buf = b""
+        self._lock = threading.Lock()
+        self.n_timeouts = 0
+
+    def _readline(self, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def _start(self) -> None:
+        code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
+                "from lorapop.eval.mathcheck import _serve; _serve()")
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, bufsize=0)
+        self._buf = b""
+        if self._readline(self.startup_timeout_s) != b"ready":
+            self._stop()
+            raise RuntimeError(f"the math-verify helper did not start within {self.startup_timeout_s:g}s "
+                               f"(is math-verify installed for {sys.executable}?)")
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._proc.stdout.close()
+        self._proc = None
+
+    def score(self, golds: list[str], output: str) -> dict:
+        """``{"pass": bool, "answer": str | None}`` (+ ``"timeout": True`` when the bound was hit)."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._start()
+            try:
+                self._proc.stdin.write((json.dumps([list(golds), output]) + "\n").encode())
+                line = self._readline(self.timeout_s)
+                if line is not None:
+                    return json.loads(line)
+            except (OSError, ValueError):
+                pass
+            self.n_timeouts += 1
+            self._stop()  # a stuck helper is replaced on the next check
+            return {"pass": False, "answer": extract_answer(output) or last_number(output), "timeout": True}
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+_default: MathChecker | None = None
+_default_lock = threading.Lock()
+
+
+def default_checker() -> MathChecker:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = MathChecker()
+            atexit.register(_default.close)
+        return _default
+
+
+def score_math(golds: list[str], output: str, checker: MathChecker | None = None) -> dict:
+    """Extract the answer from ``output`` and check it against the golds (see the module docstring)."""
+    return (checker or default_checker()).score(golds, output)
+
+
+def check_answer(golds: list[str], answer: str | None, checker: MathChecker | None = None) -> bool:
+    """True when the bare ``answer`` is equivalent to a gold (it is checked as if it were boxed)."""
+    if answer is None or not answer.strip():
+        return False
+    return bool(score_math(golds, "\\boxed{" + answer + "}", checker)["pass"])

@@ -7,6 +7,11 @@ named by ``--baseline``, else the run whose config says ``population.mode: singl
 statistics (mean/min/max over members) are reported for students (the solvers; single-mode "agent" members count as
 students) and for all members. ``aggregate`` is the unweighted mean over the evaluated benchmarks, computed per
 member first (so its min/max are over members).
+
+With no ``--benchmarks`` every benchmark whose data is present is evaluated and one line names the skipped ones;
+nothing is fetched from the hub unless ``--data NAME=HUB_ID`` names a hub dataset. Prompts follow ``--prompt``
+(:mod:`lorapop.eval.prompts`); the templates used, one rendered example per benchmark and the EvalPlus time-limit
+factors are recorded in ``eval.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lorapop.eval.data import BENCHMARKS, BenchmarkError, get_spec, load_benchmark, parse_benchmarks
+from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get_spec, is_available, load_benchmark,
+                               parse_benchmarks)
+from lorapop.eval.prompts import PROMPT_CHOICES, describe, template_for
 from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
 
 BASE = -1
@@ -27,8 +34,12 @@ BASE = -1
 
 @dataclass
 class EvalConfig:
-    benchmarks: str = field(default="all", metadata={
-        "help": f"comma-separated benchmark names ({', '.join(BENCHMARKS)}), or 'all', 'code', 'math'"})
+    benchmarks: str = field(default="available", metadata={
+        "help": f"comma-separated benchmark names ({', '.join(BENCHMARKS)}), or 'all', 'code', 'math'; "
+                "'available' (default): every benchmark whose data is present, naming the ones it skips"})
+    prompt: str = field(default="auto", metadata={
+        "help": "prompt template: auto (evalplus for code, azr for math), evalplus, azr or plain; see "
+                "lorapop/eval/prompts.py and the README for the exact text"})
     limit: int | None = field(default=None, metadata={"help": "evaluate only the first N problems of each benchmark"})
     step: int | None = field(default=None, metadata={"help": "checkpoint step to evaluate (default: latest complete)"})
     max_new_tokens_code: int = field(default=512, metadata={"help": "generation budget for code benchmarks"})
@@ -38,8 +49,17 @@ class EvalConfig:
         "help": "directory with code/*.jsonl and math/*.jsonl (default: $LORAPOP_DATA_DIR or the data shipped in lorapop/data)"})
     data: dict[str, str] = field(default_factory=dict, metadata={
         "help": "per-benchmark source: a local JSONL file or a hub dataset id (name=PATH, repeatable)"})
+    min_time_limit: float = field(default=1.0, metadata={
+        "help": "EvalPlus: least seconds a candidate may take on one input (evalplus --min-time-limit, default 1; "
+                "AZR's evaluation uses 10)"})
+    gt_time_limit_factor: float = field(default=4.0, metadata={
+        "help": "EvalPlus: a candidate may take this many times the canonical solution's time on each input "
+                "(evalplus --gt-time-limit-factor, default 4; AZR's evaluation uses 8)"})
     code_timeout_s: float = field(default=10.0, metadata={
-        "help": "minimum sandbox wall-clock per candidate (all tests); raised to 4x the canonical solution's time"})
+        "help": "LiveCodeBench: sandbox wall clock per candidate for all of its tests"})
+    math_timeout_s: float = field(default=20.0, metadata={
+        "help": "longest wait for one math answer check (math-verify runs in a helper process that is replaced "
+                "when it overruns; the answer then counts as wrong)"})
     code_workers: int = field(default=2, metadata={"help": "sandbox workers judging code in parallel"})
     device: str = field(default="auto", metadata={"help": "engine device: auto | cpu | cuda"})
     dtype: str = field(default="auto", metadata={
@@ -104,16 +124,33 @@ def _discover(run_dirs: list[str], step: int | None) -> list[_Run]:
     return runs
 
 
+def select_benchmarks(cfg: EvalConfig) -> tuple[list[str], list[str]]:
+    """(benchmarks to evaluate, benchmarks skipped for want of data). Only ``available`` skips: a benchmark named
+    explicitly without data fails with an error that says where to get it."""
+    if cfg.benchmarks.strip() != "available":
+        return parse_benchmarks(cfg.benchmarks), []
+    names = [b for b, s in BENCHMARKS.items() if b in cfg.data or is_available(s, None, cfg.data_dir)]
+    return names, [b for b in BENCHMARKS if b not in names]
+
+
+def skipped_line(skipped: list[str], data_dir: str | None) -> str:
+    where = data_dir or default_data_dir()
+    return (f"skipped {', '.join(skipped)}: no data file in {where}; add one with --data NAME=PATH "
+            "(a local JSONL file, or a hub dataset id to download)")
+
+
 def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     """Evaluate the runs; writes eval.json files and returns the combined result (see :func:`format_table`)."""
     from lorapop.eval.harness import CodeJudge, evaluate_benchmark, make_executor
+    from lorapop.eval.mathcheck import MathChecker
 
     cfg = cfg or EvalConfig()
     if cfg.threads:
         import torch
 
         torch.set_num_threads(cfg.threads)
-    names = parse_benchmarks(cfg.benchmarks)
+    templates = {f: template_for(cfg.prompt, f) for f in ("code", "math")}
+    names, skipped = select_benchmarks(cfg)
     for b in cfg.data:
         get_spec(b)
     runs = _discover(run_dirs, cfg.step)
@@ -138,9 +175,12 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     per_member: dict[str, dict[str, dict]] = {str(r.path): {} for r in runs}
     base_scores: dict[str, dict] = {}
     timings: dict[str, float] = {}
+    prompt_examples: dict[str, str] = {}
     executor = make_executor(cfg.code_workers) if any(BENCHMARKS[b].family == "code" for b in problems) else None
+    checker = MathChecker(cfg.math_timeout_s) if any(BENCHMARKS[b].family == "math" for b in problems) else None
     try:
-        judge = CodeJudge(executor, cfg.code_timeout_s, workers=cfg.code_workers) if executor else None
+        judge = CodeJudge(executor, cfg.min_time_limit, cfg.gt_time_limit_factor, lcb_timeout_s=cfg.code_timeout_s,
+                          workers=cfg.code_workers) if executor else None
         for gi, group in enumerate(groups.values()):
             engine = _engine_for(group, cfg)
             ids = [BASE] + [s for r in group for s in r.slots.values()]
@@ -151,12 +191,14 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
                 mnt = cfg.max_new_tokens_code if spec.family == "code" else cfg.max_new_tokens_math
                 t = time.perf_counter()
                 try:
-                    res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text)
+                    res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text,
+                                             template=templates[spec.family], checker=checker)
                 except Exception as e:  # one broken benchmark must not sink the others
                     errors[b] = f"{type(e).__name__}: {e}"
                     continue
                 timings[f"{b}/group{gi}"] = time.perf_counter() - t
                 warnings += res.warnings
+                prompt_examples.setdefault(b, res.prompt_example)
                 if gi == 0:
                     base_scores[b] = _entry(res, BASE, probs)
                 for r in (group if runs else []):
@@ -166,7 +208,14 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     finally:
         if executor is not None:
             executor.close()
-    return _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg)
+        if checker is not None:
+            checker.close()
+    families = sorted({BENCHMARKS[b].family for b in names})
+    setup = {"skipped": skipped, "prompt": cfg.prompt,
+             "templates": {f: describe(templates[f], f) for f in families}, "prompt_examples": prompt_examples,
+             "code_time_limits": {"min_time_limit": cfg.min_time_limit,
+                                  "gt_time_limit_factor": cfg.gt_time_limit_factor}}
+    return _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg, setup)
 
 
 def _entry(res, aid: int, probs) -> dict:
@@ -187,7 +236,7 @@ def _summary(scores: dict[str, dict], benches: list[str]) -> dict:
     return out
 
 
-def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg) -> dict:
+def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg, setup) -> dict:
     ok = [b for b in names if b not in errors]
     base_sum = _summary(base_scores, ok)
     baseline_path = None
@@ -212,11 +261,11 @@ def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, 
                           for k in ok + (["aggregate"] if ok else [])}
         run_objs.append({"run_dir": str(r.path), "checkpoint": str(r.checkpoint), "step": r.step, "model": r.model,
                          "is_baseline": str(r.path) == baseline_path, "members": members, "population": pop})
-    result = {"benchmarks": ok, "n_problems": {b: len(problems.get(b, [])) for b in ok}, "errors": errors,
+    result = {"data_dir": cfg.data_dir, "benchmarks": ok, "n_problems": {b: len(problems.get(b, [])) for b in ok}, "errors": errors,
               "warnings": warnings, "limit": cfg.limit, "greedy": True,
               "max_new_tokens": {"code": cfg.max_new_tokens_code, "math": cfg.max_new_tokens_math},
               "base": {"scores": base_sum, "benchmarks": base_scores}, "baseline": baseline_path,
-              "runs": run_objs, "timings_s": timings, "time": time.time()}
+              "runs": run_objs, "timings_s": timings, "time": time.time(), **setup}
     if cfg.write_run_files:
         for ro in run_objs:
             one = dict(result, runs=[ro])
@@ -257,6 +306,8 @@ def format_table(result: dict) -> str:
         lines.append("")
     for b, e in result["errors"].items():
         lines.append(f"error: {b}: {e}")
+    if result.get("skipped"):
+        lines.append(skipped_line(result["skipped"], result.get("data_dir")))
     if result["warnings"]:
         lines.append(f"{len(result['warnings'])} warning(s) recorded in eval.json, first: {result['warnings'][0]}")
     return "\n".join(lines)
@@ -268,7 +319,11 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
     p.add_argument("--model", default="embedded", help=helps["model"])
     p.add_argument("--threads", type=int, default=None, help=helps["threads"])
-    p.add_argument("--benchmarks", default="all", help=helps["benchmarks"])
+    p.add_argument("--benchmarks", default="available", help=helps["benchmarks"])
+    p.add_argument("--prompt", default="auto", choices=PROMPT_CHOICES, help=helps["prompt"])
+    p.add_argument("--min-time-limit", type=float, default=1.0, help=helps["min_time_limit"])
+    p.add_argument("--gt-time-limit-factor", type=float, default=4.0, help=helps["gt_time_limit_factor"])
+    p.add_argument("--math-timeout-s", type=float, default=20.0, help=helps["math_timeout_s"])
     p.add_argument("--limit", type=int, default=None, help=helps["limit"])
     p.add_argument("--step", type=int, default=None, help=helps["step"])
     p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
@@ -291,7 +346,9 @@ def config_from_args(a: argparse.Namespace) -> EvalConfig:
         data[get_spec(name).name] = path
     cfg = EvalConfig(benchmarks=a.benchmarks, limit=a.limit, step=a.step, batch_size=a.batch_size,
                      data_dir=a.data_dir, data=data, device=a.device, baseline=a.baseline, out=a.out,
-                     keep_text=a.keep_text, threads=a.threads, model=a.model)
+                     keep_text=a.keep_text, threads=a.threads, model=a.model, prompt=a.prompt,
+                     min_time_limit=a.min_time_limit, gt_time_limit_factor=a.gt_time_limit_factor,
+                     math_timeout_s=a.math_timeout_s)
     if a.max_new_tokens:
         cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
     return cfg
@@ -302,7 +359,7 @@ def run_from_args(a: argparse.Namespace) -> int:
 
     try:
         cfg = config_from_args(a)
-        parse_benchmarks(cfg.benchmarks)
+        select_benchmarks(cfg)
         result = run_eval(a.run_dirs, cfg)
     except (BenchmarkError, RunDirError, ValueError) as e:
         print(f"lorapop eval: error: {e}", file=sys.stderr)
