@@ -3,6 +3,8 @@ forgeries that must not pass. Real MBPP+ data, the real sandbox; no model."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lorapop.eval import code as codeh
@@ -175,3 +177,20 @@ def test_unencodable_and_lying_outputs_fail(mbpp, judge):
            "_result = json.dumps({'outs': 'not a list', 'error': None})\n")
     v = judge.judge([p, p], [eq_always, lie])
     assert [x["pass"] for x in v] == [False, False], v
+
+
+def test_huge_outputs_travel_as_digests():
+    # Mbpp/255's canonical makes 1.6 million tuples: too big to send, so both sides send a digest of it
+    from lorapop.eval import compare as cmp
+
+    ns: dict = {}
+    exec(codeh._ENCODER, ns)
+    wire = ns["_wire"]
+    big = [(i, "x") for i in range(100_001)]
+    a, b = cmp.decode(json.loads(wire(big))), cmp.decode(json.loads(wire(list(big))))
+    c = cmp.decode(json.loads(wire(big[:-1] + [(0, "x")])))
+    assert isinstance(a, cmp.Digest) and a == b and a != c and a != big
+    long_text = "y" * (1 << 21)  # over 1 MiB of JSON
+    assert isinstance(cmp.decode(json.loads(wire(long_text))), cmp.Digest)
+    small = {"k": [(1, 2.5, None, True, frozenset({3})), {7}, b"\x00", 3 + 4j, 10 ** 3000]}
+    assert cmp.decode(json.loads(wire(small))) == small

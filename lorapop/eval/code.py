@@ -21,6 +21,9 @@ globals, finds neither: the worst it can do is lie about its own outputs, which 
   the input on stdin and return what it printed. A fixed import preamble (typing, collections, math, ...) is
   prepended, as LCB does. The comparison (``==`` with tuples as lists; stripped lines with a Decimal fallback) is
   in :mod:`lorapop.eval.compare`.
+* Outputs too large to send (a list or tuple of over 100,000 items, or over 1 MiB of JSON) travel as a SHA-256 of
+  their encoding and are compared exactly by digest (Mbpp/255's canonical outputs would not fit in the sandbox's
+  memory otherwise).
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def _deserialize(task_id, inputs):
 # Sandbox side: tagged plain data for any value (JSON natives for None/bool/int/float/str, tagged lists otherwise).
 _ENCODER = r"""
 import fractions as _fractions, decimal as _decimal
+_MAX_INLINE_CHARS = 1 << 20
+_MAX_INLINE_ITEMS = 100_000
 
 _LEAF = frozenset((str, float, bool, type(None)))
 _BIG = 1 << 8192  # about 2466 digits: json refuses ints over 4300 digits, hex has no such limit
@@ -151,6 +156,24 @@ def _enc(x, depth=0):
     except BaseException:
         r = "?"
     return ["O", t.__module__ + "." + t.__qualname__, r]
+
+import hashlib as _hashlib, json as _json
+
+def _digest(text, kind):
+    return _json.dumps(["H", kind + ":" + _hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+                        len(text)])
+
+def _wire(x):
+    # One output as JSON text. A huge one (Mbpp/255 makes 1.6 million tuples) travels as a SHA-256 instead, so it
+    # is compared exactly, by digest, rather than exceed the sandbox's memory or result size: a list or tuple of
+    # more than _MAX_INLINE_ITEMS items by the digest of its repr (encoding it would take gigabytes), anything
+    # else whose JSON is over _MAX_INLINE_CHARS by the digest of that JSON.
+    if (type(x) is list or type(x) is tuple) and len(x) > _MAX_INLINE_ITEMS:
+        return _digest(type(x).__name__ + repr(x), "repr")
+    s = _json.dumps(_enc(x))
+    if len(s) > _MAX_INLINE_CHARS:
+        return _digest(s, "json")
+    return s
 """
 
 _EVALPLUS_COMMON = r"""
@@ -184,7 +207,7 @@ def _call(fn, args):
 _EXPECTED_MAIN = r"""
 def _expected():
     fn = _quiet_exec(_CANONICAL, "canonical")[_ENTRY]
-    res = {}
+    parts = []
     for which in ("base", "plus"):
         outs, times = [], []
         for inp in _load_inputs(which):
@@ -194,9 +217,10 @@ def _expected():
             times.append(time.perf_counter() - t0)
             if _DATASET == "mbpp" and _ENTRY in _NOT_NONE:
                 out = out is not None
-            outs.append(_enc(out))
-        res[which] = {"outs": outs, "times": times}
-    return json.dumps(res)
+            outs.append(_wire(out))  # encoded at once: the raw outputs of all inputs together may not fit
+            del out
+        parts.append('"%s": {"outs": [%s], "times": %s}' % (which, ",".join(outs), json.dumps(times)))
+    return "{" + ", ".join(parts) + "}"
 
 _result = _expected()
 """
@@ -212,7 +236,7 @@ def _on_alarm(signum, frame):
     raise _TimeLimit()
 
 def _outputs():
-    res = {"outs": [], "error": None}
+    res = {"outs": [], "error": None}  # outs: JSON texts from _wire
     try:
         fn = _quiet_exec(_CANDIDATE, "candidate")[_ENTRY]
     except BaseException as e:
@@ -230,7 +254,7 @@ def _outputs():
                 _signal.setitimer(_signal.ITIMER_REAL, 0)
             if time.perf_counter() - t0 > _LIMITS[i]:  # the program swallowed the alarm
                 raise _TimeLimit()
-            res["outs"].append(_enc(out))
+            res["outs"].append(_wire(out))
         except _TimeLimit:
             res["error"] = "%s test %d: timeout (limit %.2fs)" % (_WHICH, i, _LIMITS[i])
             return res
@@ -239,7 +263,8 @@ def _outputs():
             return res
     return res
 
-_result = json.dumps(_outputs())
+_res = _outputs()
+_result = '{"outs": [%s], "error": %s}' % (",".join(_res["outs"]), json.dumps(_res["error"]))
 """
 
 
@@ -333,15 +358,16 @@ def _outputs():
                     out = method(*args)
                 finally:
                     sys.stdout = old
-                res["outs"].append(_enc(out))
+                res["outs"].append(_wire(out))
             else:
-                res["outs"].append(_run_stdio(src, inp))
+                res["outs"].append(_wire(_run_stdio(src, inp)))
         except BaseException as e:
             res["error"] = "test %d: %s: %s" % (i, type(e).__name__, str(e)[:200])
             return res
     return res
 
-_result = json.dumps(_outputs())
+_res = _outputs()
+_result = '{"outs": [%s], "error": %s}' % (",".join(_res["outs"]), json.dumps(_res["error"]))
 """
 
 

@@ -29,6 +29,15 @@ class Opaque:
     repr: str
 
 
+@dataclass(frozen=True)
+class Digest:
+    """An output too large to send: the SHA-256 of its encoding (a list or tuple of over 100,000 items: of its
+    repr; else over 1 MiB of JSON: of that JSON). Two digests are equal when the encodings are, which is exact
+    equality for plain values (no tolerance, no set oracle)."""
+    sha256: str
+    n_chars: int
+
+
 class WireError(ValueError):
     """Outputs that are not in the wire format (a forged or broken result)."""
 
@@ -63,6 +72,8 @@ def decode(x: Any) -> Any:
             return decimal.Decimal(rest[0])
         if tag == "O":
             return Opaque(str(rest[0]), str(rest[1]))
+        if tag == "H":
+            return Digest(str(rest[0]), int(rest[1]))
     except (TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as e:
         raise WireError(f"malformed {tag!r} value: {type(e).__name__}: {e}") from e
     raise WireError(f"unknown tag {tag!r}")
