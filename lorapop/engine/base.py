@@ -62,7 +62,33 @@ class EngineConfig:
     train_micro_batch_size: int = field(default=4, metadata={
         "help": "Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
                 "bounds memory without changing the update."})
-    gen_batch_size: int = field(default=32, metadata={"help": "Most rows in one generation forward."})
+    gen_batch_size: int = field(default=32, metadata={
+        "help": "Most rows decoded at once (slots of the static KV cache). Fewer are used when the KV cache budget "
+                "(kv_cache_gib / kv_cache_memory_fraction) cannot hold this many rows of prompt + max_new_tokens; "
+                "with continuous batching a finished row's slot takes the next waiting prompt."})
+    prefill_chunk_tokens: int = field(default=2048, metadata={
+        "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
+                "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
+                "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory)."})
+    kv_cache_gib: float = field(default=4.0, metadata={
+        "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
+    kv_cache_memory_fraction: float = field(default=0.6, metadata={
+        "help": "On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info, after the "
+                "allocator's cached blocks are counted as free) the static KV cache may take; the rest is left for "
+                "activations, logits and the prefill."})
+    compile: bool = field(default=False, metadata={
+        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs, one "
+                "per batch-size x cache-length bucket; the first call of each bucket compiles, tens of seconds). On "
+                "CPU it did not pay on the embedded model (see bench/gpu.py), so it is off by default; the 7B "
+                "configs turn it on."})
+    stop_check_interval: int = field(default=1, metadata={
+        "help": "Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
+                "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "
+                "sync per token at the cost of up to that many wasted steps per finished row."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Activation checkpointing of every decoder layer in train_step: keeps only each layer's input and "
+                "recomputes the rest in backward (~1/3 more compute, far less memory). Needed for the paper's "
+                "1024 + 1024-token rows on an 80 GB GPU; gradients are unchanged."})
     logprob_chunk_size: int = field(default=512, metadata={
         "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
                 "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
