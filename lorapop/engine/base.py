@@ -51,7 +51,7 @@ class EngineConfig:
     device: str = field(default="auto", metadata={"help": "'auto' (cuda when available, else cpu), 'cpu', 'cuda', "
                                                           "'cuda:1', ..."})
     lr: float = field(default=1e-4, metadata={
-        "help": "AdamW learning rate for every slot (per-slot overrides via engine.set_lr). Higher than the 7B "
+        "help": "AdamW learning rate for every slot. Higher than the 7B "
                 "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
                 "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run."})
     weight_decay: float = field(default=0.0, metadata={"help": "Decoupled (AdamW) weight decay on A and B."})
@@ -97,7 +97,10 @@ class EngineConfig:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model."""
+    """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model.
+
+    Only what production code (the trainer, evaluation, PBT) calls, so another engine (e.g. one over vLLM) can
+    plug in; engine-specific helpers (TorchEngine.accumulate_gradients, release_kv_cache, ...) stay off it."""
 
     n_adapters: int
     tokenizer: Any
@@ -115,8 +118,6 @@ class Engine(Protocol):
     def get_adapter(self, i: int) -> dict[str, tuple[Any, Any]]: ...
 
     def set_adapter(self, i: int, weights: dict[str, tuple[Any, Any]]) -> None: ...
-
-    def copy_adapter(self, src: int, dst: int) -> None: ...
 
     def reset_adapter(self, i: int, seed: int) -> None: ...
 

@@ -102,6 +102,7 @@ class TorchEngine:
         self.scaling = cfg.lora_alpha / cfg.rank
         self.base_model_name = str(getattr(model, "name_or_path", "") or "") or None
         self._ctx, self.layers = inject_lora(model, n_adapters, cfg.rank, cfg.lora_alpha, list(cfg.target_modules))
+        model.eval()  # the new LoRA modules too (a fresh nn.Module starts in training mode)
         self.module_names = list(self.layers)
         self._params = [p for layer in self.layers.values() for p in (layer.lora_A, layer.lora_B)]
         self.optimizer = StackedAdamW(self._params, n_adapters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
@@ -112,7 +113,7 @@ class TorchEngine:
         self._dec: LlamaFamilyDecoder | None = None  # built on the first generate
         self._cache: StaticKVCache | None = None
         self._compiled_step = None
-        self._vocab_key = self._eos_mask = None
+        self._vocab_key: torch.Tensor | None = None
         for i in range(n_adapters):
             self.reset_adapter(i, seed=seed * 1_000_003 + i)
 
@@ -165,14 +166,6 @@ class TorchEngine:
             out = out["input_ids"]
         return [int(t) for t in out]
 
-    def set_lr(self, i: int, lr: float) -> None:
-        self._check_slot(i)
-        self.optimizer.lr[i] = float(lr)
-
-    def get_lr(self, i: int) -> float:
-        self._check_slot(i)
-        return float(self.optimizer.lr[i])
-
     def base_bytes(self) -> int:
         lora = {id(p) for p in self._params}
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in lora)
@@ -209,7 +202,7 @@ class TorchEngine:
                 dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=bool(self.cfg.compile),
                 prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
                 max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
-                vocab_key=self._vocab_key, eos_mask=self._eos_mask, on_finished=lambda r: bar.advance(1))
+                vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1))
             self._ctx.low_precision = True
             try:
                 toks, reasons = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds])
@@ -224,11 +217,17 @@ class TorchEngine:
             self._dec = LlamaFamilyDecoder(self.model, self.n_adapters, self.cfg.rank, self.scaling)
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._vocab_key = _mix32(torch.arange(vocab, dtype=torch.long, device=self.device) + 0x9E3779B9)
-            ok = [i for i in self.eos_ids if 0 <= i < vocab]
-            self._eos_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device) if ok else None
-            if ok:
-                self._eos_mask[ok] = True
         return self._dec
+
+    def _eos_mask(self) -> torch.Tensor | None:
+        """``[V]`` bool, True at the EOS ids (built per call: ``eos_ids`` may change), None without any."""
+        vocab = self._vocab_key.shape[0]
+        ok = [i for i in self.eos_ids if 0 <= i < vocab]
+        if not ok:
+            return None
+        mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        mask[ok] = True
+        return mask
 
     def _decode_step(self):
         """The decode step, compiled once per engine when ``cfg.compile`` (see EngineConfig.compile)."""
@@ -463,16 +462,6 @@ class TorchEngine:
         for n, (a, b) in weights.items():
             self.layers[n].lora_A[i].copy_(a.to(self.device, torch.float32))
             self.layers[n].lora_B[i].copy_(b.to(self.device, torch.float32))
-
-    @torch.no_grad()
-    def copy_adapter(self, src: int, dst: int, *, with_optimizer: bool = False) -> None:
-        self._check_slot(src)
-        self._check_slot(dst)
-        for layer in self.layers.values():
-            layer.lora_A[dst].copy_(layer.lora_A[src])
-            layer.lora_B[dst].copy_(layer.lora_B[src])
-        if with_optimizer:
-            self.optimizer.copy_slot(src, dst)
 
     @torch.no_grad()
     def reset_adapter(self, i: int, seed: int) -> None:
