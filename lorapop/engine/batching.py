@@ -66,9 +66,11 @@ class ContinuousBatcher:
         self._ctx_for: tuple | None = None  # (nb, ids version) the LoRAContext was last set for
 
     # ------------------------------------------------------------------ public
-    def run(self, prompts: list[list[int]], adapter_ids: list[int], seeds: list[int]
-            ) -> tuple[list[list[int]], list[str]]:
+    def run(self, prompts: list[list[int]], adapter_ids: list[int], seeds: list[int],
+            max_new: list[int] | None = None) -> tuple[list[list[int]], list[str]]:
+        """Tokens and finish reasons per row; ``max_new`` optionally caps each row (default ``max_new_tokens``)."""
         self.prompts, self.adapters, self.row_seeds = prompts, adapter_ids, seeds
+        self.row_max = max_new if max_new is not None else [self.max_new] * len(prompts)
         self.tokens: list[list[int]] = [[] for _ in prompts]
         self.reasons = ["length"] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda k: (-len(prompts[k]), adapter_ids[k], prompts[k]))
@@ -185,7 +187,7 @@ class ContinuousBatcher:
         live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
         if not live:
             return
-        k = min(self.interval, max(self.max_new - len(self.tokens[self.req[s]]) for s in live))
+        k = min(self.interval, max(self.row_max[self.req[s]] - len(self.tokens[self.req[s]]) for s in live))
         nb, kv = self._buckets(k)
         if not self.dense and self._ctx_for != (nb, self._ids_version):
             self.ctx.set(self.ids[:nb])
@@ -207,10 +209,10 @@ class ContinuousBatcher:
                 if t in self.eos:
                     self.reasons[r] = "eos"
                     break
-                if len(row) >= self.max_new:
+                if len(row) >= self.row_max[r]:
                     break
             self.hpos[s] += k
-            if self.reasons[r] == "eos" or len(row) >= self.max_new:
+            if self.reasons[r] == "eos" or len(row) >= self.row_max[r]:
                 freed.append(s)
         if freed:
             idx = torch.tensor(freed, dtype=torch.long, device=self.dev)

@@ -177,9 +177,11 @@ class TorchEngine:
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapter_ids: list[int], params: SamplingParams | None = None,
-                 seeds: list[int] | None = None) -> list[Completion]:
+                 seeds: list[int] | None = None, *, max_new_tokens: list[int] | None = None) -> list[Completion]:
         """Sample a completion per prompt under its adapter (-1 = base). Row ``k``'s tokens depend only on its
-        prompt, adapter and ``seeds[k]`` (default ``k``), not on the other rows (see :mod:`.decode`)."""
+        prompt, adapter and ``seeds[k]`` (default ``k``), not on the other rows (see :mod:`.decode`).
+        ``max_new_tokens`` optionally caps each row below ``params.max_new_tokens`` (bench/gpu.py uses it for
+        rows of known, unequal lengths)."""
         params = params if params is not None else SamplingParams()
         self._check_rows(prompts, adapter_ids)
         if seeds is None:
@@ -188,6 +190,9 @@ class TorchEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        if max_new_tokens is not None and (len(max_new_tokens) != len(prompts) or
+                                           not all(1 <= int(m) <= params.max_new_tokens for m in max_new_tokens)):
+            raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
         prompts = [[int(t) for t in p] for p in prompts]
         dec = self._decoder()
         cache = self._kv_cache(len(prompts), max(len(p) for p in prompts) + params.max_new_tokens)
@@ -205,7 +210,8 @@ class TorchEngine:
                 vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1))
             self._ctx.low_precision = True
             try:
-                toks, reasons = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds])
+                toks, reasons = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
+                                            None if max_new_tokens is None else [int(m) for m in max_new_tokens])
             finally:
                 self._ctx.low_precision = False
                 self._ctx.set(None)
