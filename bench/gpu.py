@@ -13,8 +13,9 @@ Figures (all measured in this one run):
   hf_compiled_tok_s      transformers ``generate`` with a static cache on the same rows (on CUDA transformers
                          compiles it; elsewhere it runs eagerly, reported with "hf_compiled": false)
   mixed_over_hf_compiled mixed_tok_s / hf_compiled_tok_s
-  variable_over_equal    tok/s of rows whose lengths are spread over [--min-len, --new-tokens] / tok/s of the same
-                         rows and total tokens at one equal length (continuous batching keeps the batch full)
+  variable_over_equal    tok/s of 4 x --rows requests through --rows slots, lengths spread over [--min-len,
+                         --new-tokens] / tok/s of the same requests and total tokens at one equal length
+                         (continuous batching keeps the batch full)
   train_tok_s            train_step over adapters x --train-rows rows of --train-prompt + --train-completion tokens
   train_peak_gib         peak memory of that train_step (CUDA: max_memory_allocated; elsewhere: the process's peak
                          RSS, which includes the model and everything before)
@@ -82,8 +83,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cuda = torch.cuda.is_available()
     ap.add_argument("--shape", choices=["7b", "small"], default="7b" if cuda else "small")
-    ap.add_argument("--rows", type=int, default=256 if cuda else 16)
-    ap.add_argument("--new-tokens", type=int, default=128 if cuda else 24)
+    ap.add_argument("--rows", type=int, default=256 if cuda else 8)
+    ap.add_argument("--new-tokens", type=int, default=128 if cuda else 16)
     ap.add_argument("--min-len", type=int, default=None, help="shortest row of the variable batch (default 1/32 of "
                                                                  "--new-tokens, the issue's 32..1024)")
     ap.add_argument("--adapters", type=int, default=8)
@@ -127,17 +128,20 @@ def main() -> None:
     print(f"generate: first call {t_warm:.1f}s; mixed {args.adapters} adapters {mixed_tok_s:.0f} tok/s, "
           f"base {base_tok_s:.0f} tok/s", file=sys.stderr)
 
-    # Continuous batching: rows of spread lengths against the same total at one length. Prompts differ by row
-    # (a seed-dependent suffix) so no prefix is shared in either arm.
+    # Continuous batching: 4x --rows requests through --rows slots, lengths spread over [lo, new], against the
+    # same requests and total tokens at one equal length. Prompts differ by row (a numbered suffix) so no prefix
+    # is shared in either arm.
     lo = args.min_len or max(1, new // 32)
     rnd = random.Random(0)
-    lens = [rnd.randint(lo, new) for _ in range(rows)]
-    equal = [max(1, round(sum(lens) / rows))] * rows
-    vprompts = [prompt + [int(t) for t in eng.tokenizer(f" #{k}")["input_ids"]] for k in range(rows)]
+    n_var = 4 * rows
+    lens = [rnd.randint(lo, new) for _ in range(n_var)]
+    equal = [max(1, round(sum(lens) / n_var))] * n_var
+    vprompts = [prompt + [int(t) for t in eng.tokenizer(f" #{k}")["input_ids"]] for k in range(n_var)]
+    vids, vseeds = [k % args.adapters for k in range(n_var)], list(range(n_var))
     free = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, min_new_tokens=new)
-    eng.generate(vprompts, mixed_ids, free, seeds, max_new_tokens=lens)  # warm-up of the refill shapes
-    t_var, _ = _timed(dev, lambda: eng.generate(vprompts, mixed_ids, free, seeds, max_new_tokens=lens))
-    t_eq, _ = _timed(dev, lambda: eng.generate(vprompts, mixed_ids, free, seeds, max_new_tokens=equal))
+    eng.generate(vprompts, vids, free, vseeds, max_new_tokens=lens)  # warm-up of the refill shapes
+    t_var, _ = _timed(dev, lambda: eng.generate(vprompts, vids, free, vseeds, max_new_tokens=lens))
+    t_eq, _ = _timed(dev, lambda: eng.generate(vprompts, vids, free, vseeds, max_new_tokens=equal))
     variable_over_equal = (sum(lens) / t_var) / (sum(equal) / t_eq)
     print(f"variable lengths {lo}..{new}: {sum(lens) / t_var:.0f} tok/s; equal {equal[0]}: "
           f"{sum(equal) / t_eq:.0f} tok/s; variable_over_equal = {variable_over_equal:.3f}", file=sys.stderr)
