@@ -78,9 +78,9 @@ class EngineConfig:
                 "activations, logits and the prefill."})
     compile: bool = field(default=False, metadata={
         "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs, one "
-                "per batch-size x cache-length bucket; the first call of each bucket compiles, tens of seconds). On "
-                "CPU it did not pay on the embedded model (see bench/gpu.py), so it is off by default; the 7B "
-                "configs turn it on."})
+                "per batch-size x cache-length bucket; the first call of each bucket compiles, tens of seconds). Off by "
+                "default: on CPU the first compile of the embedded model takes minutes and no speed-up over the "
+                "eager path was measured there (bench/gpu.py --compile measures it); the 7B configs turn it on."})
     stop_check_interval: int = field(default=1, metadata={
         "help": "Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
                 "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "
