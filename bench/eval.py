@@ -38,7 +38,7 @@ def _engine(n_adapters: int, batch_size: int, seed: int = 0):
 
     from lorapop.engine import EngineConfig, TorchEngine
 
-    eng = TorchEngine.from_config("embedded", n_adapters, EngineConfig(gen_batch_size=batch_size))
+    eng = TorchEngine.from_config("embedded", n_adapters, EngineConfig(gen_batch_size=batch_size, dtype="auto"))
     g = torch.Generator().manual_seed(seed)
     for i in range(n_adapters):  # random non-zero B so every member really differs from the base and each other
         w = eng.get_adapter(i)
@@ -102,7 +102,7 @@ def measure_base(args) -> dict:
     from lorapop.eval.harness import CodeJudge, evaluate_benchmark, make_executor
     from lorapop.eval.prompts import template_for
 
-    eng = TorchEngine.from_config("embedded", 1, EngineConfig(gen_batch_size=args.batch_size))
+    eng = TorchEngine.from_config("embedded", 1, EngineConfig(gen_batch_size=args.batch_size, dtype="auto"))
     out = {}
     for b in args.measure_base.split(","):
         spec = BENCHMARKS[b]

@@ -50,7 +50,7 @@ def main() -> None:
     from lorapop.engine.lora import MultiLoRALinear
 
     n, rows = args.adapters, args.rows
-    eng = TorchEngine.from_config("embedded", n, EngineConfig(device="auto", gen_batch_size=rows,
+    eng = TorchEngine.from_config("embedded", n, EngineConfig(device="auto", dtype="auto", gen_batch_size=rows,
                                                               train_micro_batch_size=rows), seed=0)
     g = torch.Generator().manual_seed(0)
     for i in range(n):  # non-zero B: the LoRA path must really change the computation

@@ -55,7 +55,7 @@ class EngineConfig:
     device: str = field(default="auto", metadata={"help": "'auto' (cuda when available, else cpu), 'cpu', 'cuda', "
                                                           "'cuda:1', ..."})
     lr: float = field(default=1e-4, metadata={
-        "help": "AdamW learning rate for every slot (per-slot overrides via engine.set_lr). Higher than the 7B "
+        "help": "AdamW learning rate for every slot. Higher than the 7B "
                 "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
                 "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run."})
     weight_decay: float = field(default=0.0, metadata={"help": "Decoupled (AdamW) weight decay on A and B."})
@@ -66,7 +66,33 @@ class EngineConfig:
     train_micro_batch_size: int = field(default=4, metadata={
         "help": "Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
                 "bounds memory without changing the update."})
-    gen_batch_size: int = field(default=32, metadata={"help": "Most rows in one generation forward."})
+    gen_batch_size: int = field(default=32, metadata={
+        "help": "Most rows decoded at once (slots of the static KV cache). Fewer are used when the KV cache budget "
+                "(kv_cache_gib / kv_cache_memory_fraction) cannot hold this many rows of prompt + max_new_tokens; "
+                "with continuous batching a finished row's slot takes the next waiting prompt."})
+    prefill_chunk_tokens: int = field(default=2048, metadata={
+        "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
+                "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
+                "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory)."})
+    kv_cache_gib: float = field(default=4.0, metadata={
+        "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
+    kv_cache_memory_fraction: float = field(default=0.6, metadata={
+        "help": "On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info, after the "
+                "allocator's cached blocks are counted as free) the static KV cache may take; the rest is left for "
+                "activations, logits and the prefill."})
+    compile: bool = field(default=False, metadata={
+        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs, one "
+                "per batch-size x cache-length bucket; the first call of each bucket compiles, tens of seconds). Off by "
+                "default: on CPU the first compile of the embedded model takes minutes and no speed-up over the "
+                "eager path was measured there (bench/gpu.py --compile measures it); the 7B configs turn it on."})
+    stop_check_interval: int = field(default=1, metadata={
+        "help": "Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
+                "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "
+                "sync per token at the cost of up to that many wasted steps per finished row."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Activation checkpointing of every decoder layer in train_step: keeps only each layer's input and "
+                "recomputes the rest in backward (~1/3 more compute, far less memory). Needed for the paper's "
+                "1024 + 1024-token rows on an 80 GB GPU; gradients are unchanged."})
     logprob_chunk_size: int = field(default=512, metadata={
         "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
                 "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
@@ -75,7 +101,10 @@ class EngineConfig:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model."""
+    """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model.
+
+    Only what production code (the trainer, evaluation, PBT) calls, so another engine (e.g. one over vLLM) can
+    plug in; engine-specific helpers (TorchEngine.accumulate_gradients, release_kv_cache, ...) stay off it."""
 
     n_adapters: int
     tokenizer: Any
@@ -93,8 +122,6 @@ class Engine(Protocol):
     def get_adapter(self, i: int) -> dict[str, tuple[Any, Any]]: ...
 
     def set_adapter(self, i: int, weights: dict[str, tuple[Any, Any]]) -> None: ...
-
-    def copy_adapter(self, src: int, dst: int) -> None: ...
 
     def reset_adapter(self, i: int, seed: int) -> None: ...
 

@@ -41,6 +41,8 @@ class LoRAContext:
         self.gather: torch.Tensor | None = None
         self.scatter: torch.Tensor | None = None
         self.n_groups = self.group_rows = 0
+        # Inference reads the layers' base-dtype copies of the factors (generation sets it, see refresh_low_precision).
+        self.low_precision = False
 
     def set(self, adapter_ids: torch.Tensor | None) -> None:
         self.adapter_ids = adapter_ids
@@ -102,6 +104,19 @@ class MultiLoRALinear(nn.Module):
         # float32 regardless of the base dtype: these are the trainable master weights.
         self.lora_A = nn.Parameter(torch.zeros(n_adapters, rank, base.in_features, device=dev))
         self.lora_B = nn.Parameter(torch.zeros(n_adapters, base.out_features, rank, device=dev))
+        self.low_precision: tuple[torch.Tensor, torch.Tensor] | None = None  # see refresh_low_precision
+
+    @torch.no_grad()
+    def refresh_low_precision(self) -> None:
+        """Copies of A and B in the base dtype for inference (None when the base is float32), refilled in place."""
+        dt = self.base.weight.dtype
+        if dt == torch.float32:
+            self.low_precision = None
+        elif self.low_precision is None:
+            self.low_precision = (self.lora_A.detach().to(dt), self.lora_B.detach().to(dt))
+        else:
+            self.low_precision[0].copy_(self.lora_A)
+            self.low_precision[1].copy_(self.lora_B)
 
     @property
     def in_features(self) -> int:
@@ -120,23 +135,26 @@ class MultiLoRALinear(nn.Module):
         ids = self.ctx.adapter_ids
         if ids is None:
             return y
+        lA, lB = self.lora_A, self.lora_B
+        if self.low_precision is not None and self.ctx.low_precision and not torch.is_grad_enabled():
+            lA, lB = self.low_precision  # inference in the base dtype: no float32 GEMMs or casts around them
         shape = x.shape
-        xf = x.reshape(shape[0], -1, shape[-1]).to(self.lora_A.dtype)  # [b, t, d_in]
+        xf = x.reshape(shape[0], -1, shape[-1]).to(lA.dtype)  # [b, t, d_in]
         if self.ctx.uniform is not None:
             i = self.ctx.uniform
-            delta = (xf @ self.lora_A[i].T) @ self.lora_B[i].T
+            delta = (xf @ lA[i].T) @ lB[i].T
         elif xf.shape[1] == 1 and not torch.is_grad_enabled() and self.ctx.runs:
             # Decode (one token per row): rows gathered by adapter into [G, M, d_in] and two bmm's, so each present
             # adapter's weights are read once and the op count does not grow with the number of adapters. A per-run
             # loop costs 2 matmuls per run per layer in dispatch; a per-row gather copies a weight slice per row;
             # multiplying by every adapter and masking costs N times the LoRA FLOPs.
-            gather, scatter, adapters, g, m = self.ctx.grouped(self.lora_A.shape[0])
+            gather, scatter, adapters, g, m = self.ctx.grouped(lA.shape[0])
             b, d_in = xf.shape[0], xf.shape[-1]
             x2 = torch.cat([xf.reshape(b, d_in), xf.new_zeros(1, d_in)])
-            a = self.lora_A if adapters is None else self.lora_A.index_select(0, adapters)
-            bw = self.lora_B if adapters is None else self.lora_B.index_select(0, adapters)
+            a = lA if adapters is None else lA.index_select(0, adapters)
+            bw = lB if adapters is None else lB.index_select(0, adapters)
             if g == 0:  # every row is a base row
-                delta = xf.new_zeros(b, 1, self.lora_B.shape[1])
+                delta = xf.new_zeros(b, 1, lB.shape[1])
             else:
                 h = torch.bmm(x2.index_select(0, gather).view(g, m, d_in), a.transpose(1, 2))
                 o = torch.bmm(h, bw.transpose(1, 2)).reshape(g * m, -1)
@@ -147,30 +165,30 @@ class MultiLoRALinear(nn.Module):
             # forward and backward, with no copy of the activations. (Generation keeps the per-run matmuls below.)
             g = len(self.ctx.runs)
             xv = xf.reshape(g, -1, xf.shape[-1])
-            run_ids = self.ctx.run_adapters(self.lora_A.shape[0])
-            a = self.lora_A if run_ids is None else self.lora_A.index_select(0, run_ids)
-            bw = self.lora_B if run_ids is None else self.lora_B.index_select(0, run_ids)
+            run_ids = self.ctx.run_adapters(lA.shape[0])
+            a = lA if run_ids is None else lA.index_select(0, run_ids)
+            bw = lB if run_ids is None else lB.index_select(0, run_ids)
             delta = torch.bmm(torch.bmm(xv, a.transpose(1, 2)), bw.transpose(1, 2)).reshape(shape[0], xf.shape[1], -1)
         elif len(self.ctx.runs) * 2 <= shape[0]:
             # Rows grouped by adapter (the engine sorts them so): one matmul per run reads each adapter's weights
             # once, where a per-row gather copies them once per row; in decode, where every step is memory-bound,
             # that copy cost more than the LoRA math. unbind (views) keeps the backward to one stacked gradient per
             # parameter instead of a full-size gradient per run.
-            a_all, b_all = self.lora_A.unbind(0), self.lora_B.unbind(0)
+            a_all, b_all = lA.unbind(0), lB.unbind(0)
             # split (not xf[s:e] per run): its backward is one cat of the run gradients, where each slice's
             # backward would write a zero-filled full-size gradient for every run.
             parts = xf.split([e - s for s, e, _ in self.ctx.runs])
             pieces = []
             for (s, e, i), xr in zip(self.ctx.runs, parts):
                 if i < 0:
-                    pieces.append(xf.new_zeros(e - s, xf.shape[1], self.lora_B.shape[1]))
+                    pieces.append(xf.new_zeros(e - s, xf.shape[1], lB.shape[1]))
                 else:
                     pieces.append((xr @ a_all[i].T) @ b_all[i].T)
             delta = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
             idx = ids.clamp(min=0)
-            a = self.lora_A.index_select(0, idx)  # [b, r, d_in]
-            b = self.lora_B.index_select(0, idx)  # [b, d_out, r]
+            a = lA.index_select(0, idx)  # [b, r, d_in]
+            b = lB.index_select(0, idx)  # [b, d_out, r]
             delta = torch.bmm(torch.bmm(xf, a.transpose(1, 2)), b.transpose(1, 2))
             if self.ctx.has_base_rows:
                 delta = delta * (ids >= 0).to(delta.dtype)[:, None, None]

@@ -12,14 +12,20 @@ Not implemented: a KL penalty against the base model (``kl_coef``). The loss is 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from lorapop.progress import progress
+
 from .base import Completion, EngineConfig, SamplingParams, TrainSample
+from .batching import ContinuousBatcher
+from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
 from .dtype import resolve_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
@@ -98,6 +104,7 @@ class TorchEngine:
         self.scaling = cfg.lora_alpha / cfg.rank
         self.base_model_name = str(getattr(model, "name_or_path", "") or "") or None
         self._ctx, self.layers = inject_lora(model, n_adapters, cfg.rank, cfg.lora_alpha, list(cfg.target_modules))
+        model.eval()  # the new LoRA modules too (a fresh nn.Module starts in training mode)
         self.module_names = list(self.layers)
         self._params = [p for layer in self.layers.values() for p in (layer.lora_A, layer.lora_B)]
         self.optimizer = StackedAdamW(self._params, n_adapters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
@@ -105,6 +112,10 @@ class TorchEngine:
         self.eos_ids = self._eos_ids()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
+        self._dec: LlamaFamilyDecoder | None = None  # built on the first generate
+        self._cache: StaticKVCache | None = None
+        self._compiled_step = None
+        self._vocab_key: torch.Tensor | None = None
         for i in range(n_adapters):
             self.reset_adapter(i, seed=seed * 1_000_003 + i)
 
@@ -158,14 +169,6 @@ class TorchEngine:
             out = out["input_ids"]
         return [int(t) for t in out]
 
-    def set_lr(self, i: int, lr: float) -> None:
-        self._check_slot(i)
-        self.optimizer.lr[i] = float(lr)
-
-    def get_lr(self, i: int) -> float:
-        self._check_slot(i)
-        return float(self.optimizer.lr[i])
-
     def base_bytes(self) -> int:
         lora = {id(p) for p in self._params}
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in lora)
@@ -177,7 +180,11 @@ class TorchEngine:
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapter_ids: list[int], params: SamplingParams | None = None,
-                 seeds: list[int] | None = None) -> list[Completion]:
+                 seeds: list[int] | None = None, *, max_new_tokens: list[int] | None = None) -> list[Completion]:
+        """Sample a completion per prompt under its adapter (-1 = base). Row ``k``'s tokens depend only on its
+        prompt, adapter and ``seeds[k]`` (default ``k``), not on the other rows (see :mod:`.decode`).
+        ``max_new_tokens`` optionally caps each row below ``params.max_new_tokens`` (bench/gpu.py uses it for
+        rows of known, unequal lengths)."""
         params = params if params is not None else SamplingParams()
         self._check_rows(prompts, adapter_ids)
         if seeds is None:
@@ -186,85 +193,105 @@ class TorchEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        # Similar lengths in one batch waste less on padding; results go back in the caller's order.
-        order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]))
-        out: list[Completion | None] = [None] * len(prompts)
-        try:
-            for rows in _chunks(order, max(1, self.cfg.gen_batch_size)):
-                rows = sorted(rows, key=lambda k: adapter_ids[k])  # contiguous adapter runs (see lora.py)
-                toks, reasons = self._generate_batch([prompts[k] for k in rows], [adapter_ids[k] for k in rows],
-                                                     params, [seeds[k] for k in rows])
-                for k, t, r in zip(rows, toks, reasons):
-                    out[k] = Completion(list(prompts[k]), t, self.tokenizer.decode(t, skip_special_tokens=True), r)
-        finally:
-            self._ctx.set(None)
-        return out  # type: ignore[return-value]
+        if max_new_tokens is not None and (len(max_new_tokens) != len(prompts) or
+                                           not all(1 <= int(m) <= params.max_new_tokens for m in max_new_tokens)):
+            raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
+        prompts = [[int(t) for t in p] for p in prompts]
+        dec = self._decoder()
+        cache = self._kv_cache(len(prompts), max(len(p) for p in prompts) + params.max_new_tokens)
+        dense = bool(self.cfg.compile)
+        if dense:
+            dec.refresh_dense()
+        for layer in self.layers.values():
+            layer.refresh_low_precision()
+        sampling = (int(params.min_new_tokens), bool(params.greedy), float(params.temperature), float(params.top_p))
+        with progress("generate", total=len(prompts), unit="rows") as bar:
+            batcher = ContinuousBatcher(
+                dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=bool(self.cfg.compile),
+                prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
+                max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
+                vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1))
+            self._ctx.low_precision = True
+            try:
+                toks, reasons = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
+                                            None if max_new_tokens is None else [int(m) for m in max_new_tokens])
+            finally:
+                self._ctx.low_precision = False
+                self._ctx.set(None)
+        return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r)
+                for p, t, r in zip(prompts, toks, reasons)]
 
-    def _generate_batch(self, prompts, adapter_ids, params: SamplingParams, seeds):
-        from transformers import DynamicCache
+    def _decoder(self) -> LlamaFamilyDecoder:
+        if self._dec is None:
+            self._dec = LlamaFamilyDecoder(self.model, self.n_adapters, self.cfg.rank, self.scaling)
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._vocab_key = _mix32(torch.arange(vocab, dtype=torch.long, device=self.device) + 0x9E3779B9)
+        return self._dec
 
-        dev, b = self.device, len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        for k, p in enumerate(prompts):
-            input_ids[k, width - len(p):] = torch.tensor(p)
-            attn[k, width - len(p):] = 1
-        input_ids, attn = input_ids.to(dev), attn.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        ids = torch.tensor(adapter_ids, dtype=torch.long, device=dev)
-        gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
-        cache = DynamicCache(config=self.model.config)
-        self._ctx.set(ids)
-        logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1].float()
-        next_pos = pos[:, -1] + 1
-        alive = list(range(b))  # batch position -> original row
-        tokens: list[list[int]] = [[] for _ in range(b)]
-        reasons = ["length"] * b
-        eos = set(self.eos_ids)
-        for step in range(params.max_new_tokens):
-            tok = self._sample(logits, [gens[r] for r in alive], params, step)
-            keep = []
-            for j, (r, t) in enumerate(zip(alive, tok.tolist())):
-                tokens[r].append(t)
-                if t in eos:
-                    reasons[r] = "eos"
-                else:
-                    keep.append(j)
-            if not keep or step + 1 == params.max_new_tokens:
-                break
-            if len(keep) < len(alive):
-                # Finished rows leave the batch (and the KV cache): later steps cost only the live rows.
-                kt = torch.tensor(keep, dtype=torch.long, device=dev)
-                cache.batch_select_indices(kt)
-                attn, next_pos, ids, tok = attn[kt], next_pos[kt], ids[kt], tok[kt]
-                alive = [alive[j] for j in keep]
-                self._ctx.set(ids)
-            attn = torch.cat([attn, attn.new_ones(len(alive), 1)], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1].float()
-            next_pos = next_pos + 1
-        return tokens, reasons
+    def _eos_mask(self) -> torch.Tensor | None:
+        """``[V]`` bool, True at the EOS ids (built per call: ``eos_ids`` may change), None without any."""
+        vocab = self._vocab_key.shape[0]
+        ok = [i for i in self.eos_ids if 0 <= i < vocab]
+        if not ok:
+            return None
+        mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        mask[ok] = True
+        return mask
 
-    def _sample(self, logits: torch.Tensor, gens: list[torch.Generator], params: SamplingParams,
-                n_done: int) -> torch.Tensor:
-        if n_done < params.min_new_tokens and self.eos_ids:
-            logits[:, self.eos_ids] = float("-inf")
-        if params.greedy or params.temperature <= 0:
-            return logits.argmax(-1)
-        logits = logits / params.temperature
-        if params.top_p < 1.0:
-            sp, si = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-            drop_sorted = (sp.cumsum(-1) - sp) >= params.top_p  # the token that crosses top_p stays in
-            logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, si, drop_sorted), float("-inf"))
-        # Gumbel-max with each row's noise from that row's own generator. Unlike inverse-CDF sampling, the pick only
-        # flips if the top two perturbed scores are within float noise, so a seed gives the same sample whatever
-        # rows share the batch (batch composition perturbs logits by ~1e-6).
-        vocab = logits.shape[-1]
-        u = torch.stack([torch.rand(vocab, generator=g, device=g.device) for g in gens]).to(logits.device)
-        gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
-        return (logits + gumbel).argmax(-1)
+    def _decode_step(self):
+        """The decode step, compiled once per engine when ``cfg.compile`` (see EngineConfig.compile)."""
+        if not self.cfg.compile:
+            return self._dec.decode_step
+        if self._compiled_step is None:
+            import torch._dynamo
+
+            # One graph per (batch bucket, cache-length bucket, sampling settings): allow that many.
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, name):
+                    setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled_step = torch.compile(self._dec.decode_step, mode=mode, dynamic=False)
+        return self._compiled_step
+
+    def kv_budget_bytes(self) -> int:
+        """Bytes the static KV cache may take now: on CUDA a fraction of the memory free (the allocator's cached
+        blocks and the current cache count as free), elsewhere ``kv_cache_gib``."""
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            if self._cache is not None:
+                free += sum(t.numel() * t.element_size() for t in self._cache.k + self._cache.v)
+            return int(self.cfg.kv_cache_memory_fraction * free)
+        return int(self.cfg.kv_cache_gib * 2**30)
+
+    def _kv_cache(self, n_rows: int, max_len: int) -> StaticKVCache:
+        """The static cache for rows of at most ``max_len`` tokens: reused while big enough (CUDA graphs keep its
+        addresses), else rebuilt with as many slots as the budget allows, at most ``gen_batch_size``."""
+        dec = self._dec
+        capacity = -(-max_len // 256) * 256  # few distinct capacities: a compiled step sees few cache shapes
+        dtype = next(iter(self.layers.values())).base.weight.dtype
+        want = max(1, min(self.cfg.gen_batch_size, n_rows))
+        cur = self._cache
+        if cur is not None and cur.max_len >= max_len and cur.n_slots >= want:
+            return cur
+        capacity = max(capacity, cur.max_len if cur is not None else 0)
+        per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
+        budget = self.kv_budget_bytes()
+        fit = budget // per_slot
+        if fit < 1:
+            raise RuntimeError(
+                f"the KV cache budget ({budget / 2**30:.2f} GiB) cannot hold one row of {max_len} tokens "
+                f"({per_slot / 2**30:.2f} GiB): raise engine.kv_cache_gib / engine.kv_cache_memory_fraction or "
+                "shorten the prompts / max_new_tokens")
+        self._cache = None  # free the old cache before allocating the new one
+        self._cache = StaticKVCache(dec.n_layers, int(min(want, fit)), dec.n_kv, dec.head_dim, capacity, dtype,
+                                    self.device)
+        return self._cache
+
+    def release_kv_cache(self) -> None:
+        """Drop the static KV cache (the next ``generate`` allocates it again); train_step calls it on CUDA so the
+        update gets that memory."""
+        self._cache = None
 
     # ------------------------------------------------------------------ log-probs
     def _response_logprobs(self, prompts, completions, adapter_ids) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,7 +315,8 @@ class TorchEngine:
             src += range(len(p) - 1, len(seq) - 1)
             tgt += list(c)
         self._ctx.set(torch.tensor(adapter_ids, dtype=torch.long, device=dev))
-        hidden = self.model.get_decoder()(input_ids=input_ids.to(dev), attention_mask=attn.to(dev)).last_hidden_state
+        hidden = self.model.get_decoder()(input_ids=input_ids.to(dev), attention_mask=attn.to(dev),
+                                          use_cache=False).last_hidden_state
         row_t = torch.tensor(rows, dtype=torch.long, device=dev)
         h = hidden[row_t, torch.tensor(src, dtype=torch.long, device=dev)]
         tgt_t = torch.tensor(tgt, dtype=torch.long, device=dev)
@@ -353,8 +381,9 @@ class TorchEngine:
             st["n_samples"] += 1
         # Rows with no tokens or zero advantage add nothing to any gradient: skip their forward entirely.
         work = [s for s in samples if s.completion_ids and float(s.advantage) != 0.0]
-        try:
-            for mb in _train_micro_batches(work, max(1, self.cfg.train_micro_batch_size)):
+        mbs = _train_micro_batches(work, max(1, self.cfg.train_micro_batch_size))
+        with progress("update", total=len(mbs), unit="micro-batches") as bar, self._checkpointing():
+            for mb in mbs:
                 logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
                                                       [int(s.adapter_id) for s in mb])
                 w = torch.tensor([-float(s.advantage) / stats[int(s.adapter_id)]["n_tokens"] for s in mb],
@@ -364,13 +393,45 @@ class TorchEngine:
                 per_row = torch.zeros(len(mb), device=logp.device).index_add_(0, row_t, per_tok.detach())
                 for s, v in zip(mb, per_row.tolist()):
                     stats[int(s.adapter_id)]["loss"] += v
-        finally:
-            self._ctx.set(None)
+                bar.advance(1)
         return stats
+
+    @contextmanager
+    def _checkpointing(self):
+        """While training: activation checkpointing of each decoder layer when ``cfg.gradient_checkpointing``.
+
+        Uses transformers' per-layer hook (``GradientCheckpointingLayer``), which checkpoints only a layer whose own
+        ``training`` flag is set; only that flag is flipped (not ``model.train()``), so dropout and every other
+        module stay in eval mode and the gradients equal the uncheckpointed ones. Always clears the LoRA context."""
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        on = bool(self.cfg.gradient_checkpointing)
+        if on and not layers:
+            raise NotImplementedError(f"engine.gradient_checkpointing: {type(self.model).__name__} has no "
+                                      "transformers GradientCheckpointingLayer to checkpoint")
+        saved = [(m.gradient_checkpointing, m.training, getattr(m, "_gradient_checkpointing_func", None))
+                 for m in layers] if on else []
+        try:
+            if on:
+                for m in layers:
+                    m.gradient_checkpointing, m.training = True, True
+                    m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+            yield
+        finally:
+            for m, (gc, tr, fn) in zip(layers, saved):
+                m.gradient_checkpointing, m.training = gc, tr
+                if fn is None:
+                    del m._gradient_checkpointing_func
+                else:
+                    m._gradient_checkpointing_func = fn
+            self._ctx.set(None)
 
     def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
         """One AdamW step for every adapter in ``samples``; loss per adapter = token-mean of -advantage * logp over
         its response tokens. Returns per adapter {"loss", "grad_norm" (before clipping), "n_tokens", "n_samples"}."""
+        if self.device.type == "cuda":
+            self.release_kv_cache()  # its memory goes to the update's activations
         self.optimizer.zero_grad()
         stats = self.accumulate_gradients(samples)
         slots = [a for a, st in stats.items() if st["n_tokens"] > 0]
@@ -410,16 +471,6 @@ class TorchEngine:
         for n, (a, b) in weights.items():
             self.layers[n].lora_A[i].copy_(a.to(self.device, torch.float32))
             self.layers[n].lora_B[i].copy_(b.to(self.device, torch.float32))
-
-    @torch.no_grad()
-    def copy_adapter(self, src: int, dst: int, *, with_optimizer: bool = False) -> None:
-        self._check_slot(src)
-        self._check_slot(dst)
-        for layer in self.layers.values():
-            layer.lora_A[dst].copy_(layer.lora_A[src])
-            layer.lora_B[dst].copy_(layer.lora_B[src])
-        if with_optimizer:
-            self.optimizer.copy_slot(src, dst)
 
     @torch.no_grad()
     def reset_adapter(self, i: int, seed: int) -> None:

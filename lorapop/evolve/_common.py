@@ -32,8 +32,11 @@ def pmap(fn: Callable, items: Sequence) -> list:
     """
     global _POOL
     workers = min(torch.get_num_threads(), 8)
-    if workers <= 1 or len(items) <= 1:
+    if workers <= 1 or len(items) <= 1 or _on_cuda(items[0]):
+        # CUDA ops are asynchronous launches: Python threads gain nothing there, and serial keeps every launch on
+        # the caller's current stream.
         return [fn(x) for x in items]
+    _init_cuda_linalg()
     if _POOL is None or _POOL._max_workers != workers:
         # One intra-op thread per worker: left at the default, every LAPACK/BLAS call in every worker starts its
         # own OpenMP team, and workers x teams threads on this many cores spin against each other (measured on 2
@@ -42,6 +45,34 @@ def pmap(fn: Callable, items: Sequence) -> list:
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="lorapop-evolve",
                                    initializer=torch.set_num_threads, initargs=(1,))
     return list(_POOL.map(fn, items))
+
+
+_CUDA_LINALG_READY = False
+
+
+def _init_cuda_linalg() -> None:
+    """Load torch's CUDA linear-algebra library on the calling thread before any worker can touch it.
+
+    torch builds for CUDA load ``libtorch_cuda_linalg`` lazily on the first ``torch.linalg`` call, and that lazy
+    wrapper is not thread-safe: two workers making the first call at once die with "lazy wrapper should be called
+    at most once" (pytorch/pytorch#90613; seen at the first PBT replacement on an H100). Items given as module
+    names can still reach CUDA tensors inside ``fn``, so this runs whenever CUDA is initialised in the process."""
+    global _CUDA_LINALG_READY
+    if _CUDA_LINALG_READY or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    x = torch.eye(2, device="cuda")
+    torch.linalg.qr(x)
+    torch.linalg.svd(x)
+    _CUDA_LINALG_READY = True
+
+
+def _on_cuda(item) -> bool:
+    """Whether ``item`` (a tensor, or a tuple/list holding tensors) has a tensor on a CUDA device."""
+    if isinstance(item, Tensor):
+        return item.is_cuda
+    if isinstance(item, (tuple, list)):
+        return any(_on_cuda(x) for x in item)
+    return False
 
 
 def check_adapters(parents: Sequence[Adapter]) -> None:

@@ -1,0 +1,245 @@
+"""Continuous batching over the static KV cache, with prompt-prefix sharing.
+
+The cache has ``n_slots`` rows. Requests (prompt, adapter, seed) wait in a queue; whenever slots are free the next
+requests take them: their prompt but its last token is prefilled into the slot (in chunks of at most
+``prefill_chunk_tokens`` tokens per forward), and the last prompt token becomes the slot's first decode input. One
+decode step then advances every slot by one token; every ``stop_check_interval`` steps the host reads the sampled
+tokens, finishes rows at EOS or ``max_new_tokens`` and hands their slots to waiting requests, so the batch stays
+full however unequal the rows' lengths.
+
+Prefix sharing: a slot remembers the key ``(adapter, prompt[:-1])`` of the prefix it holds; the prefix of a live or
+finished (not yet reused) slot is never overwritten, since generated tokens go after it. A request whose key some
+slot holds copies those cache rows instead of recomputing them, so the n_solve answers to one task (same prompt,
+same adapter) prefill once. Requests are queued longest prompt first with equal keys adjacent.
+
+When no request is waiting and at most half the decoded slots are live, the live slots are moved to the front of
+the cache (compaction), so the tail of a generation decodes a smaller batch. Decoded batches and attention lengths
+are rounded up to buckets so a compiled step sees few distinct shapes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable
+
+import torch
+
+from .decode import LlamaFamilyDecoder, StaticKVCache
+
+
+def pow2_at_least(n: int, lo: int = 1) -> int:
+    p = lo
+    while p < n:
+        p *= 2
+    return p
+
+
+class ContinuousBatcher:
+    """One ``generate`` call's rows over ``cache``; ``step`` is the (possibly compiled) ``decode_step``."""
+
+    def __init__(self, dec: LlamaFamilyDecoder, cache: StaticKVCache, ctx: Any, step: Callable, *, dense: bool,
+                 compiled: bool, prefill_chunk_tokens: int, check_interval: int, max_new_tokens: int,
+                 sampling: tuple, eos_ids: list[int], vocab_key: torch.Tensor, eos_mask: torch.Tensor | None,
+                 on_finished: Callable[[int], None] | None = None) -> None:
+        self.dec, self.cache, self.ctx, self.step = dec, cache, ctx, step
+        self.dense, self.compiled = dense, compiled
+        self.chunk = max(1, prefill_chunk_tokens)
+        self.interval = max(1, check_interval)
+        self.max_new, self.sampling = max_new_tokens, sampling
+        self.eos = set(eos_ids)
+        self.vocab_key, self.eos_mask = vocab_key, eos_mask
+        self.on_finished = on_finished
+        dev = cache.k[0].device
+        n = cache.n_slots
+        self.dev = dev
+        # Device state of each slot: next input token, its position (trash when free), adapter, seed, tokens made.
+        self.tok = torch.zeros(n, dtype=torch.long, device=dev)
+        self.pos = torch.full((n,), cache.trash, dtype=torch.long, device=dev)
+        self.ids = torch.full((n,), -1, dtype=torch.long, device=dev)
+        self.seeds = torch.zeros(n, dtype=torch.long, device=dev)
+        self.steps = torch.zeros(n, dtype=torch.long, device=dev)
+        self.out = torch.zeros(n, self.interval, dtype=torch.long, device=dev)
+        # Host state: request in the slot (-1 free), prefix key it holds, position of its next input.
+        self.req = [-1] * n
+        self.key: list[tuple | None] = [None] * n
+        self.hpos = [0] * n
+        self._ctx_for: tuple | None = None  # (nb, ids version) the LoRAContext was last set for
+
+    # ------------------------------------------------------------------ public
+    def run(self, prompts: list[list[int]], adapter_ids: list[int], seeds: list[int],
+            max_new: list[int] | None = None) -> tuple[list[list[int]], list[str]]:
+        """Tokens and finish reasons per row; ``max_new`` optionally caps each row (default ``max_new_tokens``)."""
+        self.prompts, self.adapters, self.row_seeds = prompts, adapter_ids, seeds
+        self.row_max = max_new if max_new is not None else [self.max_new] * len(prompts)
+        self.tokens: list[list[int]] = [[] for _ in prompts]
+        self.reasons = ["length"] * len(prompts)
+        order = sorted(range(len(prompts)), key=lambda k: (-len(prompts[k]), adapter_ids[k], prompts[k]))
+        self.waiting = deque(order)
+        self._ids_version = 0
+        while self.waiting or any(r >= 0 for r in self.req):
+            self._admit()
+            self._decode_interval()
+            if not self.waiting:
+                self._compact()
+        return self.tokens, self.reasons
+
+    # ------------------------------------------------------------------ admission and prefill
+    def _prefix_key(self, r: int) -> tuple:
+        return (int(self.adapters[r]), tuple(self.prompts[r][:-1]))
+
+    def _admit(self) -> None:
+        free = [s for s in range(self.cache.n_slots) if self.req[s] < 0]
+        if not free or not self.waiting:
+            return
+        take = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        wanted = {self._prefix_key(r) for r in take}
+        sources: set[int] = set()
+        pending: dict[tuple, int] = {}  # key -> slot prefilled in this round
+        late: set[int] = set()  # slots whose prefix is written only after the prefill: no copy source before it
+        copy_now, copy_after, prefill, placed, unplaced = [], [], [], [], []
+        for r in take:
+            key = self._prefix_key(r)
+            holder = next((h for h in range(self.cache.n_slots) if self.key[h] == key and h not in late), None)
+            if holder is not None and holder in free:  # a finished slot still holds this very prefix: reuse it
+                s = holder
+            else:
+                # A free slot whose stale prefix nobody in this round wants (and that is not a copy source).
+                cand = [f for f in free if f not in sources]
+                if not cand:
+                    unplaced.append(r)
+                    continue
+                s = next((f for f in cand if self.key[f] not in wanted), cand[0])
+                if holder is not None:
+                    copy_now.append((holder, s))
+                    sources.add(holder)
+                elif key in pending:
+                    copy_after.append((pending[key], s))
+                    late.add(s)
+                elif len(key[1]):
+                    pending[key] = s
+                    prefill.append((s, r))
+                    late.add(s)
+            free.remove(s)
+            self.key[s] = key
+            placed.append((s, r))
+        self.waiting.extendleft(reversed(unplaced))
+        n_pre = {s: len(self.prompts[r]) - 1 for s, r in placed}
+        for src, dst in copy_now:
+            self.cache.copy_slot(src, dst, n_pre[dst])
+        self._prefill(prefill)
+        for src, dst in copy_after:
+            self.cache.copy_slot(src, dst, n_pre[dst])
+        slots = torch.tensor([s for s, _ in placed], dtype=torch.long, device=self.dev)
+
+        def col(vals):
+            return torch.tensor(vals, dtype=torch.long, device=self.dev)
+
+        self.tok[slots] = col([self.prompts[r][-1] for _, r in placed])
+        self.pos[slots] = col([n_pre[s] for s, _ in placed])
+        self.ids[slots] = col([int(self.adapters[r]) for _, r in placed])
+        self.seeds[slots] = col([int(self.row_seeds[r]) % (1 << 63) for _, r in placed])
+        self.steps[slots] = 0
+        for s, r in placed:
+            self.req[s], self.hpos[s] = r, n_pre[s]
+        self._ids_version += 1
+
+    @torch.no_grad()
+    def _prefill(self, rows: list[tuple[int, int]]) -> None:
+        """Prefill ``prompt[:-1]`` of each (slot, request): waves of similar-length rows, each wave in chunks of
+        positions, every forward holding at most ``chunk`` tokens (padding included)."""
+        todo = sorted(rows, key=lambda sr: -len(self.prompts[sr[1]]))
+        while todo:
+            longest = len(self.prompts[todo[0][1]]) - 1
+            width = min(longest, self.chunk)
+            wave, todo = todo[:max(1, self.chunk // width)], todo[max(1, self.chunk // width):]
+            wave.sort(key=lambda sr: int(self.adapters[sr[1]]))  # contiguous adapter runs for the LoRA layers
+            seqs = [self.prompts[r][:-1] for _, r in wave]
+            slots = torch.tensor([s for s, _ in wave], dtype=torch.long, device=self.dev)
+            self.ctx.set(torch.tensor([int(self.adapters[r]) for _, r in wave], dtype=torch.long, device=self.dev))
+            self._ctx_for = None
+            for start in range(0, longest, width):
+                w = min(width, longest - start)
+                toks = torch.full((len(wave), w), 0, dtype=torch.long)
+                valid = torch.zeros((len(wave), w), dtype=torch.bool)
+                for k, seq in enumerate(seqs):
+                    piece = seq[start:start + w]
+                    if piece:
+                        toks[k, :len(piece)] = torch.tensor(piece)
+                        valid[k, :len(piece)] = True
+                pos = torch.arange(start, start + w).expand(len(wave), w)
+                write = torch.where(valid, pos, torch.full_like(pos, self.cache.trash))
+                self.dec.forward(self.cache, toks.to(self.dev), pos.to(self.dev), write.to(self.dev), start + w,
+                                 slots, None)
+
+    # ------------------------------------------------------------------ decode
+    def _buckets(self, k: int) -> tuple[int, int]:
+        live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
+        nb = min(pow2_at_least(max(live) + 1), self.cache.n_slots)
+        need = max(self.hpos[s] for s in live) + k
+        if self.compiled:  # few distinct shapes, each one compiled graph
+            kv = min(pow2_at_least(need, 128), self.cache.max_len)
+        else:
+            kv = min(-(-need // 64) * 64, self.cache.max_len)
+        return nb, kv
+
+    @torch.no_grad()
+    def _decode_interval(self) -> None:
+        live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
+        if not live:
+            return
+        k = min(self.interval, max(self.row_max[self.req[s]] - len(self.tokens[self.req[s]]) for s in live))
+        nb, kv = self._buckets(k)
+        if not self.dense and self._ctx_for != (nb, self._ids_version):
+            self.ctx.set(self.ids[:nb])
+            self._ctx_for = (nb, self._ids_version)
+        for i in range(k):
+            nxt = self.step(self.cache, self.tok[:nb], self.pos[:nb], self.ids[:nb], self.seeds[:nb],
+                            self.steps[:nb], kv, self.vocab_key, self.eos_mask, self.sampling, self.dense)
+            self.out[:nb, i] = nxt  # a copy: a CUDA-graph output buffer is overwritten by the next replay
+            self.tok[:nb] = nxt
+            self.pos[:nb] = (self.pos[:nb] + 1).clamp(max=self.cache.trash)
+            self.steps[:nb] += 1
+        got = self.out[:nb, :k].tolist()  # the one host sync of the interval
+        freed = []
+        for s in live:
+            r = self.req[s]
+            row = self.tokens[r]
+            for t in got[s]:
+                row.append(t)
+                if t in self.eos:
+                    self.reasons[r] = "eos"
+                    break
+                if len(row) >= self.row_max[r]:
+                    break
+            self.hpos[s] += k
+            if self.reasons[r] == "eos" or len(row) >= self.row_max[r]:
+                freed.append(s)
+        if freed:
+            idx = torch.tensor(freed, dtype=torch.long, device=self.dev)
+            self.pos[idx] = self.cache.trash
+            self.ids[idx] = -1
+            for s in freed:
+                if self.on_finished is not None:
+                    self.on_finished(self.req[s])
+                self.req[s] = -1
+            self._ids_version += 1
+
+    def _compact(self) -> None:
+        """Move live slots to the front once they fill at most half of the decoded batch."""
+        live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
+        if not live:
+            return
+        nb = min(pow2_at_least(max(live) + 1), self.cache.n_slots)
+        if len(live) > nb // 2:
+            return
+        holes = [s for s in range(len(live)) if self.req[s] < 0]
+        movers = [s for s in live if s >= len(live)]
+        for src, dst in zip(movers, holes):
+            self.cache.copy_slot(src, dst, self.hpos[src] + 1)
+            for t in (self.tok, self.pos, self.ids, self.seeds, self.steps):
+                t[dst] = t[src]
+            self.pos[src], self.ids[src] = self.cache.trash, -1
+            self.req[dst], self.req[src] = self.req[src], -1
+            self.key[dst], self.key[src] = self.key[src], None
+            self.hpos[dst] = self.hpos[src]
+        self._ids_version += 1
