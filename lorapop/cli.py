@@ -41,26 +41,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     from lorapop.config import load_config
     from lorapop.configlib import to_dict
-    from lorapop.train.loop import check_compatible, load_run_config, prepare_run_dir
+    from lorapop.train.loop import check_compatible, load_run_config, prepare_run_dir, restart_config
 
     try:
-        if args.resume:
+        if args.resume and (Path(args.resume) / "config.yaml").is_file():
             cfg = load_run_config(Path(args.resume), args.overrides)
             if args.config:  # a config given beside --resume must describe the same run
                 check_compatible(load_config(resolve_config_path(args.config), []), to_dict(cfg))
+        elif args.resume:  # killed before its config was written (only runs made before 2026-11): start it again
+            cfg = restart_config(Path(args.resume), resolve_config_path(args.config) if args.config else None,
+                                 args.overrides)
         else:
             cfg = load_config(resolve_config_path(args.config) if args.config else None, args.overrides)
-        run_dir = prepare_run_dir(cfg, resume=bool(args.resume))
+        run_dir, resume = prepare_run_dir(cfg, resume=bool(args.resume))
     except (ConfigError, FileNotFoundError) as e:
         print(f"lorapop train: {e}", file=sys.stderr)
         return 2
     from lorapop.train.loop import Trainer
 
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume))
-    try:
+    with Trainer(cfg, run_dir, resume=resume) as trainer:
         trainer.run()
-    finally:
-        trainer.close()
     print(f"run finished: {run_dir}")
     return 0
 

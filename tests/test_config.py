@@ -96,7 +96,8 @@ def test_cli_rejects_bad_input_before_loading_a_model(args, fragment, tmp_path):
 
 
 def test_cli_refuses_existing_run_dir_without_resume(tmp_path):
-    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "checkpoints" / "step_000001").mkdir(parents=True)
+    (tmp_path / "x" / "checkpoints" / "step_000001" / "COMPLETE").write_text("1")  # something to resume
     (tmp_path / "x" / "config.yaml").write_text(yaml.safe_dump({}))
     res = _train(["--run.output_dir=" + str(tmp_path), "--run.name=x"], tmp_path)
     assert res.returncode == 2 and "already exists; continue it with --resume" in res.stderr

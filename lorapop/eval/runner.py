@@ -21,6 +21,7 @@ from typing import Any
 
 from lorapop.eval.data import BENCHMARKS, BenchmarkError, get_spec, load_benchmark, parse_benchmarks
 from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
+from lorapop.rundir import RunDir
 
 BASE = -1
 
@@ -98,7 +99,7 @@ def _discover(run_dirs: list[str], step: int | None) -> list[_Run]:
         p = Path(d)
         ck = find_checkpoint(p, step)
         members = load_members(p, ck)
-        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p, members)))
+        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p)))
     return runs
 
 
@@ -218,7 +219,7 @@ def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, 
     if cfg.write_run_files:
         for ro in run_objs:
             one = dict(result, runs=[ro])
-            (Path(ro["run_dir"]) / "eval.json").write_text(json.dumps(one, indent=1))
+            RunDir(ro["run_dir"]).write_eval(one)
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=1))
