@@ -193,7 +193,7 @@ def roles(run: RunData) -> dict[str, str]:
         if e.get("child") is not None and isinstance(e.get("role"), str):
             out.setdefault(str(e["child"]), e["role"])
         if e.get("replaced") is not None and isinstance(e.get("role"), str):
-            out.setdefault(str(e["replaced"]), e["role"])  # replacement happens within a role (SPEC)
+            out.setdefault(str(e["replaced"]), e["role"])  # replacement happens within a role (docs/METHOD.md, Evolve)
     keys = run.keys()
     for mid in member_ids(run):
         if mid in out:

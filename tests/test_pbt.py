@@ -1,4 +1,4 @@
-"""PBT replacement planning (SPEC section 3 step 8) and EvolveConfig validation, with fixed fitness values."""
+"""PBT replacement planning (docs/METHOD.md, Evolve) and EvolveConfig validation, with fixed fitness values."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests pinning the self-play mechanics of SPEC section 3 with small fake inputs (no model)."""
+"""Unit tests pinning the self-play mechanics of docs/METHOD.md, The step with small fake inputs (no model)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training loop: ``Trainer.run`` reads top to bottom as the named stages of SPEC section 3."""
+"""The training loop: ``Trainer.run`` reads top to bottom as the named stages of docs/METHOD.md, The step."""
 
 from __future__ import annotations
 
