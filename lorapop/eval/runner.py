@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -262,35 +262,24 @@ def format_table(result: dict) -> str:
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags come from :class:`EvalConfig` (lorapop.configlib.add_arguments): a new field is a new flag."""
+    from lorapop.configlib import add_arguments
+
     p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
-    helps = {f.name: f.metadata.get("help", "") for f in fields(EvalConfig)}
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
-    p.add_argument("--model", default="embedded", help=helps["model"])
-    p.add_argument("--threads", type=int, default=None, help=helps["threads"])
-    p.add_argument("--benchmarks", default="all", help=helps["benchmarks"])
-    p.add_argument("--limit", type=int, default=None, help=helps["limit"])
-    p.add_argument("--step", type=int, default=None, help=helps["step"])
     p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
-    p.add_argument("--batch-size", type=int, default=32, help=helps["batch_size"])
-    p.add_argument("--data-dir", default=None, help=helps["data_dir"])
-    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help=helps["data"])
-    p.add_argument("--device", default="auto", help=helps["device"])
-    p.add_argument("--baseline", default=None, help=helps["baseline"])
-    p.add_argument("--out", default=None, help=helps["out"])
-    p.add_argument("--keep-text", action="store_true", help=helps["keep_text"])
+    add_arguments(p, EvalConfig)
     return p
 
 
 def config_from_args(a: argparse.Namespace) -> EvalConfig:
-    data = {}
-    for item in a.data:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise BenchmarkError(f"--data expects NAME=PATH, got {item!r}")
-        data[get_spec(name).name] = path
-    cfg = EvalConfig(benchmarks=a.benchmarks, limit=a.limit, step=a.step, batch_size=a.batch_size,
-                     data_dir=a.data_dir, data=data, device=a.device, baseline=a.baseline, out=a.out,
-                     keep_text=a.keep_text, threads=a.threads, model=a.model)
+    from lorapop.configlib import ConfigError, from_args
+
+    try:
+        cfg = from_args(EvalConfig, a)
+    except ConfigError as e:
+        raise ValueError(str(e)) from e
+    cfg.data = {get_spec(name).name: path for name, path in cfg.data.items()}
     if a.max_new_tokens:
         cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
     return cfg
