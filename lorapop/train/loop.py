@@ -13,13 +13,13 @@ from lorapop.configlib import ConfigError, to_dict
 from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
 from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
+from lorapop.tasks.buffer import TaskBuffer
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger, Progress
-from lorapop.train.metrics import population_members, step_metrics, task_records, update_coverage
 from lorapop.train.matchmaking import matchmake
+from lorapop.train.metrics import population_members, step_metrics, task_records, update_coverage
 from lorapop.train.population import Population
 from lorapop.train.rating import Ratings
-from lorapop.tasks.buffer import TaskBuffer
 
 if TYPE_CHECKING:
     from lorapop.diagnostics.coverage import CoverageTracker
