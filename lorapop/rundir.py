@@ -398,7 +398,8 @@ class RunDir:
         found = {checkpoint_step(p): p for p in self.list_checkpoints()}
         if step is not None:
             if step not in found:
-                raise RunDirError(f"no checkpoint for step {step} in {self.checkpoints} (have: {sorted(found) or 'none'})")
+                raise RunDirError(f"no checkpoint for step {step} in {self.checkpoints} "
+                                  f"(have: {sorted(found) or 'none'})")
             return found[step]
         if not found:
             raise RunDirError(f"no complete checkpoint (step_XXXXXX/COMPLETE) in {self.checkpoints}")
