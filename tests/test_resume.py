@@ -135,7 +135,7 @@ def test_resume_refuses_incompatible_checkpoint(tmp_path):
 def _killed_at(point: str, args: list[str], cwd: Path) -> str:
     """Run the CLI until it SIGKILLs itself (and its sandbox workers) at ``point``; returns its output."""
     p = _start(args, cwd, {"LORAPOP_TEST_KILL_AT": point})
-    out, _ = p.communicate(timeout=300)
+    out, _ = p.communicate(timeout=900)  # a loaded 2-core machine needs minutes for a model load and two steps
     assert p.returncode == -signal.SIGKILL, f"expected a kill at {point}, got rc {p.returncode}:\n{out}"
     return out
 
@@ -161,7 +161,7 @@ def test_killed_at_every_point_of_startup_and_first_step_then_resumed(tmp_path):
     assert restarted in _killed_at("engine", args, tmp_path)
     assert (run / "config.yaml").is_file()
 
-    for point in ("step1:propose", "step1:update", "step1:log"):
+    for point in ("step1:propose", "step1:log"):
         assert restarted in _killed_at(point, resume, tmp_path)
     assert _steps(run / "metrics.jsonl") == [1]  # logged before the kill; no checkpoint yet
 
