@@ -1,4 +1,4 @@
-"""Time one child per operator on a Qwen2.5-7B-shaped adapter (SPEC section 4 and 9), ours against `populora`.
+"""Time one child per operator on a Qwen2.5-7B-shaped adapter (docs/METHOD.md, Operators), ours against `populora`.
 
     .venv/bin/python bench/operators.py [--ranks 16 64] [--reps 5] [--threads 2] [--no-peer]
 

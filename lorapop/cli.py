@@ -41,26 +41,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     from lorapop.config import load_config
     from lorapop.configlib import to_dict
-    from lorapop.train.loop import check_compatible, load_run_config, prepare_run_dir
+    from lorapop.train.loop import check_compatible, load_run_config, prepare_run_dir, restart_config
 
     try:
-        if args.resume:
+        if args.resume and (Path(args.resume) / "config.yaml").is_file():
             cfg = load_run_config(Path(args.resume), args.overrides)
             if args.config:  # a config given beside --resume must describe the same run
                 check_compatible(load_config(resolve_config_path(args.config), []), to_dict(cfg))
+        elif args.resume:  # killed before its config was written (only runs made before 2026-11): start it again
+            cfg = restart_config(Path(args.resume), resolve_config_path(args.config) if args.config else None,
+                                 args.overrides)
         else:
             cfg = load_config(resolve_config_path(args.config) if args.config else None, args.overrides)
-        run_dir = prepare_run_dir(cfg, resume=bool(args.resume))
+        run_dir, resume = prepare_run_dir(cfg, resume=bool(args.resume))
     except (ConfigError, FileNotFoundError) as e:
         print(f"lorapop train: {e}", file=sys.stderr)
         return 2
     from lorapop.train.loop import Trainer
 
-    trainer = Trainer(cfg, run_dir, resume=bool(args.resume))
-    try:
+    with Trainer(cfg, run_dir, resume=resume) as trainer:
         trainer.run()
-    finally:
-        trainer.close()
     print(f"run finished: {run_dir}")
     return 0
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     pm = sub.add_parser("prepare-model", help="resolve a base model and cache it as safetensors (embedded default)")
     pm.add_argument("model", nargs="?", default="embedded", help="'embedded', a Hugging Face id, or a local path")
-    pm.set_defaults(func=_cmd_prepare_model)
+    pm.set_defaults(func=_cmd_prepare_model, subparser=pm)
     tr = sub.add_parser("train", help="run self-play training (population or single-agent baseline)",
                         description="lorapop train [CONFIG] [--section.key=value ...] | lorapop train --resume RUN_DIR")
     tr.add_argument("config", nargs="?", help="YAML file or shipped config name (cpu_demo, single, 1T+1S, 4T+4S, "
@@ -82,12 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="write a self-contained report.html for one or more run directories")
     report.add_arguments(rp)
-    rp.set_defaults(func=report.run)
+    rp.set_defaults(func=report.run, subparser=rp)
     from lorapop.eval import runner as evaluation  # torch-free import; heavy modules load lazily
 
     ep = sub.add_parser("eval", help="greedy pass@1 of the base and every member on code/math benchmarks")
     evaluation.add_arguments(ep)
-    ep.set_defaults(func=evaluation.run)
+    ep.set_defaults(func=evaluation.run, subparser=ep)
     return p
 
 
@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     args.overrides = rest
     if rest and not getattr(args, "accepts_overrides", False):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        from lorapop.configlib import suggest
+
+        known = list(getattr(args, "subparser", parser)._option_string_actions)
+        parser.error(f"unrecognized arguments: {' '.join(rest)}{suggest(rest[0].split('=')[0], known)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -25,7 +25,7 @@ from lorapop.report_svg import DASHES, Life, Series, color, line_chart, lineage_
 
 RATE = (0.0, 1.0)
 ZERO = (0.0, 0.0)  # anchors the y axis at 0 without stretching it to 1: coverage of 512 cells stays small
-ROLE_COLORS = {"teacher": "#d62728", "student": "#1f77b4", "both": "#9467bd", "member": "#7f7f7f"}
+ROLE_COLORS = {"teacher": "#d62728", "student": "#1f77b4", "agent": "#9467bd", "member": "#7f7f7f"}
 SECTIONS = [("summary", "Runs"), ("rewards", "Rewards"), ("solve", "Solve rates"),
             ("validity", "Valid tasks and format errors"), ("complexity", "Program complexity"),
             ("coverage", "Coverage"), ("trueskill", "TrueSkill"), ("lineage", "Lineage"),

@@ -1,4 +1,4 @@
-"""Reading a run directory for the report, tolerantly.
+"""Reading a run directory for the report, tolerantly, through :mod:`lorapop.rundir`.
 
 A run may still be in progress or may have been killed mid-write, so every file is optional and every line is
 checked on its own: what cannot be read is skipped and described in `RunData.notes`, which the report shows. Only a
@@ -7,18 +7,14 @@ directory with nothing readable at all raises `RunDirError`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KNOWN_FILES = ("config.yaml", "metrics.jsonl", "tasks.jsonl", "population.json", "eval.json")
-
-
-class RunDirError(Exception):
-    """The path holds nothing the report can show."""
+from lorapop.rundir import (AGENT, CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, TASKS, RunDir, RunDirError,
+                            iter_jsonl, read_json, read_text, role_from_id)
 
 
 @dataclass
@@ -76,42 +72,10 @@ def _num(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def _read_text(path: Path, notes: list[str]) -> str | None:
-    if not path.is_file():
-        return None
-    try:
-        return path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as e:
-        notes.append(f"{path.name}: unreadable ({type(e).__name__}: {e}), skipped")
-        return None
-
-
-def _jsonl(path: Path, notes: list[str]):
-    """Yields (line number, object) for every line that is a JSON object; notes the others."""
-    text = _read_text(path, notes)
-    if text is None:
-        return
-    lines = text.split("\n")
-    ends_clean = text.endswith("\n")
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            last = i == len(lines) and not ends_clean
-            notes.append(f"{path.name} line {i}: {'truncated' if last else 'not valid JSON'}, skipped")
-            continue
-        if not isinstance(obj, dict):
-            notes.append(f"{path.name} line {i}: not a JSON object, skipped")
-            continue
-        yield i, obj
-
-
 def _read_metrics(run: RunData) -> None:
     by_step: dict[float, dict] = {}
     dup = 0
-    for i, obj in _jsonl(run.path / "metrics.jsonl", run.notes):
+    for i, obj in iter_jsonl(run.path / METRICS, run.notes):
         step = _num(obj.get("step"))
         if step is None:
             run.notes.append(f"metrics.jsonl line {i}: no numeric 'step', skipped")
@@ -128,7 +92,7 @@ def _read_metrics(run: RunData) -> None:
 def _read_tasks(run: RunData) -> None:
     diag: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    for _, t in _jsonl(run.path / "tasks.jsonl", run.notes):
+    for _, t in iter_jsonl(run.path / TASKS, run.notes):
         run.n_tasks += 1
         proposer = str(t.get("proposer", "?"))
         counts[(proposer, str(t.get("type", "?")))] += 1
@@ -143,19 +107,8 @@ def _read_tasks(run: RunData) -> None:
     run.task_counts = dict(counts)
 
 
-def _read_json(path: Path, notes: list[str]) -> Any:
-    text = _read_text(path, notes)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        notes.append(f"{path.name}: not valid JSON ({e}), skipped")
-        return None
-
-
 def load_run(path: str | Path) -> RunData:
-    path = Path(path)
+    path = RunDir(path).path
     if not path.exists():
         raise RunDirError(f"{path}: no such directory")
     if not path.is_dir():
@@ -164,7 +117,7 @@ def load_run(path: str | Path) -> RunData:
     if not present:
         raise RunDirError(f"{path}: not a run directory (none of {', '.join(KNOWN_FILES)})")
     run = RunData(path=path, name=path.resolve().name or str(path))
-    run.config_text = _read_text(path / "config.yaml", run.notes)
+    run.config_text = read_text(path / CONFIG, run.notes)
     if run.config_text is not None:
         try:
             import yaml
@@ -175,13 +128,13 @@ def load_run(path: str | Path) -> RunData:
             run.notes.append(f"config.yaml: not valid YAML ({type(e).__name__}), shown as text")
     _read_metrics(run)
     _read_tasks(run)
-    pop = _read_json(path / "population.json", run.notes)
+    pop = read_json(path / POPULATION, run.notes)
     if pop is not None and not isinstance(pop, dict):
         run.notes.append("population.json: not a JSON object, skipped")
         pop = None
     run.population = pop
-    run.eval = _read_json(path / "eval.json", run.notes)
-    if "metrics.jsonl" not in present:
+    run.eval = read_json(path / EVAL, run.notes)
+    if METRICS not in present:
         run.notes.append("metrics.jsonl: missing (run not started yet?)")
     elif not run.metrics:
         run.notes.append("metrics.jsonl: no readable step yet")
@@ -228,7 +181,7 @@ def lineage(run: RunData) -> list[dict]:
 
 
 def roles(run: RunData) -> dict[str, str]:
-    """member id -> "teacher" | "student" | another role string (e.g. the single agent's "both")."""
+    """member id -> "teacher" | "student" | "agent" (the single agent plays both) | "member" (unknown)."""
     if "roles" in run._memo:
         return run._memo["roles"]
     out: dict[str, str] = {}
@@ -240,7 +193,7 @@ def roles(run: RunData) -> dict[str, str]:
         if e.get("child") is not None and isinstance(e.get("role"), str):
             out.setdefault(str(e["child"]), e["role"])
         if e.get("replaced") is not None and isinstance(e.get("role"), str):
-            out.setdefault(str(e["replaced"]), e["role"])  # replacement happens within a role (SPEC)
+            out.setdefault(str(e["replaced"]), e["role"])  # replacement happens within a role (docs/METHOD.md, Evolve)
     keys = run.keys()
     for mid in member_ids(run):
         if mid in out:
@@ -248,8 +201,8 @@ def roles(run: RunData) -> dict[str, str]:
         is_t = any(f"member/{mid}/{k}" in keys for k in ROLE_KEYS["teacher"]) or \
             any(k.startswith(f"complexity/{mid}/") for k in keys)
         is_s = any(f"member/{mid}/{k}" in keys for k in ROLE_KEYS["student"])
-        out[mid] = "both" if is_t and is_s else "teacher" if is_t or mid.startswith("t") else \
-            "student" if is_s or mid.startswith("s") else "member"
+        out[mid] = AGENT if is_t and is_s else "teacher" if is_t else "student" if is_s else \
+            role_from_id(mid) or "member"
     run._memo["roles"] = out
     return out
 

@@ -1,166 +1,149 @@
-"""Writes realistic run directories (the files of docs/ARCHITECTURE.md "Run directory") for the report tests.
+"""Run directories for the report tests, written by the trainer's own writers so their format cannot drift.
 
-The programs are real Python, their diagnostics come from `program_descriptors` and the coverage numbers from a real
-`CoverageTracker`, so the report is exercised on what a trainer would write. Rewards and ratings are synthetic
-random walks shaped like the paper's curves (the single agent's solve rate climbs while its programs get simpler).
+Everything but the model is real: the config is a `Config`, the directory is made by `RunDir.create`, each step's
+proposals and answers go through the trainer's `reward`, `update_batch`, `matches`, `task_records`,
+`update_coverage` and `step_metrics` stages, ratings are real TrueSkill, PBT births go through
+`Population.replace`, and `MetricsLogger` / `RunDir.write_population` / `RunDir.write_eval` write the files. Only
+what a model would say is drawn at random: which proposals are valid, which answers correct (the single agent's
+solve rate climbs while its programs get simpler, as in the paper), completion lengths, losses.
 """
 
 from __future__ import annotations
 
-import json
-import time
+import random
+import statistics
 from pathlib import Path
 
-import numpy as np
-import yaml
+from lorapop.config import load_config
+from lorapop.diagnostics.coverage import CoverageTracker
+from lorapop.engine.base import Completion
+from lorapop.evolve.pbt import Replacement
+from lorapop.rundir import RunDir
+from lorapop.tasks import Invalid, ParseError, Task
+from lorapop.train import stages
+from lorapop.train.logger import MetricsLogger
+from lorapop.train.metrics import population_members, step_metrics, task_records, update_coverage
+from lorapop.train.population import Population
+from lorapop.train.rating import Ratings
 
-from lorapop.diagnostics.complexity import program_descriptors
-from lorapop.diagnostics.coverage import CoverageConfig, CoverageTracker
-
-STAGES = ("propose", "validate", "solve", "check", "update", "rate", "evolve")
-STATS = ("ast_depth", "cyclomatic", "loc", "n_node_types", "input_size")
+TIMED = ("matchmake", "propose", "validate", "solve", "reward", "update", "rate", "evolve", "coverage")
 
 
-def make_program(rng: np.random.Generator, level: int) -> tuple[str, list[str]]:
+def make_program(rng: random.Random, level: int) -> tuple[str, list[str]]:
     lines, ind = ["def f(x, n):", "    acc = 0"], 1
     for i in range(level):
-        c = int(rng.integers(5))
+        c = rng.randrange(5)
         pad = "    " * ind
         if c == 0 and ind < 4:
-            lines += [f"{pad}for i{i} in range(n):", f"{pad}    acc += i{i} * {int(rng.integers(1, 5))}"]
+            lines += [f"{pad}for i{i} in range(n):", f"{pad}    acc += i{i} * {rng.randint(1, 4)}"]
             ind += 1
         elif c == 1 and ind < 4:
-            lines += [f"{pad}if acc % {int(rng.integers(2, 5))} == 0:", f"{pad}    acc = acc // 2 + len(x)"]
+            lines += [f"{pad}if acc % {rng.randint(2, 4)} == 0:", f"{pad}    acc = acc // 2 + len(x)"]
             ind += 1
         elif c == 2:
-            lines.append(f"{pad}acc = max(acc, len(x) - {int(rng.integers(0, 9))})")
+            lines.append(f"{pad}acc = max(acc, len(x) - {rng.randrange(9)})")
         elif c == 3:
             lines.append(f"{pad}acc += sum(v for v in x if v % 2)")
         else:
-            lines.append(f"{pad}x = sorted(x, reverse={bool(rng.integers(2))})")
+            lines.append(f"{pad}x = sorted(x, reverse={bool(rng.randrange(2))})")
     lines.append("    return acc")
-    inputs = [f"{[int(v) for v in rng.integers(0, 50, int(rng.integers(1, 3 + 2 * level)))]}, "
-              f"{int(rng.integers(1, 6))}" for _ in range(2)]
+    inputs = [f"{[rng.randrange(50) for _ in range(rng.randint(1, 2 + 2 * level))]}, {rng.randint(1, 5)}"
+              for _ in range(2)]
     return "\n".join(lines) + "\n", inputs
 
 
-def _clip(v: float) -> float:
-    return float(min(1.0, max(0.0, v)))
+def _completion(rng: random.Random, mean: float) -> Completion:
+    return Completion([1, 2, 3], list(range(max(1, int(rng.gauss(mean, 15))))), "", "eos")
 
 
-def write_run(run_dir: Path, *, members: list[tuple[str, str]], steps: int = 30, seed: int = 0,
-              replacements: list[dict] | None = None, tasks_per_teacher: int = 3, single: bool = False,
+def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int = 0,
+              replacements: list[dict] | None = None, tasks_per_type: int = 3, n_solve: int = 2,
               eval_json: dict | None = None) -> Path:
-    """members: (id, role) of the initial population; replacements: {"step", "replaced", "child", "parents",
-    "operator"} applied after that step's update, as the PBT stage would."""
+    """replacements: {"step", "replaced", "parents", "operator"}, applied in that step's evolve stage as PBT would
+    (the child's id comes from the population)."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    cfg = {"name": run_dir.name, "seed": seed, "model": "embedded",
-           "population": {"mode": "single" if single else "population",
-                          "n_teachers": sum(r in ("teacher", "both") for _, r in members),
-                          "n_students": sum(r in ("student", "both") for _, r in members)},
-           "train": {"steps": steps, "lr": 1e-4, "batch_per_member": 8},
-           "coverage": {"n_cells": 64, "seed": seed}}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    tracker = CoverageTracker(CoverageConfig(n_cells=64, seed=seed, kmeans_samples=2000), run_dir=run_dir)
-    alive = {mid: {"id": mid, "slot": i, "role": role, "mu": 25.0, "sigma": 25 / 3, "age": 0, "born_step": 0,
-                   "parents": [], "operator": None} for i, (mid, role) in enumerate(members)}
-    lineage: list[dict] = []
-    skill = {mid: 0.0 for mid in alive}
-    t0 = time.time() - steps * 10
-    with open(run_dir / "metrics.jsonl", "w") as mf, open(run_dir / "tasks.jsonl", "w") as tf:
+    cfg = load_config(None, overrides + [f"--run.steps={steps}", f"--run.seed={seed}",
+                                         f"--selfplay.tasks_per_type={tasks_per_type}", f"--selfplay.n_solve={n_solve}",
+                                         "--coverage.n_cells=64", "--coverage.kmeans_samples=2000", "--run.progress=none",
+                                         "--run.tensorboard=false", f"--run.output_dir={run_dir.parent}",
+                                         f"--run.name={run_dir.name}"])
+    rd = RunDir(run_dir)
+    from lorapop.config import config_to_yaml
+
+    rd.create(config_to_yaml(cfg))
+    rng = random.Random(seed)
+    sp = cfg.selfplay
+    pop = Population.create(cfg.population.mode, cfg.population.n_teachers, cfg.population.n_students)
+    ratings = Ratings()
+    for m in pop.members:
+        ratings.add(m.id)
+    coverage = CoverageTracker(cfg.coverage, run_dir=run_dir)
+    skill = {m.id: 0.0 for m in pop.members}
+    logger = MetricsLogger(rd, tensorboard=False)
+    try:
         for step in range(1, steps + 1):
             progress = step / steps
-            teachers = [m for m, a in alive.items() if a["role"] in ("teacher", "both")]
-            students = [m for m, a in alive.items() if a["role"] in ("student", "both")]
-            row: dict = {"step": step, "time": t0 + step * 10, "elapsed_s": step * 10.0}
-            all_rewards, diag_all = [], {s: [] for s in STATS}
-            solve_by_student: dict[str, list[float]] = {s: [] for s in students}
+            players = tuple(pop.members)
+            teachers, students = pop.teachers, pop.students
+            pairs = dict(zip((t.id for t in teachers), students[1:] + students[:1])) if not pop.single else \
+                {teachers[0].id: students[0]}
+            proposals, jobs = [], []
             for t in teachers:
-                level = max(0, int(round((1 - progress) * 3))) if single else 1 + int(progress * 5)
-                diag_t = {s: [] for s in STATS}
-                for _ in range(tasks_per_teacher):
-                    program, inputs = make_program(rng, level + int(rng.integers(0, 2)))
-                    d = program_descriptors(program, inputs)
-                    solvers = students if single else [s for s in students if s != t]
-                    rates = {}
-                    for s in solvers:
-                        p = _clip((0.4 + 0.55 * progress if single else 0.5 + 0.25 * np.sin(step / 3 + len(s)))
-                                  + skill[s] - 0.04 * level + rng.normal(0, 0.05))
-                        rates[s] = p
-                        solve_by_student[s].append(p)
-                        tracker.add(d, t, s)
-                    for s in STATS:
-                        diag_t[s].append(d[s])
-                        diag_all[s].append(d[s])
-                    tf.write(json.dumps({"step": step, "type": ["code_o", "code_i", "code_f"][int(rng.integers(3))],
-                                         "proposer": t, "solver": solvers[0] if solvers else None,
-                                         "program": program, "inputs": inputs, "outputs": ["0", "1"],
-                                         "message": "", "solve_rate": float(np.mean(list(rates.values()) or [0])),
-                                         "diagnostics": d}) + "\n")
-                for s in STATS:
-                    row[f"complexity/{t}/{s}"] = float(np.mean(diag_t[s]))
-                valid = _clip(0.55 + 0.3 * progress + rng.normal(0, 0.05))
-                row[f"member/{t}/valid_rate"] = valid
-                row[f"member/{t}/format_error_rate"] = _clip(0.2 * (1 - progress) + rng.normal(0, 0.02))
-                row[f"member/{t}/reward"] = float(valid * (1 - 0.5 * progress) + rng.normal(0, 0.03))
-                row[f"member/{t}/teacher_reward"] = row[f"member/{t}/reward"]
-            for s in STATS:
-                row[f"complexity/{s}"] = float(np.mean(diag_all[s]))
-            for s in students:
-                sr = float(np.mean(solve_by_student[s])) if solve_by_student[s] else 0.0
-                row[f"member/{s}/solve_rate"] = sr
-                row[f"member/{s}/student_reward"] = sr
-                t_r = row.get(f"member/{s}/teacher_reward")  # the single agent plays both roles
-                row[f"member/{s}/reward"] = sr if t_r is None else (sr + t_r) / 2
-                row[f"member/{s}/format_error_rate"] = _clip(0.1 * (1 - progress) + rng.normal(0, 0.02))
-                all_rewards.append(sr)
-                skill[s] += rng.normal(0.002, 0.01)
-            for m in alive:
-                row[f"member/{m}/mean_length"] = float(180 + 60 * progress + rng.normal(0, 10))
-                row[f"member/{m}/n_samples"] = 8
-                row[f"member/{m}/loss"] = float(rng.normal(0, 0.05))
-                row[f"member/{m}/n_tokens"] = int(row[f"member/{m}/mean_length"] * 8)
-                a = alive[m]
-                a["mu"] += float(rng.normal(0, 0.6))
-                a["sigma"] = max(1.5, a["sigma"] * 0.95)
-                a["age"] += 1
-                row[f"trueskill/{m}/mu"], row[f"trueskill/{m}/sigma"] = a["mu"], a["sigma"]
-                row[f"trueskill/{m}/expose"] = a["mu"] - 3 * a["sigma"]
-            row["reward"] = float(np.mean(all_rewards))
-            row["reward_std"] = float(np.std(all_rewards))
-            row["student/reward"] = row["reward"]
-            row["student/solve_rate"] = row["reward"]
-            row["teacher/reward"] = float(np.mean([row[f"member/{t}/reward"] for t in teachers]))
-            row["valid_rate"] = float(np.mean([row[f"member/{t}/valid_rate"] for t in teachers]))
-            row["format_error_rate"] = float(np.mean([row[f"member/{m}/format_error_rate"] for m in alive]))
-            row["teacher/format_error_rate"] = float(np.mean([row[f"member/{t}/format_error_rate"] for t in teachers]))
-            row["student/format_error_rate"] = float(np.mean([row[f"member/{m}/format_error_rate"] for m in students]))
-            for i, tt in enumerate(("code_o", "code_i", "code_f")):
-                row[f"{tt}/valid_rate"] = _clip(row["valid_rate"] - 0.1 * i + rng.normal(0, 0.03))
-                row[f"{tt}/solve_rate"] = _clip(row["student/solve_rate"] + 0.1 * (1 - i) + rng.normal(0, 0.03))
-            row["completions/mean_length"] = float(np.mean([row[f"member/{m}/mean_length"] for m in alive]))
-            row.update(tracker.metrics(alive))
-            for i, st in enumerate(STAGES):
-                row[f"time/{st}"] = float(0.5 + i * 0.3 + abs(rng.normal(0, 0.1)))
-            mf.write(json.dumps(row) + "\n")
-            for rep in replacements or []:
-                if rep["step"] != step:
+                student = pairs[t.id]
+                level = max(0, round((1 - progress) * 3)) if pop.single else 1 + int(progress * 5)
+                for tt in sp.task_types:
+                    for _ in range(sp.tasks_per_type):
+                        c = _completion(rng, 180 + 60 * progress)
+                        draw = rng.random()
+                        if draw < 0.2 * (1 - progress):
+                            proposals.append(stages.Rollout(t, "teacher", tt, [1], c, status="format_error",
+                                                            result=ParseError("missing_block")))
+                            continue
+                        if draw > 0.55 + 0.3 * progress:
+                            proposals.append(stages.Rollout(t, "teacher", tt, [1], c, status="invalid",
+                                                            result=Invalid("not_deterministic")))
+                            continue
+                        program, inputs = make_program(rng, level + rng.randrange(2))
+                        task = Task(tt, program, inputs, ["0", "1"], proposer=t.id, step=step)
+                        proposals.append(stages.Rollout(t, "teacher", tt, [1], c, status="valid", task=task,
+                                                        result=task))
+                        p = (0.4 + 0.55 * progress if pop.single else 0.5) + skill[student.id] - 0.04 * level
+                        jobs.append(stages.SolveJob(task, tt, student, t, tuple(
+                            stages.Rollout(student, "student", tt, [1], _completion(rng, 120), task=task,
+                                           status="correct" if rng.random() < p else "wrong")
+                            for _ in range(sp.n_solve))))
+            proposals, jobs = stages.reward(proposals, jobs, sp.teacher_reward)
+            batch = stages.update_batch(proposals, jobs, pop.single, sp.tasks_per_type, rng)
+            train_stats = {m.slot: {"loss": rng.gauss(0, 0.05), "grad_norm": abs(rng.gauss(1, 0.2))}
+                           for m in pop.members}
+            for match in stages.matches(jobs):
+                ratings.record(match)
+            for m in pop.members:
+                skill[m.id] += rng.gauss(0.002, 0.01)
+            lineage = []
+            for r in replacements or []:
+                if r["step"] != step:
                     continue
-                old = alive.pop(rep["replaced"])
-                parent = alive[rep["parents"][0]]
-                alive[rep["child"]] = {"id": rep["child"], "slot": old["slot"], "role": old["role"],
-                                       "mu": parent["mu"], "sigma": 25 / 3, "age": 0, "born_step": step,
-                                       "parents": list(rep["parents"]), "operator": rep["operator"]}
-                skill[rep["child"]] = skill.get(rep["parents"][0], 0.0)
-                lineage.append({"step": step, "child": rep["child"], "replaced": rep["replaced"],
-                                "parents": list(rep["parents"]), "operator": rep["operator"],
-                                "params": {"eps": 0.1}, "role": old["role"]})
-    (run_dir / "population.json").write_text(json.dumps(
-        {"step": steps, "members": list(alive.values()), "lineage": lineage}, indent=1))
+                old = pop.get(r["replaced"])
+                parents = tuple(r["parents"])
+                rep = Replacement(old.slot, old.role, old.id, parents, tuple(pop.get(p).slot for p in parents),
+                                  tuple(ratings.expose(p) for p in parents), r["operator"], step=step)
+                child, record = pop.replace(rep, {"eps": 0.1}, step)
+                ratings.add(child.id, mu=statistics.fmean(ratings.mu(p) for p in parents))
+                skill[child.id] = skill[parents[0]]
+                lineage.append(record)
+            rows = task_records(step, jobs)
+            update_coverage(coverage, rows)
+            times = {name: 0.5 + i * 0.3 + abs(rng.gauss(0, 0.1)) for i, name in enumerate(TIMED)}
+            result = stages.StepResult(step, players, tuple(proposals), tuple(jobs), tuple(batch), train_stats,
+                                       tuple(lineage), times)
+            logger.log_tasks(rows)
+            logger.log_step(step, step_metrics(result, rows, ratings, coverage, sp.task_types))
+            rd.write_population(step, population_members(pop, ratings, step), pop.lineage)
+    finally:
+        logger.close()
     if eval_json is not None:
-        (run_dir / "eval.json").write_text(json.dumps(eval_json))
+        rd.write_eval(eval_json)
     return run_dir
 
 
@@ -170,15 +153,14 @@ EVAL = {"benchmarks": {"mbpp_plus": {"base": 0.312, "members": {"s0": 0.334, "s2
 
 
 def write_population_run(run_dir: Path, steps: int = 30) -> Path:
-    """2 teachers + 2 students; s1 is replaced at step 15 (M1 from s0), t1 at step 22 (average of t0 and t1)."""
-    return write_run(run_dir, members=[("t0", "teacher"), ("t1", "teacher"), ("s0", "student"), ("s1", "student")],
-                     steps=steps, seed=1, eval_json=EVAL,
-                     replacements=[{"step": 15, "replaced": "s1", "child": "s2", "parents": ["s0"],
-                                    "operator": "svd_structured"},
-                                   {"step": 22, "replaced": "t1", "child": "t2", "parents": ["t0", "t1"],
-                                    "operator": "average"}])
+    """2 teachers + 2 students; s1 is replaced at step 15 (svd_structured of s0), t1 at step 22 (average of t0 and
+    t1): the children are s2 and t2."""
+    return write_run(run_dir, overrides=["--population.n_teachers=2", "--population.n_students=2"], steps=steps,
+                     seed=1, eval_json=EVAL,
+                     replacements=[{"step": 15, "replaced": "s1", "parents": ["s0"], "operator": "svd_structured"},
+                                   {"step": 22, "replaced": "t1", "parents": ["t0", "t1"], "operator": "average"}])
 
 
 def write_single_run(run_dir: Path, steps: int = 30) -> Path:
-    """The `single` baseline: one member playing both roles, no replacements."""
-    return write_run(run_dir, members=[("a0", "both")], steps=steps, seed=2, single=True, tasks_per_teacher=4)
+    """The `single` baseline: one agent playing both roles, no replacements."""
+    return write_run(run_dir, overrides=["--population.mode=single"], steps=steps, seed=2, tasks_per_type=4)

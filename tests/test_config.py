@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lorapop.config import Config, config_to_yaml, load_config
-from lorapop.configlib import ConfigError, describe
+from lorapop.configlib import ConfigError, describe, doc
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "lorapop" / "configs"
@@ -96,7 +96,48 @@ def test_cli_rejects_bad_input_before_loading_a_model(args, fragment, tmp_path):
 
 
 def test_cli_refuses_existing_run_dir_without_resume(tmp_path):
-    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "checkpoints" / "step_000001").mkdir(parents=True)
+    (tmp_path / "x" / "checkpoints" / "step_000001" / "COMPLETE").write_text("1")  # something to resume
     (tmp_path / "x" / "config.yaml").write_text(yaml.safe_dump({}))
     res = _train(["--run.output_dir=" + str(tmp_path), "--run.name=x"], tmp_path)
     assert res.returncode == 2 and "already exists; continue it with --resume" in res.stderr
+
+
+def test_eval_flags_are_generated_from_every_eval_config_field():
+    import dataclasses
+
+    from lorapop.eval.runner import EvalConfig, build_parser, config_from_args
+
+    p = build_parser()
+    flags = set(p._option_string_actions)
+    for f in dataclasses.fields(EvalConfig):
+        assert "--" + f.name.replace("_", "-") in flags, f.name
+    cfg = config_from_args(p.parse_args(["r1", "--limit", "3", "--data", "gsm8k=x.jsonl", "--no-write-run-files",
+                                         "--code-timeout-s", "2.5", "--max-new-tokens", "7"]))
+    assert (cfg.limit, cfg.data, cfg.write_run_files, cfg.code_timeout_s) == (3, {"gsm8k": "x.jsonl"}, False, 2.5)
+    assert cfg.max_new_tokens_code == cfg.max_new_tokens_math == 7 and cfg.benchmarks == EvalConfig().benchmarks
+
+
+def test_a_new_dataclass_field_is_a_typed_flag_without_cli_code(capsys):
+    import argparse
+    from dataclasses import dataclass
+
+    from lorapop.configlib import add_arguments, from_args
+
+    @dataclass
+    class C:
+        time_limit_factor: float = doc(4.0, "multiplier on the reference time")
+        prompt: str | None = doc(None, "prompt template")
+
+    p = argparse.ArgumentParser()
+    add_arguments(p, C)
+    assert from_args(C, p.parse_args(["--time-limit-factor", "1.5"])) == C(1.5, None)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--time-limit-factor", "fast"])
+    assert "time-limit-factor: expected float, got str 'fast'" in capsys.readouterr().err
+
+
+def test_unknown_eval_flag_suggests_the_nearest(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "lorapop.cli", "eval", "--limt", "3"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "did you mean '--limit'?" in res.stderr

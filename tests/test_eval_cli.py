@@ -14,14 +14,17 @@ pytestmark = pytest.mark.slow
 
 
 def _write_run(root: Path, engine, slots: dict[str, int], roles: dict[str, str], mode: str, step: int = 3) -> Path:
-    ck = root / "checkpoints" / f"step_{step:06d}"
-    for mid, slot in slots.items():
-        engine.save_adapter(slot, ck / "adapters" / mid)
-    (ck / "COMPLETE").write_text(str(step))
-    (root / "population.json").write_text(json.dumps(
-        {"step": step, "members": [{"id": m, "slot": s, "role": roles[m]} for m, s in slots.items()]}))
-    (root / "config.yaml").write_text(f"model:\n  name: embedded\npopulation:\n  mode: {mode}\n"
-                                      f"engine:\n  rank: 4\n  lora_alpha: 8\n")
+    """A run directory as the trainer writes it (through lorapop.rundir), with the engine's adapters."""
+    from lorapop.config import config_to_yaml, load_config
+    from lorapop.rundir import ADAPTERS, Member, RunDir
+
+    rd = RunDir(root)
+    rd.create(config_to_yaml(load_config(None, [f"--population.mode={mode}", "--engine.rank=4",
+                                                "--engine.lora_alpha=8"])))
+    with rd.new_checkpoint(step) as tmp:
+        for mid, slot in slots.items():
+            engine.save_adapter(slot, tmp / ADAPTERS / mid)
+    rd.write_population(step, [Member(m, s, roles[m]).to_json() for m, s in slots.items()], [])
     return root
 
 

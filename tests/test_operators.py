@@ -1,4 +1,4 @@
-"""LoRA weight-space operators (SPEC section 4) on small random adapters (dense dW only inside the tests)."""
+"""LoRA weight-space operators (docs/METHOD.md, Operators) on small random adapters (dense dW only inside the tests)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lorapop.evolve.operators import OPERATORS, get_operator, make_child
-from lorapop.evolve.svd import lora_svd
+from lorapop.evolve.svd import modules_svd
 
 R = 6
 # (d_in, d_out); two modules share a shape so the batched (grouped) path runs with n > 1
@@ -58,28 +58,27 @@ def test_qr_route_matches_dense_svd():
     ad = adapter(3)
     for name in SHAPES:
         A, B = ad[name]
-        d = lora_svd(A, B)
+        d = modules_svd([A], [B])
+        left, right, S = d.Qb[0] @ d.U[0], d.Qa[0] @ d.Vh[0].mT, d.S[0]
         dense = B.double() @ A.double()
         ref = torch.linalg.svdvals(dense)[:R]
-        torch.testing.assert_close(d.S.double(), ref, atol=1e-5, rtol=1e-5)
-        recon = (d.left * d.S) @ d.right.mT
+        torch.testing.assert_close(S.double(), ref, atol=1e-5, rtol=1e-5)
+        recon = (left * S) @ right.mT
         torch.testing.assert_close(recon.double(), dense, atol=1e-5, rtol=1e-5)
-        assert d.left.shape == (B.shape[0], R) and d.right.shape == (A.shape[1], R)
+        assert left.shape == (B.shape[0], R) and right.shape == (A.shape[1], R)
 
 
 def test_qr_route_batched_equals_per_module():
     ad = adapter(4)
-    A = torch.stack([ad["m.q"][0], ad["m.o"][0]])
-    B = torch.stack([ad["m.q"][1], ad["m.o"][1]])
-    d = lora_svd(A, B)
+    d = modules_svd([ad["m.q"][0], ad["m.o"][0]], [ad["m.q"][1], ad["m.o"][1]])
     for i, name in enumerate(["m.q", "m.o"]):
-        torch.testing.assert_close(d.S[i], lora_svd(*ad[name]).S)
+        torch.testing.assert_close(d.S[i], modules_svd([ad[name][0]], [ad[name][1]]).S[0])
 
 
 def test_qr_route_in_float32_for_bf16_input():
     A, B = adapter(5, torch.bfloat16)["m.q"]
-    d = lora_svd(A, B)
-    assert d.S.dtype == torch.float32 and d.Qb.dtype == torch.float32
+    d = modules_svd([A], [B])
+    assert d.S.dtype == torch.float32 and d.Qb[0].dtype == torch.float32
 
 
 # ---- contract: every operator ----------------------------------------------------------------------------------

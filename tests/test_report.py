@@ -11,7 +11,9 @@ import pytest
 from fixtures_runs import write_population_run, write_single_run
 
 from lorapop.report import SECTIONS, json_tables, main, write_report
+from lorapop.config import config_to_yaml, load_config
 from lorapop.report_data import RunDirError, load_run
+from lorapop.rundir import RunDir
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def test_one_run_has_every_section_and_plot(runs):
         assert f"<title>{mid}</title>" in html
     assert "every file was read in full" in html
     assert "mbpp_plus" in html and "0.334" in html  # eval.json as a table
-    assert "batch_per_member: 8" in html  # config.yaml verbatim
+    assert "tasks_per_type: 3" in html and "n_teachers: 2" in html  # config.yaml verbatim
 
 
 def test_overlay_of_single_and_population(runs, tmp_path):
@@ -89,8 +91,7 @@ def test_resumed_run_keeps_the_later_copy_of_a_step(runs, tmp_path):
 
 def test_run_in_progress_with_only_a_config(tmp_path):
     run = tmp_path / "starting"
-    run.mkdir()
-    (run / "config.yaml").write_text("name: starting\nsteps: 100\n")
+    RunDir(run).create(config_to_yaml(load_config(None, ["--run.steps=100"])))  # what a starting run holds
     html = write_report([run]).read_text()
     assert _sections(html) == [sid for sid, _ in SECTIONS]
     assert "metrics.jsonl: missing" in html and "no data:" in html

@@ -77,8 +77,7 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
     from lorapop.train.loop import Trainer, load_run_config
 
     state = json.loads((ckpts / "step_000001" / "trainer_state.json").read_text())
-    trainer = Trainer(load_run_config(run, []), run, resume=True)
-    try:
+    with Trainer(load_run_config(run, []), run, resume=True) as trainer:
         assert trainer.step == 1
         assert not any(x.name.startswith(".tmp-") for x in ckpts.iterdir())
         assert _steps(run / "metrics.jsonl") == [1]
@@ -92,9 +91,6 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
                 key = f"base_model.model.{name}"
                 assert torch.equal(saved[f"{key}.lora_A.weight"], a)
                 assert torch.equal(saved[f"{key}.lora_B.weight"], b)
-    finally:
-        trainer.close()
-        trainer.logger.close()
 
     # 3) resumed again, runs to the end
     p = _start(["--resume", str(run)], tmp_path)
@@ -134,3 +130,58 @@ def test_resume_refuses_incompatible_checkpoint(tmp_path):
                          text=True, timeout=120)
     assert res.returncode == 2
     assert "engine.rank: the checkpoint was made with 8, this config says 16" in res.stderr
+
+
+def _killed_at(point: str, args: list[str], cwd: Path) -> str:
+    """Run the CLI until it SIGKILLs itself (and its sandbox workers) at ``point``; returns its output."""
+    p = _start(args, cwd, {"LORAPOP_TEST_KILL_AT": point})
+    out, _ = p.communicate(timeout=900)  # a loaded 2-core machine needs minutes for a model load and two steps
+    assert p.returncode == -signal.SIGKILL, f"expected a kill at {point}, got rc {p.returncode}:\n{out}"
+    return out
+
+
+def test_killed_at_every_point_of_startup_and_first_step_then_resumed(tmp_path):
+    """Each kill leaves a directory that ``--resume`` (or starting again with the same name) takes forward."""
+    run = tmp_path / "runs" / "startup"
+    args = TINY + ["--run.steps=2", f"--run.output_dir={tmp_path / 'runs'}", "--run.name=startup"]
+    resume = ["--resume", str(run), "--run.steps=2"]
+    restarted = "held no complete checkpoint (killed before its first save); starting it again from step 0"
+
+    _killed_at("run_dir", args, tmp_path)  # the directory exists, with its config and nothing else
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert restarted in _killed_at("coverage", resume, tmp_path)
+    assert (run / "coverage_centroids.npy").is_file()
+
+    # a directory left by a trainer that wrote its config late: no config.yaml, so --resume alone has nothing to go on
+    (run / "config.yaml").unlink()
+    res = subprocess.run([sys.executable, "-m", "lorapop.cli", "train", *resume], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "holds nothing to resume and no config.yaml" in res.stderr
+    # ... and starting it again under the same name restarts it
+    assert restarted in _killed_at("engine", args, tmp_path)
+    assert (run / "config.yaml").is_file()
+
+    for point in ("step1:propose", "step1:log"):
+        assert restarted in _killed_at(point, resume, tmp_path)
+    assert _steps(run / "metrics.jsonl") == [1]  # logged before the kill; no checkpoint yet
+
+    # killed in step 2 after step 1's checkpoint: a real resume, step 2's partial lines dropped
+    out = _killed_at("step2:log", resume, tmp_path)
+    assert restarted in out and (run / "checkpoints" / "step_000001" / "COMPLETE").is_file()
+    assert _steps(run / "metrics.jsonl") == [1, 2]
+    p = _start(resume, tmp_path)
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+    assert restarted not in out
+    assert _steps(run / "metrics.jsonl") == [1, 2]
+    assert [c.name for c in sorted((run / "checkpoints").iterdir())] == ["step_000001", "step_000002"]
+
+
+def test_a_foreign_directory_is_never_emptied(tmp_path):
+    run = tmp_path / "runs" / "mine"
+    run.mkdir(parents=True)
+    (run / "notes.txt").write_text("my notes")
+    res = subprocess.run([sys.executable, "-m", "lorapop.cli", "train", *TINY, f"--run.output_dir={tmp_path / 'runs'}",
+                          "--run.name=mine"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "files a run does not write (notes.txt)" in res.stderr
+    assert (run / "notes.txt").read_text() == "my notes"

@@ -1,4 +1,4 @@
-"""Unit tests pinning the self-play mechanics of SPEC section 3 with small fake inputs (no model)."""
+"""Unit tests pinning the self-play mechanics of docs/METHOD.md, The step with small fake inputs (no model)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from lorapop.config import SelfPlayConfig
 from lorapop.engine.base import Completion
 from lorapop.tasks import Invalid, ParseError
 from lorapop.train import stages
@@ -109,8 +110,10 @@ def test_students_never_solve_their_teachers_other_or_own_tasks_and_get_equal_wo
     valid = [valid_rollout(t0, "code_o", "t0-a"), valid_rollout(t0, "code_o", "t0-b"),
              valid_rollout(t1, "code_i", "t1-a")]
     buffers = {tt: FakeBuffer(tt) for tt in ("code_o", "code_i")}
-    jobs = stages.solve_jobs({"t0": s1, "t1": s0}, {"t0": t0, "t1": t1}, valid, buffers, ["code_o", "code_i"], 3,
-                             random.Random(0))
+    sp = SelfPlayConfig(task_types=["code_o", "code_i"], tasks_per_type=3)
+    ctx = stages.StepContext(1, 0, None, None, sp, buffers)  # solve_jobs needs neither engine nor executor
+    invalid = stages.Rollout(t1, "teacher", "code_o", [1], completion(), status="invalid", task=None)
+    jobs = stages.solve_jobs(ctx, {"t0": s1, "t1": s0}, {"t0": t0, "t1": t1}, valid + [invalid])
     per_student = collections.Counter((j.student.id, j.task_type) for j in jobs)
     assert per_student == {("s1", "code_o"): 3, ("s1", "code_i"): 3, ("s0", "code_o"): 3, ("s0", "code_i"): 3}
     matched = [(j.student.id, j.task) for j in jobs if j.teacher is not None]
@@ -131,15 +134,14 @@ def test_teacher_reward_modes_and_student_rewards():
                                 result=ParseError("missing_block")))
     jobs = []
     for task, statuses in zip(tasks, [("correct", "correct"), ("correct", "wrong"), ("wrong", "format_error")]):
-        job = stages.SolveJob(task, "code_o", s0, t0)
-        job.rollouts = [stages.Rollout(s0, "student", "code_o", [1], completion(), status=s, task=task)
-                        for s in statuses]
-        jobs.append(job)
-    stages.reward(props, jobs, "adversarial")
-    assert [r.reward for r in props] == [0.0, 0.5, 1.0, -0.5, -1.0]
-    assert [r.reward for j in jobs for r in j.rollouts] == [1.0, 1.0, 1.0, -0.5, -0.5, -1.0]
-    stages.reward(props, jobs, "learnability")
-    assert [r.reward for r in props] == [0.0, 0.5, 0.0, -0.5, -1.0]
+        jobs.append(stages.SolveJob(task, "code_o", s0, t0, tuple(
+            stages.Rollout(s0, "student", "code_o", [1], completion(), status=s, task=task) for s in statuses)))
+    rewarded, rjobs = stages.reward(props, jobs, "adversarial")
+    assert [r.reward for r in rewarded] == [0.0, 0.5, 1.0, -0.5, -1.0]
+    assert [r.reward for j in rjobs for r in j.rollouts] == [1.0, 1.0, 1.0, -0.5, -0.5, -1.0]
+    assert [r.reward for r in props] == [0.0] * 5  # results are new values; the inputs are unchanged
+    rewarded, _ = stages.reward(props, jobs, "learnability")
+    assert [r.reward for r in rewarded] == [0.0, 0.5, 0.0, -0.5, -1.0]
 
 
 def test_trr_plus_plus_groups_by_member_type_and_role():
@@ -166,9 +168,7 @@ def test_update_batch_is_compute_matched_between_population_and_single(tpt):
     jobs = []
     for tt in types:
         for _ in range(tpt):
-            job = stages.SolveJob("x", tt, s0, t0)
-            job.rollouts = _rollouts_for(s0, "student", tt, 3)
-            jobs.append(job)
+            jobs.append(stages.SolveJob("x", tt, s0, t0, tuple(_rollouts_for(s0, "student", tt, 3))))
     batch = stages.update_batch(props, jobs, single=False, tasks_per_type=tpt, rng=random.Random(0))
     counts = collections.Counter(r.member.id for r in batch)
     assert counts == {"t0": 3 * tpt, "s0": 3 * tpt}
@@ -178,9 +178,7 @@ def test_update_batch_is_compute_matched_between_population_and_single(tpt):
     jobs = []
     for tt in types:
         for _ in range(tpt):
-            job = stages.SolveJob("x", tt, agent, agent)
-            job.rollouts = _rollouts_for(agent, "student", tt, 3)
-            jobs.append(job)
+            jobs.append(stages.SolveJob("x", tt, agent, agent, tuple(_rollouts_for(agent, "student", tt, 3))))
     batch = stages.update_batch(props, jobs, single=True, tasks_per_type=tpt, rng=random.Random(0))
     assert len(batch) == 3 * tpt  # the single agent's one adapter gets exactly what each population member gets
     roles = collections.Counter(r.role for r in batch)
@@ -191,9 +189,8 @@ def test_matches_only_for_this_steps_valid_tasks_and_half_solved_wins():
     t0, _, s0, _ = make_pop()
 
     def job(statuses, teacher):
-        j = stages.SolveJob("x", "code_o", s0, teacher)
-        j.rollouts = [stages.Rollout(s0, "student", "code_o", [1], completion(), status=s) for s in statuses]
-        return j
+        return stages.SolveJob("x", "code_o", s0, teacher, tuple(
+            stages.Rollout(s0, "student", "code_o", [1], completion(), status=s) for s in statuses))
 
     ms = stages.matches([job(["correct", "wrong"], t0), job(["wrong", "format_error"], t0),
                          job(["correct", "correct"], None)])
@@ -209,11 +206,17 @@ def test_step_rng_is_independent_of_hash_seed_and_differs_by_stage():
 
 # ---- population ------------------------------------------------------------------------------------------------------
 def test_population_replace_keeps_slot_and_role_and_records_lineage():
+    from lorapop.evolve.pbt import Replacement
+
     pop = Population.create("population", 2, 2)
-    child = pop.replace(1, {"parents": ["t0"], "operator": "svd_structured", "params": {"eps": 0.1}}, step=5)
-    assert (child.id, child.slot, child.role, child.born_step) == ("t2", 1, "teacher", 5)
+    rep = Replacement(slot=1, role="teacher", old_id="t1", parents=("t0",), parent_slots=(0,), fitness=(1.0,),
+                      operator="svd_structured", step=5)
+    child, record = pop.replace(rep, {"eps": 0.1}, step=5)
+    assert (child.id, child.slot, child.role, child.born_step, child.parents) == ("t2", 1, "teacher", 5, ("t0",))
     assert [m.id for m in pop.teachers] == ["t0", "t2"]
-    assert pop.lineage[-1]["replaced"] == "t1" and pop.lineage[-1]["parents"] == ["t0"]
+    assert pop.lineage == [record]
+    assert record == {"step": 5, "child": "t2", "replaced": "t1", "parents": ["t0"], "operator": "svd_structured",
+                      "params": {"eps": 0.1}, "role": "teacher", "slot": 1, "id": rep.operator_id}
     again = Population.from_state_dict(pop.state_dict())
     assert again.state_dict() == pop.state_dict()
     single = Population.create("single", 4, 4)

@@ -29,8 +29,7 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
                                     "--evolve.operators={full_gaussian: 1.0}", "--run.steps=2",
                                     f"--run.output_dir={tmp_path}", "--run.name=pop"])
     run = tmp_path / "pop"
-    trainer = Trainer(cfg, run)
-    try:
+    with Trainer(cfg, run) as trainer:
         trainer.train_step(1)
         before = {m.slot: trainer.engine.get_adapter(m.slot) for m in trainer.population.members}
         steps_before = trainer.engine.optimizer.step_count.clone()
@@ -39,27 +38,24 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
         trainer.train_step(2)
         trainer.step = 2
         trainer.save_checkpoint()
-    finally:
-        trainer.close()
-        trainer.logger.close()
 
-    lineage = trainer.population.lineage
-    assert len(lineage) == 2  # one per role (quantile 0.25 of 2 -> 1)
-    assert sorted(rec["role"] for rec in lineage) == ["student", "teacher"]
-    for rec in lineage:
-        parent = next(m for m in rec["parents"])
-        assert parent[0] == rec["replaced"][0] == rec["child"][0]  # same role letter: never across roles
-        child = trainer.population.get(rec["child"])
-        assert child.slot == rec["slot"] and child.born_step == 2
-        # the child's optimizer state was reset after its parents' update of step 2 ...
-        assert int(trainer.engine.optimizer.step_count[child.slot]) == 0
-        # ... its rating sigma is back to the prior, its mu the parent's
-        assert trainer.ratings.sigma(child.id) == pytest.approx(sigma_prior)
-        # and its weights differ from what the slot held before (a real mutation happened)
-        now = trainer.engine.get_adapter(child.slot)
-        assert any(not torch.equal(now[k][0], before[child.slot][k][0]) for k in now)
-    survivors = [m for m in trainer.population.members if m.born_step == 0]
-    assert all(int(trainer.engine.optimizer.step_count[m.slot]) == 2 for m in survivors)
+        lineage = trainer.population.lineage
+        assert len(lineage) == 2  # one per role (quantile 0.25 of 2 -> 1)
+        assert sorted(rec["role"] for rec in lineage) == ["student", "teacher"]
+        for rec in lineage:
+            parent = next(m for m in rec["parents"])
+            assert parent[0] == rec["replaced"][0] == rec["child"][0]  # same role letter: never across roles
+            child = trainer.population.get(rec["child"])
+            assert child.slot == rec["slot"] and child.born_step == 2
+            # the child's optimizer state was reset after its parents' update of step 2 ...
+            assert int(trainer.engine.optimizer.step_count[child.slot]) == 0
+            # ... its rating sigma is back to the prior, its mu the parent's
+            assert trainer.ratings.sigma(child.id) == pytest.approx(sigma_prior)
+            # and its weights differ from what the slot held before (a real mutation happened)
+            now = trainer.engine.get_adapter(child.slot)
+            assert any(not torch.equal(now[k][0], before[child.slot][k][0]) for k in now)
+        survivors = [m for m in trainer.population.members if m.born_step == 0]
+        assert all(int(trainer.engine.optimizer.step_count[m.slot]) == 2 for m in survivors)
 
     metrics = _lines(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
@@ -88,12 +84,9 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
 def test_one_single_agent_step_matches_population_work(tmp_path):
     cfg = load_config(None, TINY + ["--population.mode=single", "--run.steps=1", f"--run.output_dir={tmp_path}",
                                     "--run.name=single"])
-    trainer = Trainer(cfg, tmp_path / "single")
-    try:
+    with Trainer(cfg, tmp_path / "single") as trainer:
         m = trainer.train_step(1)
-    finally:
-        trainer.close()
-        trainer.logger.close()
-    assert m["member/a0/n_samples"] == 2  # the same 2 samples per update as each population member
-    assert int(trainer.engine.optimizer.step_count[0]) == 1
-    assert trainer.population.lineage == []
+        assert m["member/a0/n_samples"] == 2  # the same 2 samples per update as each population member
+        assert int(trainer.engine.optimizer.step_count[0]) == 1
+        assert trainer.population.lineage == []
+    assert trainer._owned == []  # the engine, executor, logs and display were closed on leaving the block

@@ -1,4 +1,4 @@
-"""Per-program descriptors of a proposed task (SPEC section 5).
+"""Per-program descriptors of a proposed task (docs/METHOD.md, Diagnostics).
 
 `program_descriptors(program, inputs)` returns a flat ``dict[str, float]``:
 

@@ -1,4 +1,4 @@
-"""Coverage of program space: a CVT archive over normalised program descriptors (SPEC section 5).
+"""Coverage of program space: a CVT archive over normalised program descriptors (docs/METHOD.md, Diagnostics).
 
 Every valid task lands in one cell of a Centroidal Voronoi Tessellation of the unit cube over
 `COVERAGE_DESCRIPTORS` (AST depth, cyclomatic complexity, lines of code, distinct node types, input size). Coverage is

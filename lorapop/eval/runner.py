@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get
                                parse_benchmarks)
 from lorapop.eval.prompts import PROMPT_CHOICES, describe, template_for
 from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
+from lorapop.rundir import RunDir
 
 BASE = -1
 
@@ -120,7 +121,7 @@ def _discover(run_dirs: list[str], step: int | None) -> list[_Run]:
         p = Path(d)
         ck = find_checkpoint(p, step)
         members = load_members(p, ck)
-        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p, members)))
+        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p)))
     return runs
 
 
@@ -269,7 +270,7 @@ def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, 
     if cfg.write_run_files:
         for ro in run_objs:
             one = dict(result, runs=[ro])
-            (Path(ro["run_dir"]) / "eval.json").write_text(json.dumps(one, indent=1))
+            RunDir(ro["run_dir"]).write_eval(one)
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=1))
@@ -314,41 +315,26 @@ def format_table(result: dict) -> str:
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Flags come from :class:`EvalConfig` (lorapop.configlib.add_arguments): a new field is a new flag."""
+    from lorapop.configlib import add_arguments
+
     p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
-    helps = {f.name: f.metadata.get("help", "") for f in fields(EvalConfig)}
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
-    p.add_argument("--model", default="embedded", help=helps["model"])
-    p.add_argument("--threads", type=int, default=None, help=helps["threads"])
-    p.add_argument("--benchmarks", default="available", help=helps["benchmarks"])
-    p.add_argument("--prompt", default="auto", choices=PROMPT_CHOICES, help=helps["prompt"])
-    p.add_argument("--min-time-limit", type=float, default=1.0, help=helps["min_time_limit"])
-    p.add_argument("--gt-time-limit-factor", type=float, default=4.0, help=helps["gt_time_limit_factor"])
-    p.add_argument("--math-timeout-s", type=float, default=20.0, help=helps["math_timeout_s"])
-    p.add_argument("--limit", type=int, default=None, help=helps["limit"])
-    p.add_argument("--step", type=int, default=None, help=helps["step"])
     p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
-    p.add_argument("--batch-size", type=int, default=32, help=helps["batch_size"])
-    p.add_argument("--data-dir", default=None, help=helps["data_dir"])
-    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help=helps["data"])
-    p.add_argument("--device", default="auto", help=helps["device"])
-    p.add_argument("--baseline", default=None, help=helps["baseline"])
-    p.add_argument("--out", default=None, help=helps["out"])
-    p.add_argument("--keep-text", action="store_true", help=helps["keep_text"])
+    add_arguments(p, EvalConfig)
     return p
 
 
 def config_from_args(a: argparse.Namespace) -> EvalConfig:
-    data = {}
-    for item in a.data:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise BenchmarkError(f"--data expects NAME=PATH, got {item!r}")
-        data[get_spec(name).name] = path
-    cfg = EvalConfig(benchmarks=a.benchmarks, limit=a.limit, step=a.step, batch_size=a.batch_size,
-                     data_dir=a.data_dir, data=data, device=a.device, baseline=a.baseline, out=a.out,
-                     keep_text=a.keep_text, threads=a.threads, model=a.model, prompt=a.prompt,
-                     min_time_limit=a.min_time_limit, gt_time_limit_factor=a.gt_time_limit_factor,
-                     math_timeout_s=a.math_timeout_s)
+    from lorapop.configlib import ConfigError, from_args
+
+    try:
+        cfg = from_args(EvalConfig, a)
+    except ConfigError as e:
+        raise ValueError(str(e)) from e
+    cfg.data = {get_spec(name).name: path for name, path in cfg.data.items()}
+    if cfg.prompt not in PROMPT_CHOICES:
+        raise ValueError(f"--prompt: {cfg.prompt!r} is not one of {', '.join(PROMPT_CHOICES)}")
     if a.max_new_tokens:
         cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
     return cfg

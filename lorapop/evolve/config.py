@@ -32,7 +32,7 @@ class EvolveConfig:
     params: dict[str, dict[str, float]] = field(
         default_factory=dict,
         metadata={"help": "per-operator parameter overrides, e.g. {full_gaussian: {eps: 0.05}, dare: {p: 0.5}}; "
-                          "unset parameters keep the SPEC defaults"})
+                          "unset parameters keep the defaults"})
     perturbation_interval: int = field(
         default=20, metadata={"help": "steps between PBT rounds (Ray Tune's name): evolve at steps that are "
                                       "multiples of it, once burn_in_period has passed"})

@@ -1,4 +1,4 @@
-"""Crossovers X1-X5, average, svd_merge and the replacement ``clone`` (SPEC section 4).
+"""Crossovers X1-X5, average, svd_merge and the replacement ``clone`` (docs/METHOD.md, Operators).
 
 Same signature as the mutations: ``fn(parents, *, generator, scaling, fitness=None, log=None, **params)``.
 ``fitness`` is a sequence of floats aligned with ``parents`` (higher is better; PBT passes TrueSkill's expose).

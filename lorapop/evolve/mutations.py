@@ -1,4 +1,4 @@
-"""Mutations M1-M5 (SPEC section 4): one parent in, one child out, same rank/shapes/dtype.
+"""Mutations M1-M5 (docs/METHOD.md, Operators): one parent in, one child out, same rank/shapes/dtype.
 
 Every function has the operator signature ``fn(parents, *, generator, scaling, fitness=None, log=None, **params)``;
 ``log`` (a dict, optional) receives the values drawn or derived during the call, for lineage records. ``scaling`` is

@@ -1,4 +1,4 @@
-"""The operator registry (SPEC section 4) and :func:`make_child`.
+"""The operator registry (docs/METHOD.md, Operators) and :func:`make_child`.
 
 Adapters are the engine's ``dict[str, (A (r, d_in), B (d_out, r))]`` with ``dW = scaling * B A``. Every operator
 keeps module keys, rank, shapes and dtype, never forms a d_out x d_in matrix, does its linear algebra in float32

@@ -1,10 +1,11 @@
-"""PBT replacement (SPEC section 3 step 8): who is replaced, by whose child, made by which operator.
+"""PBT replacement (docs/METHOD.md, "Evolve"): who is replaced, by whose child, made by which operator.
 
 Pure planning: :func:`plan_replacements` takes member descriptors (``id, slot, role, fitness``; fitness is TrueSkill's
 expose ``mu - 3 sigma``, passed in as numbers) and a ``torch.Generator`` and returns a list of :class:`Replacement`.
 No engine, no ratings. :func:`apply_plan` turns a plan into children with two callables (``get_adapter(slot)``,
-``set_adapter(slot, adapter)``) and returns lineage records; everything else a birth implies (new member id, rating
-reset to the parents' mean mu and prior sigma, fresh optimizer state, age 0) stays with the trainer.
+``set_adapter(slot, adapter)``) and returns the parameters each child was made with; everything else a birth
+implies (new member id and lineage record: :meth:`lorapop.train.population.Population.replace`; rating reset to the
+parents' mean mu and prior sigma, fresh optimizer state, age 0: the trainer) happens outside.
 
 Rules, Ray Tune's PBT adapted to roles:
 
@@ -64,16 +65,10 @@ class Replacement:
     step: int = 0
     note: str = ""
 
-    def lineage(self, child_id: str | None, record: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The lineage record of population.json: ``{step, child, replaced, parents, operator, params, role}``
-        (plus ``slot``, the spec id, and ``note`` when there is one); ``record`` is make_child's record, whose params
-        (actually used, draws included) win over the planned overrides."""
-        out = {"step": self.step, "child": child_id, "replaced": self.old_id, "parents": list(self.parents),
-               "operator": self.operator, "params": dict(record["params"]) if record else dict(self.params),
-               "role": self.role, "slot": self.slot, "id": get_operator(self.operator).id}
-        if self.note:
-            out["note"] = self.note
-        return out
+    @property
+    def operator_id(self) -> str:
+        """The operator's short id in the method's tables (M1..M4, X1..X5)."""
+        return get_operator(self.operator).id
 
 
 def is_evolve_step(step: int, cfg: EvolveConfig) -> bool:
@@ -166,21 +161,21 @@ def plan_replacements(members: Iterable[Any], step: int, cfg: EvolveConfig, gene
 
 
 def apply_plan(plan: Sequence[Replacement], get_adapter: Callable[[int], dict],
-               set_adapter: Callable[[int, dict], None], *, generator: torch.Generator, scaling: float, new_id: Callable[[Replacement], str] | None = None
+               set_adapter: Callable[[int, dict], None], *, generator: torch.Generator, scaling: float
                ) -> list[dict[str, Any]]:
-    """Make and install every child of ``plan``; returns one lineage record per replacement.
+    """Make and install every child of ``plan``; returns, per replacement, the parameters its operator actually
+    used (draws included), for the lineage record.
 
     Every parent adapter is read (``get_adapter(slot)``) before any child is written (``set_adapter(slot, child)``),
-    so a parent replaced in the same round still contributes its pre-round weights. ``new_id(replacement)`` names the
-    child in the lineage record (None leaves ``child`` as None for the caller to fill). The caller still resets the
-    child's optimizer state and rating.
+    so a parent replaced in the same round still contributes its pre-round weights. The caller still names the
+    child, records its lineage and resets its optimizer state and rating.
     """
     slots = {s for rep in plan for s in rep.parent_slots}
     adapters = {s: get_adapter(s) for s in sorted(slots)}
-    lineage = []
+    used = []
     for rep in plan:
         child, record = make_child(rep.operator, [adapters[s] for s in rep.parent_slots], generator=generator,
                                    scaling=scaling, fitness=list(rep.fitness), params=rep.params)
         set_adapter(rep.slot, child)
-        lineage.append(rep.lineage(new_id(rep) if new_id else None, record))
-    return lineage
+        used.append(dict(record["params"]))
+    return used

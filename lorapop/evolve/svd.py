@@ -1,4 +1,4 @@
-"""QR-route SVD of a LoRA product ``B @ A`` without ever forming the d_out x d_in matrix (SPEC section 4).
+"""QR-route SVD of a LoRA product ``B @ A`` without ever forming the d_out x d_in matrix (docs/METHOD.md, Operators).
 
 With ``B = Qb Rb`` and ``A^T = Qa Ra`` (reduced QR), ``B A = Qb (Rb Ra^T) Qa^T``; the SVD of the small
 ``Rb Ra^T = U S Vh`` gives ``B A = (Qb U) S (Qa Vh^T)^T``. The operators group the modules that share a shape (a 7B
@@ -64,38 +64,6 @@ def modules_svd(As: Sequence[Tensor], Bs: Sequence[Tensor]) -> ModulesSVD:
     U, S, Vh = torch.linalg.svd(torch.stack(M), full_matrices=False)
     a = torch.stack(a_rms) / math.sqrt(As[0].shape[-2])
     return ModulesSVD(Qb, U, S, Vh, Qa, torch.where(a > 0, a, torch.ones_like(a)))
-
-
-class LoraSVD(NamedTuple):
-    """``B A = Qb @ U @ diag(S) @ Vh @ Qa^T`` for tensors with any leading batch dims; all float32."""
-
-    Qb: Tensor
-    U: Tensor
-    S: Tensor
-    Vh: Tensor
-    Qa: Tensor
-
-    @property
-    def left(self) -> Tensor:
-        """Left singular vectors of ``B A``: (..., d_out, m)."""
-        return self.Qb @ self.U
-
-    @property
-    def right(self) -> Tensor:
-        """Right singular vectors of ``B A``: (..., d_in, m)."""
-        return self.Qa @ self.Vh.mT
-
-
-def lora_svd(A: Tensor, B: Tensor) -> LoraSVD:
-    """SVD of ``B @ A`` for A: (..., R, d_in), B: (..., d_out, R) through two thin QRs and an R x R SVD."""
-    lead = A.shape[:-2]
-    As = A.reshape(-1, *A.shape[-2:]).unbind(0)
-    Bs = B.reshape(-1, *B.shape[-2:]).unbind(0)
-    d = modules_svd(As, Bs)
-    Qb = torch.stack(d.Qb).reshape(*lead, *d.Qb[0].shape)
-    Qa = torch.stack(d.Qa).reshape(*lead, *d.Qa[0].shape)
-    return LoraSVD(Qb, d.U.reshape(*lead, *d.U.shape[1:]), d.S.reshape(*lead, -1), d.Vh.reshape(*lead, *d.Vh.shape[1:]),
-                   Qa)
 
 
 def rebuild(svd: ModulesSVD, s_b: Tensor, s_a: Tensor, rank: int, U: Tensor | None = None,

@@ -5,8 +5,12 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Invalid, Proposal, Task
+
+if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
+    from lorapop.executor.sandbox import Executor
 
 IDENTITY_PROGRAM = "def f(a):\n    return a"
 IDENTITY_MESSAGE = "Write a function that returns whatever you input"
@@ -67,7 +71,7 @@ class TaskBuffer:
         self.tasks.append(task)
         return True
 
-    def load_seed_file(self, path, executor=None, task_type=None) -> int:
+    def load_seed_file(self, path, executor: Executor | None = None, task_type=None) -> int:
         """Adds the file's tasks; with an executor (and the task type object), only those that pass full
         validation, with outputs recomputed in the sandbox. Returns how many were added."""
         tasks = read_seed_file(path, self.type)

@@ -9,10 +9,15 @@ compares them with the gold outputs in a fresh run with no model code in it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lorapop.tasks.base import Answer, Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.common import FORMAT_RULES, fence, validate_many
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import call_code, check_literal, check_program, compare_code
+
+if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
+    from lorapop.executor.sandbox import Executor
 
 
 class CodeF:
@@ -42,10 +47,10 @@ class CodeF:
         message = " ".join(got["message"][0].split())
         return Proposal(type=self.name, program=program, inputs=got["input"][: self.n_inputs], message=message)
 
-    def validate(self, proposal: Proposal, executor) -> Task | Invalid:
+    def validate(self, proposal: Proposal, executor: Executor) -> Task | Invalid:
         return self.validate_many([proposal], executor)[0]
 
-    def validate_many(self, proposals: list[Proposal], executor, **kw) -> list[Task | Invalid]:
+    def validate_many(self, proposals: list[Proposal], executor: Executor, **kw) -> list[Task | Invalid]:
         return validate_many(self.name, proposals, executor, min_inputs=self.n_inputs, **kw)
 
     def student_prompt(self, task: Task) -> str:
@@ -58,10 +63,10 @@ class CodeF:
         got = extract(text, {"python": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["python"][0])
 
-    def check(self, task: Task, answer, executor) -> bool:
+    def check(self, task: Task, answer, executor: Executor) -> bool:
         return self.check_many(task, [answer], executor)[0].correct
 
-    def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
+    def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
         hidden_in, hidden_out = task.inputs[self.n_shown:], task.outputs[self.n_shown:]
         outcomes: list[Outcome | None] = [None] * len(answers)
         jobs = []

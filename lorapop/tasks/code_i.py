@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks.common import ProgramInputTask, fence, run_checks
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import SAME_SRC, check_call_args
 
+
+if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
+    from lorapop.executor.sandbox import Executor
 
 class CodeI(ProgramInputTask):
     name = "code_i"
@@ -22,7 +27,7 @@ class CodeI(ProgramInputTask):
         got = extract(text, {"input": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["input"][0])
 
-    def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
+    def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
         def prepare(a: Answer) -> str | Outcome:
             bad = check_call_args(a.text)
             if bad is not None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks.common import ProgramInputTask, fence, run_checks
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import check_literal, compare_code
+
+if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
+    from lorapop.executor.sandbox import Executor
 
 MAX_ANSWER_CHARS = 2000
 
@@ -24,7 +29,7 @@ class CodeO(ProgramInputTask):
         got = extract(text, {"output": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["output"][0])
 
-    def check_many(self, task: Task, answers: list, executor) -> list[Outcome]:
+    def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
         def prepare(a: Answer) -> str | Outcome:
             bad = check_literal(a.text, MAX_ANSWER_CHARS)
             if bad is not None:

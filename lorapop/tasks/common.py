@@ -4,15 +4,19 @@ PYTHONHASHSEEDs) and the prompt pieces."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
                                     status_to_invalid)
 
+if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
+    from lorapop.executor.sandbox import Executor
+
 DETERMINISM_SEEDS = (1, 2)  # two processes with different hash randomisation
 
 
-def validate_many(type_name: str, proposals: list[Proposal], executor, *, min_inputs: int = 1,
+def validate_many(type_name: str, proposals: list[Proposal], executor: Executor, *, min_inputs: int = 1,
                   hashseeds: tuple[int, int] = DETERMINISM_SEEDS, timeout_s: float | None = None
                   ) -> list[Task | Invalid]:
     results: list[Task | Invalid | None] = [None] * len(proposals)
@@ -105,17 +109,17 @@ class ProgramInputTask:
             return got
         return Proposal(type=self.name, program=got["python"][0], inputs=[got["input"][0]])
 
-    def validate(self, proposal: Proposal, executor) -> Task | Invalid:
+    def validate(self, proposal: Proposal, executor: Executor) -> Task | Invalid:
         return self.validate_many([proposal], executor)[0]
 
-    def validate_many(self, proposals: list[Proposal], executor, **kw) -> list[Task | Invalid]:
+    def validate_many(self, proposals: list[Proposal], executor: Executor, **kw) -> list[Task | Invalid]:
         return validate_many(self.name, proposals, executor, **kw)
 
-    def check(self, task: Task, answer, executor) -> bool:
+    def check(self, task: Task, answer, executor: Executor) -> bool:
         return self.check_many(task, [answer], executor)[0].correct
 
 
-def run_checks(answers: list, prepare, executor) -> list[Outcome]:
+def run_checks(answers: list, prepare, executor: Executor) -> list[Outcome]:
     """The shared shape of a ``check_many``: parse errors are format errors, ``prepare(answer)`` either rejects an
     answer statically (returns an Outcome) or returns sandbox code whose ``_result`` is True exactly when the answer
     is correct; all such codes run in one batched executor pass."""

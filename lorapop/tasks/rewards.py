@@ -1,4 +1,4 @@
-"""Rewards of SPEC 3.5."""
+"""Rewards of docs/METHOD.md, Rewards."""
 
 from __future__ import annotations
 

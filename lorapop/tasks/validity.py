@@ -1,4 +1,4 @@
-"""Static checks of model-written programs and inputs (SPEC 2), and the code strings sent to the sandbox.
+"""Static checks of model-written programs and inputs (docs/METHOD.md, Tasks), and the code strings sent to the sandbox.
 
 Static checks only parse (``ast.parse``) and, for literal-ness, use ``ast.literal_eval`` on already size-capped
 strings; every evaluation of model-written code or expressions happens in the executor.
@@ -14,7 +14,7 @@ MAX_PROGRAM_CHARS = 6000
 MAX_INPUT_CHARS = 1000
 MAX_OUTPUT_CHARS = 400
 
-# SPEC 2 list, then whatever touches files, network, processes, interpreter internals or nondeterminism.
+# docs/METHOD.md, Tasks list, then whatever touches files, network, processes, interpreter internals or nondeterminism.
 BANNED_MODULES = frozenset("""
 logging random multiprocessing pebble subprocess threading _thread datetime time hashlib hmac bcrypt calendar
 os sys posix nt socket ssl select selectors asyncio concurrent signal resource shutil pathlib io tempfile glob

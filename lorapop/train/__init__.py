@@ -1,2 +1,2 @@
-"""The self-play loop (SPEC section 3): matchmake, propose, validate, solve, reward, update, rate, evolve, log,
-checkpoint."""
+"""The self-play loop (docs/METHOD.md, The step): matchmake, propose, validate, solve, reward, update, rate,
+evolve, coverage, log, checkpoint."""

@@ -3,37 +3,12 @@ live progress display that degrades to plain lines when stdout is not a terminal
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
-
-class JsonlWriter:
-    """Append-only JSONL; each line is flushed and fsynced so a SIGKILL can only tear the line being written."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fh: TextIO = open(path, "a")
-
-    def write(self, *records: dict[str, Any]) -> None:
-        self.fh.write("".join(json.dumps(r, default=_jsonable) + "\n" for r in records))
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, (set, tuple)):
-        return list(x)
-    return str(x)
+from lorapop.rundir import RunDir
 
 
 class Progress:
@@ -117,16 +92,16 @@ class Progress:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, tensorboard: bool, purge_step: int | None = None):
-        self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
-        self.tasks = JsonlWriter(run_dir / "tasks.jsonl")
+    def __init__(self, run_dir: RunDir, tensorboard: bool, purge_step: int | None = None):
+        self.metrics = run_dir.open_metrics()
+        self.tasks = run_dir.open_tasks()
         self.tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 # purge_step hides events a killed run wrote past its last checkpoint, so curves are not doubled
-                self.tb = SummaryWriter(str(run_dir), purge_step=purge_step)
+                self.tb = SummaryWriter(str(run_dir.path), purge_step=purge_step)
             except ImportError:  # tensorboard is a dependency, but a broken install must not stop training
                 self.tb = None
 

@@ -1,4 +1,4 @@
-"""Prioritized fictitious self-play (PFSP) matchmaking (SPEC section 3 step 1).
+"""Prioritized fictitious self-play (PFSP) matchmaking (docs/METHOD.md, Matchmaking).
 
 Each teacher draws one student with probability proportional to TrueSkill's 1v1 match quality plus ``floor``.
 When there are as many teachers as students the draw is without replacement, so every student is matched exactly

@@ -1,12 +1,19 @@
-"""What a step records: the metric names of docs/ARCHITECTURE.md (TRL-style where they fit) and tasks.jsonl rows."""
+"""What a step records: the metric names of docs/ARCHITECTURE.md (TRL-style where they fit) and tasks.jsonl rows,
+as functions of the step's :class:`~lorapop.train.stages.StepResult`, the ratings and the coverage archive."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from lorapop.train.stages import Rollout, SolveJob
+from lorapop.train.population import Population
+from lorapop.train.rating import Ratings
+from lorapop.train.stages import Rollout, SolveJob, StepResult
+
+if TYPE_CHECKING:
+    from lorapop.diagnostics.coverage import CoverageTracker
 
 
 def _mean(xs: list[float]) -> float:
@@ -17,12 +24,14 @@ def _std(xs: list[float]) -> float:
     return statistics.pstdev(xs) if len(xs) > 1 else 0.0
 
 
-def compute_step_metrics(trainer: Any, step: int, players: list[Any], proposals: list[Rollout],
-                         jobs: list[SolveJob], batch: list[Rollout], train_stats: dict[int, dict[str, float]],
-                         lineage: list[dict[str, Any]], task_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``players`` are the members who played this step (before evolve), so a member replaced at this step still
-    gets its last numbers; children born at this step only get their starting rating."""
-    answers = [r for j in jobs for r in j.rollouts]
+def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], ratings: Ratings,
+                 coverage: CoverageTracker, task_types: Sequence[str]) -> dict[str, Any]:
+    """One metrics.jsonl line (without ``step``/``time``). ``result.players`` are the members who played this step
+    (before evolve), so a member replaced at this step still gets its last numbers; children born at this step only
+    get their starting rating. ``coverage`` must already hold this step's tasks (:func:`update_coverage`)."""
+    step, players, proposals, jobs = result.step, result.players, list(result.proposals), result.jobs
+    batch, train_stats, lineage = result.batch, result.train_stats, result.lineage
+    answers = result.answers
     m: dict[str, Any] = {}
     student_rewards = [r.reward for r in answers]
     m["reward"] = _mean(student_rewards)
@@ -39,7 +48,7 @@ def compute_step_metrics(trainer: Any, step: int, players: list[Any], proposals:
     own = [j for j in jobs if j.teacher is not None]
     m["matched_solve_rate"] = _mean([j.solve_rate for j in own])
     m["n_valid_tasks"] = sum(r.status == "valid" for r in proposals)
-    for tt in trainer.cfg.selfplay.task_types:
+    for tt in task_types:
         props = [r for r in proposals if r.task_type == tt]
         m[f"{tt}/valid_rate"] = _mean([r.status == "valid" for r in props])
         m[f"{tt}/solve_rate"] = _mean([r.status == "correct" for r in answers if r.task_type == tt])
@@ -74,14 +83,14 @@ def compute_step_metrics(trainer: Any, step: int, players: list[Any], proposals:
             if k in stats:
                 m[f"{key}/{k}"] = float(stats[k])
         m[f"{key}/age"] = mem.age(step)
-        m[f"trueskill/{mem.id}/mu"] = trainer.ratings.mu(mem.id)
-        m[f"trueskill/{mem.id}/sigma"] = trainer.ratings.sigma(mem.id)
-        m[f"trueskill/{mem.id}/expose"] = trainer.ratings.expose(mem.id)
+        m[f"trueskill/{mem.id}/mu"] = ratings.mu(mem.id)
+        m[f"trueskill/{mem.id}/sigma"] = ratings.sigma(mem.id)
+        m[f"trueskill/{mem.id}/expose"] = ratings.expose(mem.id)
     for rec in lineage:
         cid = rec["child"]
-        m[f"trueskill/{cid}/mu"] = trainer.ratings.mu(cid)
-        m[f"trueskill/{cid}/sigma"] = trainer.ratings.sigma(cid)
-        m[f"trueskill/{cid}/expose"] = trainer.ratings.expose(cid)
+        m[f"trueskill/{cid}/mu"] = ratings.mu(cid)
+        m[f"trueskill/{cid}/sigma"] = ratings.sigma(cid)
+        m[f"trueskill/{cid}/expose"] = ratings.expose(cid)
     m["evolve/replacements"] = len(lineage)
 
     # program descriptors of this step's valid tasks, overall and per proposing teacher
@@ -94,13 +103,26 @@ def compute_step_metrics(trainer: Any, step: int, players: list[Any], proposals:
         for t_id, ds in per_teacher.items():
             m[f"complexity/{t_id}/{stat}"] = _mean([float(d[stat]) for d in ds if stat in d])
     # this step's players only, so a replaced member's coverage series ends where it was replaced
-    m.update(trainer.coverage.metrics(members=[mem.id for mem in players]))
+    m.update(coverage.metrics(members=[mem.id for mem in players]))
+    m.update({f"time/{k}": v for k, v in result.times.items()})
     return m
 
 
-def task_records(trainer: Any, step: int, jobs: list[SolveJob]) -> list[dict[str, Any]]:
-    """One tasks.jsonl row per valid task proposed this step (with who solved it and how well); also feeds the
-    coverage archive, so coverage counts exactly the tasks that were logged."""
+def population_members(population: Population, ratings: Ratings, step: int) -> list[dict[str, Any]]:
+    """The ``members`` of population.json: each member's record with its rating and age."""
+    return [{**m.to_json(), "mu": ratings.mu(m.id), "sigma": ratings.sigma(m.id), "expose": ratings.expose(m.id),
+             "age": m.age(step)} for m in population.members]
+
+
+def update_coverage(coverage: CoverageTracker, task_rows: Sequence[dict[str, Any]]) -> None:
+    """Feed the coverage archive exactly the tasks that were logged."""
+    for row in task_rows:
+        coverage.add(row["diagnostics"], row["proposer"], row["solver"])
+
+
+def task_records(step: int, jobs: Sequence[SolveJob]) -> list[dict[str, Any]]:
+    """One tasks.jsonl row per valid task proposed this step, with who solved it, how well, and the program's
+    descriptors."""
     from lorapop.diagnostics.complexity import program_descriptors
 
     rows = []
@@ -109,7 +131,6 @@ def task_records(trainer: Any, step: int, jobs: list[SolveJob]) -> list[dict[str
             continue
         task = job.task
         desc = program_descriptors(task.program, list(task.inputs))
-        trainer.coverage.add(desc, job.teacher.id, job.student.id)
         rows.append({"step": step, "type": job.task_type, "proposer": job.teacher.id, "solver": job.student.id,
                      "program": task.program, "inputs": list(task.inputs), "outputs": list(task.outputs),
                      "message": getattr(task, "message", None), "solve_rate": job.solve_rate, "diagnostics": desc})

@@ -6,24 +6,15 @@ the same slot under a new id (``t4``, ``s5``: a per-role counter), so per-member
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-ROLES = ("teacher", "student")
-AGENT = "agent"  # single mode: one member plays both roles
+from lorapop.rundir import AGENT, ROLE_PREFIX, Member
 
+if TYPE_CHECKING:
+    from lorapop.evolve.pbt import Replacement
 
-@dataclass
-class Member:
-    id: str
-    slot: int
-    role: str
-    born_step: int = 0
-    parents: list[str] = field(default_factory=list)
-    operator: str | None = None
-
-    def age(self, step: int) -> int:
-        return step - self.born_step
+__all__ = ["AGENT", "Member", "Population"]
 
 
 @dataclass
@@ -67,24 +58,29 @@ class Population:
                 return m
         raise KeyError(f"no member in slot {slot}")
 
-    def replace(self, slot: int, record: dict[str, Any], step: int) -> Member:
-        """Put a new member in ``slot`` (same role) and store the lineage ``record`` (parents, operator, params as
-        made by :func:`lorapop.evolve.pbt.apply_plan`) with the child's id filled in; returns the child."""
-        old = self.at_slot(slot)
-        prefix = {"teacher": "t", "student": "s"}.get(old.role, "a")
+    def replace(self, rep: Replacement, params: dict[str, Any], step: int) -> tuple[Member, dict[str, Any]]:
+        """Put the child of ``rep`` in its slot (same role, next id of the role) and record its lineage: ``{step,
+        child, replaced, parents, operator, params, role, slot, id}`` (+ ``note``), ``params`` being what the
+        operator actually used. Returns the child and its lineage record."""
+        old = self.at_slot(rep.slot)
         idx = self.next_index.get(old.role, 0)
         self.next_index[old.role] = idx + 1
-        child = Member(f"{prefix}{idx}", slot, old.role, born_step=step, parents=list(record.get("parents", [])),
-                       operator=record.get("operator"))
+        child = Member(f"{ROLE_PREFIX[old.role]}{idx}", rep.slot, old.role, born_step=step,
+                       parents=tuple(rep.parents), operator=rep.operator)
         self.members[self.members.index(old)] = child
-        self.lineage.append({**record, "step": step, "child": child.id, "replaced": old.id, "slot": slot,
-                             "role": old.role})
-        return child
+        record = {"step": step, "child": child.id, "replaced": old.id, "parents": list(rep.parents),
+                  "operator": rep.operator, "params": dict(params), "role": old.role, "slot": rep.slot,
+                  "id": rep.operator_id}
+        if rep.note:
+            record["note"] = rep.note
+        self.lineage.append(record)
+        return child, record
 
     def state_dict(self) -> dict[str, Any]:
-        return {"members": [asdict(m) for m in self.members], "lineage": list(self.lineage),
+        return {"members": [m.to_json() for m in self.members], "lineage": list(self.lineage),
                 "next_index": dict(self.next_index)}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> "Population":
-        return cls([Member(**m) for m in state["members"]], list(state["lineage"]), dict(state["next_index"]))
+        return cls([Member.from_json(m) for m in state["members"]], list(state["lineage"]),
+                   dict(state["next_index"]))

@@ -1,7 +1,7 @@
 """TrueSkill ratings in one rating space shared by teachers and students (the game is zero-sum).
 
 Every (valid task, matched student) pair is one 1v1 match: the student wins when it solves at least half of its
-samples, else the teacher wins (SPEC section 3 step 7). Fitness is TrueSkill's ``expose`` (mu - 3 sigma), compared
+samples, else the teacher wins (docs/METHOD.md, Ratings). Fitness is TrueSkill's ``expose`` (mu - 3 sigma), compared
 within a role only.
 """
 

@@ -1,4 +1,7 @@
-"""The stages of one self-play step (SPEC section 3), each a plain function over explicit inputs.
+"""The stages of one self-play step (docs/METHOD.md, "The step"). Each stage is a function of a typed
+:class:`StepContext` (the engine and executor by their Protocols, the self-play config, the buffers, the step's seed)
+and its inputs, and returns new frozen values: :class:`Rollout`, :class:`SolveJob`, and the step's
+:class:`StepResult`. Only the buffers (valid tasks enter them) and the engine's adapters change in place.
 
 Compute matching (what "every member gets the same number of samples and updates as the baseline" means here):
 with ``T = tasks_per_type`` and ``n_types`` task types, every adapter makes exactly one update per step from exactly
@@ -21,17 +24,23 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from lorapop.engine.base import Completion, SamplingParams, TrainSample
-from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError
+from lorapop.engine.base import Completion, Engine, SamplingParams, TrainSample
+from lorapop.rundir import Member
+from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
+from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.rewards import student_reward, teacher_reward
-from lorapop.train.population import Member
 from lorapop.train.rating import MatchResult
 
+if TYPE_CHECKING:  # the config module imports the executor's; the stages only need the types
+    from lorapop.config import SamplingConfig, SelfPlayConfig
+    from lorapop.executor.sandbox import Executor
 
-@dataclass
+
+@dataclass(frozen=True)
 class Rollout:
     member: Member
     role: str                      # "teacher" or "student" (what this sample trains)
@@ -40,23 +49,54 @@ class Rollout:
     completion: Completion
     status: str = ""               # teacher: format_error | invalid | valid; student: format_error | wrong | correct
     reward: float = 0.0
-    task: Any = None               # the Task (valid proposals and every student sample)
+    task: Task | None = None       # the Task (valid proposals and every student sample)
     detail: str = ""               # parse error or invalid reason
-    result: Any = None             # teacher: the ParseError / Invalid / Task its proposal became
+    result: Task | Invalid | ParseError | None = None  # teacher: what its proposal became
     source_program: str | None = None  # code_f: the buffer program the teacher was shown
 
 
-@dataclass
+@dataclass(frozen=True)
 class SolveJob:
-    task: Any
+    task: Task
     task_type: str
     student: Member
     teacher: Member | None         # the matched teacher when the task is its proposal of this step, else None
-    rollouts: list[Rollout] = field(default_factory=list)
+    rollouts: tuple[Rollout, ...] = ()
 
     @property
     def solve_rate(self) -> float:
         return sum(r.status == "correct" for r in self.rollouts) / max(len(self.rollouts), 1)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the stages of one step work with."""
+    step: int
+    seed: int
+    engine: Engine
+    executor: Executor
+    cfg: SelfPlayConfig
+    buffers: Mapping[str, TaskBuffer]
+
+    def rng(self, stage: str) -> random.Random:
+        return step_rng(self.seed, self.step, stage)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Everything a step produced; metrics and tasks.jsonl rows are functions of it (lorapop/train/metrics.py)."""
+    step: int
+    players: tuple[Member, ...]            # who played (before evolve replaced anyone)
+    proposals: tuple[Rollout, ...]
+    jobs: tuple[SolveJob, ...]
+    batch: tuple[Rollout, ...]             # what each member trained on
+    train_stats: Mapping[int, Mapping[str, float]]  # engine slot -> loss, grad_norm
+    lineage: tuple[dict[str, Any], ...]    # births of this step's evolve stage
+    times: Mapping[str, float]             # seconds per stage
+
+    @property
+    def answers(self) -> list[Rollout]:
+        return [r for j in self.jobs for r in j.rollouts]
 
 
 def step_rng(seed: int, step: int, stage: str) -> random.Random:
@@ -64,28 +104,28 @@ def step_rng(seed: int, step: int, stage: str) -> random.Random:
     return random.Random(f"{seed}:{step}:{stage}")
 
 
-def _params(cfg: Any) -> SamplingParams:
+def _params(cfg: SamplingConfig) -> SamplingParams:
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                           min_new_tokens=cfg.min_new_tokens)
 
 
-def propose(engine: Any, teachers: list[Member], buffers: dict[str, Any], task_types: list[str], tasks_per_type: int,
-            n_references: int, sampling: Any, rng: random.Random) -> list[Rollout]:
+def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
     """Every teacher writes ``tasks_per_type`` proposals per type, all in one multi-LoRA generate call."""
+    engine, sp, rng = ctx.engine, ctx.cfg, ctx.rng("propose")
     prompts, meta = [], []
     for t in teachers:
-        for tt in task_types:
-            for _ in range(tasks_per_type):
-                refs = reference_tasks(buffers, tt, n_references, rng)
+        for tt in sp.task_types:
+            for _ in range(sp.tasks_per_type):
+                refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
                 text = TASK_TYPES[tt].teacher_prompt(refs, rng)
                 prompts.append(engine.chat_prompt(text))
                 meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None))
     seeds = [rng.getrandbits(31) for _ in prompts]
-    outs = engine.generate(prompts, [t.slot for t, _, _ in meta], _params(sampling), seeds=seeds)
+    outs = engine.generate(prompts, [t.slot for t, _, _ in meta], _params(sp.propose), seeds=seeds)
     return [Rollout(t, "teacher", tt, p, c, source_program=src) for (t, tt, src), p, c in zip(meta, prompts, outs)]
 
 
-def reference_tasks(buffers: dict[str, Any], task_type: str, k: int, rng: random.Random) -> list[Any]:
+def reference_tasks(buffers: Mapping[str, TaskBuffer], task_type: str, k: int, rng: random.Random) -> list[Task]:
     # code_f is conditioned on one program from the deduction/abduction buffers (AZR), the others on K of their own
     if task_type == "code_f":
         pool = [b for name, b in buffers.items() if name in ("code_o", "code_i") and len(b)]
@@ -93,82 +133,85 @@ def reference_tasks(buffers: dict[str, Any], task_type: str, k: int, rng: random
     return buffers[task_type].sample(k, rng)
 
 
-def validate(rollouts: list[Rollout], executor: Any, buffers: dict[str, Any], step: int) -> list[Rollout]:
-    """Parse and check every proposal (one batched executor pass per task type); valid tasks enter their buffer.
-    Returns the valid rollouts."""
-    by_type: dict[str, list[tuple[Rollout, Any]]] = defaultdict(list)
-    for r in rollouts:
+def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
+    """Parse and check every proposal (one batched executor pass per task type); returns the proposals with their
+    status, in order. Valid tasks enter their buffer."""
+    out: list[Rollout] = list(proposals)
+    by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+    for i, r in enumerate(proposals):
         proposal = TASK_TYPES[r.task_type].parse_proposal(r.completion.text, program=r.source_program)
         if isinstance(proposal, ParseError):
-            r.status, r.detail, r.result = "format_error", proposal.reason, proposal
+            out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
         else:
-            by_type[r.task_type].append((r, proposal))
-    valid = []
+            by_type[r.task_type].append((i, proposal))
     for tt, items in by_type.items():
-        results = TASK_TYPES[tt].validate_many([p for _, p in items], executor)
-        for (r, _), res in zip(items, results):
-            r.result = res
+        results = TASK_TYPES[tt].validate_many([p for _, p in items], ctx.executor)
+        for (i, _), res in zip(items, results):
+            r = out[i]
             if isinstance(res, Invalid):
-                r.status, r.detail = "invalid", res.reason
+                out[i] = replace(r, status="invalid", detail=res.reason, result=res)
                 continue
-            res.proposer, res.step = r.member.id, step
-            r.status, r.task = "valid", res
-            buffers[tt].add(res)
-            valid.append(r)
-    return valid
+            res.proposer, res.step = r.member.id, ctx.step
+            out[i] = replace(r, status="valid", task=res, result=res)
+            ctx.buffers[tt].add(res)
+    return out
 
 
-def solve_jobs(pairs: dict[str, Member], teachers: dict[str, Member], valid: list[Rollout], buffers: dict[str, Any],
-               task_types: list[str], tasks_per_type: int, rng: random.Random) -> list[SolveJob]:
+def solve_jobs(ctx: StepContext, pairs: Mapping[str, Member], teachers: Mapping[str, Member],
+               proposals: Sequence[Rollout]) -> list[SolveJob]:
     """What each student answers: its teacher's valid tasks (never its own, except the single agent), topped up
     from the buffer to exactly ``tasks_per_type`` per type."""
-    own: dict[tuple[str, str], list[Any]] = defaultdict(list)
-    for r in valid:
-        own[(r.member.id, r.task_type)].append(r.task)
+    sp, rng = ctx.cfg, ctx.rng("jobs")
+    own: dict[tuple[str, str], list[Task]] = defaultdict(list)
+    for r in proposals:
+        if r.status == "valid" and r.task is not None:
+            own[(r.member.id, r.task_type)].append(r.task)
     jobs = []
     for t_id, student in pairs.items():
         teacher = teachers[t_id]
-        for tt in task_types:
-            tasks = own[(t_id, tt)][:tasks_per_type]
+        for tt in sp.task_types:
+            tasks = own[(t_id, tt)][:sp.tasks_per_type]
             jobs += [SolveJob(task, tt, student, teacher) for task in tasks]
-            for _ in range(tasks_per_type - len(tasks)):  # with replacement: the buffer may hold a single seed
-                jobs.append(SolveJob(buffers[tt].sample(1, rng)[0], tt, student, None))
+            for _ in range(sp.tasks_per_type - len(tasks)):  # with replacement: the buffer may hold a single seed
+                jobs.append(SolveJob(ctx.buffers[tt].sample(1, rng)[0], tt, student, None))
     return jobs
 
 
-def solve(engine: Any, jobs: list[SolveJob], executor: Any, n_solve: int, sampling: Any,
-          rng: random.Random) -> None:
-    """Each job's student answers ``n_solve`` times (one generate call for everyone), then answers are checked."""
-    prompts, slots, owners = [], [], []
+def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
+    """Each job's student answers ``n_solve`` times (one generate call for everyone), then answers are checked;
+    returns the jobs with their rollouts."""
+    engine, n_solve, rng = ctx.engine, ctx.cfg.n_solve, ctx.rng("solve")
+    prompts, slots = [], []
     for job in jobs:
         ids = engine.chat_prompt(TASK_TYPES[job.task_type].student_prompt(job.task))
-        for _ in range(n_solve):
-            prompts.append(ids)
-            slots.append(job.student.slot)
-            owners.append(job)
+        prompts += [ids] * n_solve
+        slots += [job.student.slot] * n_solve
     seeds = [rng.getrandbits(31) for _ in prompts]
-    outs = engine.generate(prompts, slots, _params(sampling), seeds=seeds) if prompts else []
-    for job, p, c in zip(owners, prompts, outs):
-        job.rollouts.append(Rollout(job.student, "student", job.task_type, p, c, task=job.task))
-    for job in jobs:
+    outs = engine.generate(prompts, slots, _params(ctx.cfg.solve), seeds=seeds) if prompts else []
+    done = []
+    for k, job in enumerate(jobs):
         tt = TASK_TYPES[job.task_type]
-        answers = [tt.parse_answer(r.completion.text) for r in job.rollouts]
-        for r, outcome in zip(job.rollouts, tt.check_many(job.task, answers, executor)):
-            r.status, r.detail = outcome.status, outcome.detail
+        mine = list(zip(prompts[k * n_solve:(k + 1) * n_solve], outs[k * n_solve:(k + 1) * n_solve]))
+        outcomes = tt.check_many(job.task, [tt.parse_answer(c.text) for _, c in mine], ctx.executor)
+        done.append(replace(job, rollouts=tuple(
+            Rollout(job.student, "student", job.task_type, p, c, task=job.task, status=o.status, detail=o.detail)
+            for (p, c), o in zip(mine, outcomes))))
+    return done
 
 
-def reward(proposals: list[Rollout], jobs: list[SolveJob], mode: str) -> None:
+def reward(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], mode: str
+           ) -> tuple[list[Rollout], list[SolveJob]]:
     """Student samples: +1 / -0.5 / -1. Teacher proposals: -1 format, -0.5 invalid, else by the matched student's
-    solve rate on that task (``adversarial`` or ``learnability``)."""
+    solve rate on that task (``adversarial`` or ``learnability``). Returns both with their rewards."""
     rates = {id(j.task): j.solve_rate for j in jobs if j.teacher is not None}
-    for job in jobs:
-        for r in job.rollouts:
-            r.reward = student_reward(Outcome(r.status))
-    for r in proposals:
-        r.reward = teacher_reward(r.result, rates.get(id(r.task)) if r.status == "valid" else None, mode)
+    jobs = [replace(job, rollouts=tuple(replace(r, reward=student_reward(Outcome(r.status))) for r in job.rollouts))
+            for job in jobs]
+    proposals = [replace(r, reward=teacher_reward(r.result, rates.get(id(r.task)) if r.status == "valid" else None,
+                                                  mode)) for r in proposals]
+    return proposals, jobs
 
 
-def update_batch(proposals: list[Rollout], jobs: list[SolveJob], single: bool, tasks_per_type: int,
+def update_batch(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], single: bool, tasks_per_type: int,
                  rng: random.Random) -> list[Rollout]:
     """The compute-matched samples each member trains on this step (see the module docstring)."""
     chosen: list[Rollout] = []
@@ -188,7 +231,7 @@ def update_batch(proposals: list[Rollout], jobs: list[SolveJob], single: bool, t
     return chosen
 
 
-def trr_advantages(rollouts: list[Rollout], eps: float = 1e-6) -> list[float]:
+def trr_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
     """TRR++: normalise rewards within each (member, task type, role) group; a group of one gets advantage 0."""
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
@@ -203,13 +246,13 @@ def trr_advantages(rollouts: list[Rollout], eps: float = 1e-6) -> list[float]:
     return adv
 
 
-def update(engine: Any, batch: list[Rollout]) -> dict[int, dict[str, float]]:
+def update(engine: Engine, batch: Sequence[Rollout]) -> dict[int, dict[str, float]]:
     adv = trr_advantages(batch)
     samples = [TrainSample(r.prompt_ids, r.completion.token_ids, r.member.slot, a) for r, a in zip(batch, adv)]
     return engine.train_step(samples) if samples else {}
 
 
-def matches(jobs: list[SolveJob]) -> list[MatchResult]:
+def matches(jobs: Sequence[SolveJob]) -> list[MatchResult]:
     """One TrueSkill match per (valid task of this step, matched student); the student wins on >= half solved."""
     out = []
     for job in jobs:
