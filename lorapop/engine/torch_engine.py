@@ -6,7 +6,7 @@ batch that mixes adapters; see :mod:`lorapop.engine.lora` for the stacked layers
 for the per-slot AdamW.
 
 Not implemented: a KL penalty against the base model (``kl_coef``). The loss is the plain token-mean of
-``-advantage * logp`` per adapter, as in SPEC 3; a KL term would need a second (base, id -1) forward per micro-batch.
+``-advantage * logp`` per adapter, as in docs/METHOD.md (Rewards); a KL term would need a second (base, id -1) forward per micro-batch.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from lorapop.engine.base import Engine
 from lorapop.eval import code as codeh
 from lorapop.eval import compare as cmp
 from lorapop.eval.data import BenchmarkSpec, Problem
@@ -49,7 +50,7 @@ class BenchResult:
     prompt_example: str = ""  # the first problem's prompt as text, for eval.json
 
 
-def render_prompts(engine: Any, problems: list[Problem], template: str, family: str,
+def render_prompts(engine: Engine, problems: list[Problem], template: str, family: str,
                    cache: dict | None = None) -> list[Rendered]:
     """One :class:`~lorapop.eval.prompts.Rendered` prompt per problem, built from the engine's tokenizer."""
     cache = cache if cache is not None else {}
@@ -62,7 +63,7 @@ def render_prompts(engine: Any, problems: list[Problem], template: str, family: 
     return out
 
 
-def generate_rows(engine: Any, prompts: list[Rendered], adapter_ids: list[int], max_new_tokens: int
+def generate_rows(engine: Engine, prompts: list[Rendered], adapter_ids: list[int], max_new_tokens: int
                   ) -> dict[int, list[Any]]:
     """Greedy completions for every (prompt, adapter) pair in one engine call: {adapter_id: [Completion]}."""
     from lorapop.engine import SamplingParams
@@ -204,7 +205,7 @@ class CodeJudge:
             return _pmap(one, list(zip(problems, candidates)), self.workers)
 
 
-def evaluate_benchmark(engine: Any, spec: BenchmarkSpec, problems: list[Problem], adapter_ids: list[int],
+def evaluate_benchmark(engine: Engine, spec: BenchmarkSpec, problems: list[Problem], adapter_ids: list[int],
                        max_new_tokens: int, judge: CodeJudge | None = None, keep_text: bool = False,
                        template: str | None = None, prompt_cache: dict | None = None,
                        checker: MathChecker | None = None) -> BenchResult:
