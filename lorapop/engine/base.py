@@ -104,8 +104,8 @@ class Engine(Protocol):
     """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model.
 
     Only what production code (the trainer, evaluation, PBT) calls, so another engine (e.g. one over vLLM) can
-    plug in; engine-specific helpers (TorchEngine.accumulate_gradients, token_logprobs, reset_adapter, release_kv_cache, ...)
-    stay off it."""
+    plug in; engine-specific helpers (TorchEngine.accumulate_gradients, token_logprobs, reset_adapter,
+    release_kv_cache, ...) stay off it."""
 
     n_adapters: int
     tokenizer: Any
