@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pytest
@@ -51,13 +50,10 @@ def test_config_fields_are_documented():
         assert f.metadata.get("help"), f.name
 
 
-def test_default_centroid_generation_is_fast_and_seeded():
-    generate_centroids(CoverageConfig(n_cells=8, kmeans_samples=100))  # imports and warm-up out of the timing
-    t = time.perf_counter()
+def test_default_centroid_generation_is_in_the_unit_cube_and_seeded():
+    # Its speed is not asserted here (a timed unit test fails on a loaded machine; speed belongs in bench/).
     c = generate_centroids(CoverageConfig())
-    elapsed = time.perf_counter() - t
     assert c.shape == (512, 5) and (c >= 0).all() and (c <= 1).all()
-    assert elapsed < 4.0, f"512-cell centroids took {elapsed:.1f}s (target ~2s, slack for a loaded machine)"
     assert np.array_equal(generate_centroids(CoverageConfig(**SMALL, seed=3)),
                           generate_centroids(CoverageConfig(**SMALL, seed=3)))
 
