@@ -50,6 +50,7 @@ class Progress:
         self.done = 0.0
         self.t0 = time.monotonic()
         self._last_line = self.t0
+        self._last_printed: float | None = None  # `done` of the last line printed, so the closing line is not a repeat
         self._rich = None
         self._task = None
         self.mode = self._choose_mode(mode)
@@ -115,6 +116,7 @@ class Progress:
             now = time.monotonic()
             if now - self._last_line >= self.interval_s:
                 self._last_line = now
+                self._last_printed = self.done
                 print(self.line(), file=self.stream, flush=True)
 
     def close(self) -> None:
@@ -126,7 +128,8 @@ class Progress:
                 _live_bar = False
         elif self.mode == "host" and _host is not None:
             _host(None)
-        elif self.mode == "lines" and time.monotonic() - self.t0 >= self.interval_s:
+        elif self.mode == "lines" and time.monotonic() - self.t0 >= self.interval_s \
+                and self._last_printed != self.done:
             # A short stage says nothing; a long one ends with its total so a log shows what it did.
             print(self.line(), file=self.stream, flush=True)
         self.mode = "off"

@@ -12,6 +12,7 @@ def test_lines_mode_prints_done_of_total_rate_and_time_left():
     assert lines[0].startswith("solve: 2/8 rows (") and "left" in lines[0]
     assert lines[-1].startswith("solve: 8/8 rows (") and "left" not in lines[-1]
     assert "rows/s" in lines[-1]
+    assert len(lines) == len(set(lines)) == 4  # one line per update, the last not printed twice on close
 
 
 def test_lines_mode_is_rate_limited_and_off_is_silent():
