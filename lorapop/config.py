@@ -83,9 +83,10 @@ class SelfPlayConfig:
     pfsp_floor: float = doc(0.05, "added to TrueSkill match quality before sampling a student, so every student "
                                   "keeps some chance of being matched")
     seed_files: list[str] = doc([], "optional JSONL seed files for the buffers (AZR layout: snippet/input/output or "
-                                    "snippet/inputs/outputs/message); a path, or one relative to lorapop's data directory "
-                                    "(seeds/azr_7b_coder_seed_io.jsonl, seeds/azr_7b_coder_code_f_seed_io.jsonl ship "
-                                    "with the package); missing files are an error")
+                                    "snippet/inputs/outputs/message); a path, or one relative to lorapop's data "
+                                    "directory (seeds/azr_7b_coder_seed_io.jsonl, "
+                                    "seeds/azr_7b_coder_code_f_seed_io.jsonl ship with the package); missing files "
+                                    "are an error")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 

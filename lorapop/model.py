@@ -115,7 +115,7 @@ def prepare_model(name: str = EMBEDDED) -> Path:
     return Path(name)  # a hub id; resolved by from_pretrained
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     """Cheap probe before from_pretrained: offline, the hub client retries for about a minute before failing."""
     if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
@@ -139,7 +139,7 @@ def load_base_model(name: str = EMBEDDED, *, dtype: str = "float32", device: str
     src = prepare_model(name)
     local = src.exists()
     # Unreachable hub: use only the local HF cache, so a missing model fails in a second rather than a minute.
-    kw = {} if local or _hub_reachable() else {"local_files_only": True}
+    kw = {} if local or hub_reachable() else {"local_files_only": True}
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(src), **kw)
         model = AutoModelForCausalLM.from_pretrained(str(src), dtype=getattr(torch, dtype), **kw)

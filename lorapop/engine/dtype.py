@@ -4,7 +4,7 @@ On CUDA, bfloat16 where the GPU supports it, else float32. On CPU the answer dep
 bfloat16 (AVX512-BF16 or AMX) oneDNN's bf16 GEMMs beat float32, without it torch falls back to a scalar bf16 GEMM
 that was measured 38x slower than float32 on an AVX2-only EPYC ([512, 576] x [576, 1536]: 0.97 s vs 0.025 s). So
 bfloat16 is picked only when the CPU's flags allow it *and* a quick probe (forward- and backward-shaped matmuls at
-the embedded model's sizes, about a quarter of a second) shows bf16 at least as fast as float32. The decision is
+the embedded model's sizes, about half a second) shows bf16 at least as fast as float32. The decision is
 printed once per process; the trainer saves the resolved name in the run's ``config.yaml``, so a resumed run keeps
 the numerics it started with even on another machine.
 """

@@ -6,7 +6,8 @@ batch that mixes adapters; see :mod:`lorapop.engine.lora` for the stacked layers
 for the per-slot AdamW.
 
 Not implemented: a KL penalty against the base model (``kl_coef``). The loss is the plain token-mean of
-``-advantage * logp`` per adapter, as in docs/METHOD.md (Rewards); a KL term would need a second (base, id -1) forward per micro-batch.
+``-advantage * logp`` per adapter, as in docs/METHOD.md (Rewards); a KL term would need a second (base, id -1)
+forward per micro-batch.
 """
 
 from __future__ import annotations
@@ -97,14 +98,13 @@ class TorchEngine:
         cfg.dtype = resolve_dtype(cfg.dtype, self.device)  # 'auto' -> the name in use, so callers can record it
         dtype = getattr(torch, cfg.dtype)
         model.to(device=self.device, dtype=dtype)
-        model.eval()
         model.requires_grad_(False)
         self.model, self.tokenizer = model, tokenizer
         self.n_adapters = n_adapters
         self.scaling = cfg.lora_alpha / cfg.rank
         self.base_model_name = str(getattr(model, "name_or_path", "") or "") or None
         self._ctx, self.layers = inject_lora(model, n_adapters, cfg.rank, cfg.lora_alpha, list(cfg.target_modules))
-        model.eval()  # the new LoRA modules too (a fresh nn.Module starts in training mode)
+        model.eval()  # after injection: the new LoRA modules too (a fresh nn.Module starts in training mode)
         self.module_names = list(self.layers)
         self._params = [p for layer in self.layers.values() for p in (layer.lora_A, layer.lora_B)]
         self.optimizer = StackedAdamW(self._params, n_adapters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,

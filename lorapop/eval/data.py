@@ -124,7 +124,7 @@ def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path
 
 
 def _hub_download(spec: BenchmarkSpec, repo_id: str) -> list[Path]:
-    from lorapop.model import _hub_reachable
+    from lorapop.model import hub_reachable
 
     try:
         from huggingface_hub import hf_hub_download
@@ -132,7 +132,7 @@ def _hub_download(spec: BenchmarkSpec, repo_id: str) -> list[Path]:
         raise BenchmarkError(f"{spec.name}: hub id {repo_id!r} needs huggingface_hub; pass a local file instead") from e
     files = spec.hub_files or (Path(spec.local_file).name,)
     # Offline the hub client retries for tens of seconds per file: look in its local cache only, which answers at once.
-    kw = {} if _hub_reachable(timeout=2.0) else {"local_files_only": True}
+    kw = {} if hub_reachable(timeout=2.0) else {"local_files_only": True}
     try:
         return [Path(hf_hub_download(repo_id, f, repo_type="dataset", **kw)) for f in files]
     except Exception as e:  # offline, gated, or a layout we do not know

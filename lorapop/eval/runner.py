@@ -47,7 +47,8 @@ class EvalConfig:
     max_new_tokens_math: int = field(default=512, metadata={"help": "generation budget for math benchmarks"})
     batch_size: int = field(default=32, metadata={"help": "rows per generation forward (engine gen_batch_size)"})
     data_dir: str | None = field(default=None, metadata={
-        "help": "directory with code/*.jsonl and math/*.jsonl (default: $LORAPOP_DATA_DIR or the data shipped in lorapop/data)"})
+        "help": "directory with code/*.jsonl and math/*.jsonl (default: $LORAPOP_DATA_DIR or the data shipped in "
+                "lorapop/data)"})
     data: dict[str, str] = field(default_factory=dict, metadata={
         "help": "per-benchmark source: a local JSONL file or a hub dataset id (name=PATH, repeatable)"})
     min_time_limit: float = field(default=1.0, metadata={
