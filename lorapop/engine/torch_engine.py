@@ -24,7 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from lorapop.progress import progress
 
-from .base import Completion, EngineConfig, SamplingParams, TrainSample
+from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_rows,
+                   check_samples, check_slot)
 from .batching import ContinuousBatcher
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
 from .dtype import resolve_dtype
@@ -145,29 +146,13 @@ class TorchEngine:
         return sorted(ids)
 
     def _check_slot(self, i: int, *, allow_base: bool = False) -> None:
-        lo = -1 if allow_base else 0
-        if not isinstance(i, int) or isinstance(i, bool) or not lo <= i < self.n_adapters:
-            what = "-1 (base) or " if allow_base else ""
-            raise IndexError(f"adapter index {i!r} out of range: expected {what}0..{self.n_adapters - 1}")
+        check_slot(i, self.n_adapters, allow_base=allow_base)
 
     def _check_rows(self, prompts: list[list[int]], adapter_ids: list[int], *, allow_base: bool = True) -> None:
-        if not prompts:
-            raise ValueError("empty prompt list: pass at least one prompt")
-        if len(adapter_ids) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(adapter_ids)} adapter_ids")
-        for k, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {k} is empty (no token ids)")
-        for a in adapter_ids:
-            self._check_slot(int(a), allow_base=allow_base)
+        check_rows(prompts, adapter_ids, self.n_adapters, allow_base=allow_base)
 
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
-        messages = ([{"role": "system", "content": system}] if system is not None else [])
-        messages.append({"role": "user", "content": user_message})
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
-            out = out["input_ids"]
-        return [int(t) for t in out]
+        return chat_prompt_ids(self.tokenizer, user_message, system)
 
     def base_bytes(self) -> int:
         lora = {id(p) for p in self._params}
@@ -361,24 +346,25 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ training
     def _check_samples(self, samples: list[TrainSample]) -> None:
-        if not samples:
-            raise ValueError("train_step got no samples")
-        for k, s in enumerate(samples):
-            if len(s.prompt_ids) == 0:
-                raise ValueError(f"sample {k} has an empty prompt")
-            self._check_slot(int(s.adapter_id))
+        check_samples(samples, self.n_adapters)
 
-    def accumulate_gradients(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
+    def accumulate_gradients(self, samples: list[TrainSample],
+                             token_counts: dict[int, int] | None = None) -> dict[int, dict[str, float]]:
         """Forward/backward ``samples`` in micro-batches, leaving the summed gradient in the LoRA parameters.
 
         The per-adapter loss is normalised by that adapter's response-token count over *all* samples, so splitting
-        into micro-batches (or mixing adapters in one) does not change any adapter's gradient."""
+        into micro-batches (or mixing adapters in one) does not change any adapter's gradient. ``token_counts``
+        (adapter -> tokens) overrides those counts: a data-parallel replica given a share of the step's samples
+        normalises by the whole step's counts, so the replicas' summed gradients equal one engine's."""
         self._check_samples(samples)
         stats: dict[int, dict[str, float]] = {}
         for s in samples:
             st = stats.setdefault(int(s.adapter_id), {"loss": 0.0, "grad_norm": 0.0, "n_tokens": 0, "n_samples": 0})
             st["n_tokens"] += len(s.completion_ids)
             st["n_samples"] += 1
+        denom = {a: st["n_tokens"] for a, st in stats.items()}
+        if token_counts is not None:
+            denom.update({int(a): int(n) for a, n in token_counts.items()})
         # Rows with no tokens or zero advantage add nothing to any gradient: skip their forward entirely.
         work = [s for s in samples if s.completion_ids and float(s.advantage) != 0.0]
         mbs = _train_micro_batches(work, max(1, self.cfg.train_micro_batch_size))
@@ -386,7 +372,7 @@ class TorchEngine:
             for mb in mbs:
                 logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
                                                       [int(s.adapter_id) for s in mb])
-                w = torch.tensor([-float(s.advantage) / stats[int(s.adapter_id)]["n_tokens"] for s in mb],
+                w = torch.tensor([-float(s.advantage) / denom[int(s.adapter_id)] for s in mb],
                                  device=logp.device)
                 per_tok = logp * w[row_t]
                 per_tok.sum().backward()
@@ -433,7 +419,12 @@ class TorchEngine:
         if self.device.type == "cuda":
             self.release_kv_cache()  # its memory goes to the update's activations
         self.optimizer.zero_grad()
-        stats = self.accumulate_gradients(samples)
+        return self.apply_step(self.accumulate_gradients(samples))
+
+    def apply_step(self, stats: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """The optimizer half of ``train_step``: one clipped AdamW step from the gradients in the LoRA parameters
+        for every adapter of ``stats`` with tokens, then clears them; fills in ``grad_norm``. A data-parallel
+        replica calls it after summing gradients across replicas (lorapop/engine/replicas.py)."""
         slots = [a for a, st in stats.items() if st["n_tokens"] > 0]
         norms = self.optimizer.step(slots)
         self.optimizer.zero_grad()
@@ -497,6 +488,14 @@ class TorchEngine:
         zero delta (fresh A, B = 0)."""
         self._check_slot(i)
         weights, pcfg = load_peft_adapter(path)
+        self.load_adapter_weights(i, weights, pcfg, source=str(path))
+
+    def load_adapter_weights(self, i: int, weights: dict[str, tuple[torch.Tensor, torch.Tensor]], pcfg: dict,
+                             source: str = "the adapter") -> None:
+        """``load_adapter`` once the PEFT files are read (``load_peft_adapter``'s two results): a replicated engine
+        reads the files where the run directory is and sends these to every replica."""
+        self._check_slot(i)
+        path = source
         if int(pcfg["r"]) != self.cfg.rank:
             raise AdapterFormatError(f"rank mismatch: adapter at {path} has r={pcfg['r']}, "
                                      f"the engine uses rank={self.cfg.rank}")

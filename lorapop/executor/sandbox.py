@@ -95,6 +95,21 @@ class ExecutorConfig:
     python: str | None = field(default=None, metadata={"help": "interpreter for workers (default: this one)"})
     preload: tuple[str, ...] = field(default=DEFAULT_PRELOAD, metadata={"help": "stdlib modules importable by "
                                                                                 "programs (nothing else is)"})
+    ray: bool = field(default=False, metadata={"help": "run validation and checking jobs on Ray executor actors "
+                                                     "(any node of engine.ray_address's cluster, or a local Ray), "
+                                                     "each wrapping this same sandbox with every protection above; "
+                                                     "needs `pip install lorapop[ray]` (lorapop/executor/ray_executor.py)"})
+    ray_actors: int = field(default=2, metadata={"help": "with ray: executor actors; a batch is split across them, "
+                                                         "each runs its share on its own n_workers sandbox workers"})
+    ray_num_cpus: float = field(default=1.0, metadata={"help": "with ray: CPUs Ray reserves per executor actor "
+                                                               "(where it places them; the sandbox itself runs "
+                                                               "n_workers processes)"})
+
+    def validate(self) -> None:
+        if self.ray_actors < 1:
+            raise ValueError(f"executor.ray_actors: must be >= 1, got {self.ray_actors}")
+        if self.ray_num_cpus < 0:
+            raise ValueError(f"executor.ray_num_cpus: must be >= 0, got {self.ray_num_cpus}")
 
 
 @dataclass

@@ -107,6 +107,7 @@ class Trainer:
         for m in self.population.members:
             self.ratings.add(m.id)
         self.step = 0
+        self._hold_ray(engine is None, executor is None)
         self.executor = executor if executor is not None else self._own(self._make_executor())
         self.buffers = self._make_buffers(load_seeds=not resume)
         self.coverage = self._make_coverage()
@@ -124,13 +125,39 @@ class Trainer:
         return part
 
     # ---- construction -------------------------------------------------------------------------------------------
+    def _hold_ray(self, make_engine: bool, make_executor: bool) -> None:
+        """When the parts this Trainer builds run on Ray, join (or start) it once for all of them, with room for
+        every actor they will place, so neither starts a local Ray too small for the other (lorapop/raycluster.py).
+        Nothing of Ray is imported otherwise."""
+        import os
+
+        e, x = self.cfg.engine, self.cfg.executor
+        cpus = 0.0
+        if make_engine and e.replicas > 1:
+            cpus += e.replicas * max(1, (os.cpu_count() or 1) // e.replicas)
+        if make_executor and x.ray:
+            cpus += x.ray_actors * x.ray_num_cpus
+        if cpus:
+            from lorapop.raycluster import RayHold
+
+            self._own(RayHold(e.ray_address, cpus))
+
     def _make_engine(self) -> Engine:
+        if self.cfg.engine.replicas > 1:
+            from lorapop.engine.replicas import ReplicatedEngine
+
+            return ReplicatedEngine(self.cfg.model.name, self.cfg.population.n_members, self.cfg.engine,
+                                    seed=self.cfg.run.seed)
         from lorapop.engine.torch_engine import TorchEngine
 
         return TorchEngine.from_config(self.cfg.model.name, self.cfg.population.n_members, self.cfg.engine,
                                        seed=self.cfg.run.seed)
 
     def _make_executor(self) -> Executor:
+        if self.cfg.executor.ray:
+            from lorapop.executor.ray_executor import RayExecutor
+
+            return RayExecutor(self.cfg.executor, address=self.cfg.engine.ray_address)
         from lorapop.executor.sandbox import SandboxExecutor
 
         return SandboxExecutor(self.cfg.executor)
@@ -328,16 +355,20 @@ class Trainer:
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The config of an existing run; only run.steps/run.progress/run.tensorboard may be overridden on resume."""
+    """The config of an existing run; only run.steps/run.progress/run.tensorboard/run.save_interval and where it
+    runs (engine.replicas, engine.ray_address, executor.ray*) may be overridden on resume."""
     from lorapop.config import load_config
 
     if not RunDir(run_dir).has_config():
         raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-    allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.save_interval=")
+    # where a run executes does not change what it computes: a checkpoint resumes on any number of replicas
+    allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.save_interval=",
+               "--engine.replicas=", "--engine.ray_address=", "--executor.ray=", "--executor.ray_actors=")
     for o in overrides:
         if not o.startswith(allowed):
-            raise ConfigError(f"override '{o}': on --resume only run.steps, run.save_interval, run.progress and "
-                              "run.tensorboard may change")
+            raise ConfigError(f"override '{o}': on --resume only run.steps, run.save_interval, run.progress, "
+                              "run.tensorboard, engine.replicas, engine.ray_address, executor.ray and "
+                              "executor.ray_actors may change")
     cfg = load_config(str(run_dir / "config.yaml"), overrides)
     cfg.run.output_dir, cfg.run.name = str(run_dir.parent), run_dir.name
     return cfg
