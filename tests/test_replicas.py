@@ -149,6 +149,16 @@ print("ok", type(engine).__name__)
     assert res.returncode == 0 and "ok TorchEngine" in res.stdout, res.stdout + res.stderr
 
 
+def test_without_ray_installed_replicas_and_executor_ray_say_how_to_get_it(monkeypatch):
+    from lorapop.raycluster import RayUnavailableError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as it does without the extra
+    with pytest.raises(RayUnavailableError, match=r"pip install 'lorapop\[ray\]'"):
+        ReplicatedEngine("embedded", 2, EngineConfig(device="cpu", replicas=2))
+    with pytest.raises(RayUnavailableError, match="executor.ray"):
+        RayExecutor(ExecutorConfig(ray=True))
+
+
 def test_executor_on_ray_actors_matches_the_local_sandbox(cluster):
     codes = ["_result = sorted({3, 1, 2})", "_result = 1 / 0", "while True: pass",
              "import socket\ns = socket.socket()\ns.connect(('1.1.1.1', 53))",

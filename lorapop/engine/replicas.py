@@ -210,19 +210,31 @@ class ReplicatedEngine:
             try:
                 out[k] = ray.get(done[0])
             except ray.exceptions.RayActorError as e:
-                self.close()
-                raise ReplicaError(f"engine replica {k} of {n} died during {what} "
-                                   f"({_first_line(e)}); the engine is closed, resume the run from its last "
-                                   "checkpoint (lorapop train --resume RUN_DIR)") from e
+                self._fail(what, k, e)
             except ray.exceptions.RayTaskError as e:
-                cause = e.as_instanceof_cause()
-                if what in ("train_step", "start"):  # replicas may now differ (or wait): nothing can continue
-                    self.close()
-                    raise ReplicaError(f"engine replica {k} of {n} failed during {what}: "
-                                       f"{_first_line(e.cause if e.cause is not None else e)}; the engine is "
-                                       "closed") from cause
-                raise cause from None
+                if what not in ("train_step", "start"):  # nothing shared is half-done: the caller's error as is
+                    raise e.as_instanceof_cause() from None
+                # In a collective a peer's death shows first as an error in the survivors' all-reduce; name the
+                # dead replica when there is one, it is the cause.
+                late, _ = ray.wait(pending, num_returns=len(pending), timeout=10) if pending else ([], [])
+                for r in late:
+                    try:
+                        ray.get(r)
+                    except ray.exceptions.RayActorError as dead:
+                        self._fail(what, index[r], dead)
+                    except ray.exceptions.RayTaskError:
+                        pass
+                self._fail(what, k, e)
         return out
+
+    def _fail(self, what: str, k: int, e: Exception) -> None:
+        """Close the engine and raise ReplicaError for replica ``k``'s failure ``e`` during ``what``."""
+        self.close()
+        died = isinstance(e, self._ray.exceptions.RayActorError)
+        detail = _first_line(e if died or getattr(e, "cause", None) is None else e.cause)
+        raise ReplicaError(f"engine replica {k} of {self.n_replicas} {'died' if died else 'failed'} during {what} "
+                           f"({detail}); the engine is closed: resume the run from its last checkpoint "
+                           "(lorapop train --resume RUN_DIR)") from e
 
     def _check_open(self) -> None:
         if self._closed:
