@@ -241,13 +241,14 @@ def test_replica_killed_mid_step_then_resumed_with_one_then_two_replicas(cluster
         t.run()
     assert _steps(run / "metrics.jsonl") == [1, 2]
 
-    # and back on 2 replicas: checkpoint 2 on both, one more step, still in sync
-    with Trainer(load_run_config(run, ["--engine.replicas=2", "--run.steps=3"]), run, resume=True) as t:
+    # and back on 2 replicas: checkpoint 2 on both, two more steps with a PBT round (children broadcast), in sync
+    with Trainer(load_run_config(run, ["--engine.replicas=2", "--run.steps=4"]), run, resume=True) as t:
         assert t.engine.n_replicas == 2 and t.step == 2
         _assert_engine_is_checkpoint(t, ckpts / "step_000002")
         t.run()
+        assert any(rec["step"] == 4 for rec in t.population.lineage)
         d = t.engine.replica_digests()
         assert d[0] == d[1]
-    assert _steps(run / "metrics.jsonl") == [1, 2, 3]
-    assert [c.name for c in sorted(ckpts.iterdir())] == ["step_000001", "step_000002", "step_000003"]
+    assert _steps(run / "metrics.jsonl") == [1, 2, 3, 4]
+    assert [c.name for c in sorted(ckpts.iterdir())] == [f"step_00000{k}" for k in (1, 2, 3, 4)]
     assert "engine.replicas" not in __import__("lorapop.train.loop", fromlist=["COMPAT_FIELDS"]).COMPAT_FIELDS

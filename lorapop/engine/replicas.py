@@ -88,9 +88,11 @@ class _Replica:
         self.engine = TorchEngine.from_config(model_name, n_adapters, cfg, seed=seed)
 
     def info(self) -> dict[str, Any]:
+        import torch
+
         e = self.engine
         return {"tokenizer": e.tokenizer, "dtype": e.cfg.dtype, "device": str(e.device), "pid": os.getpid(),
-                "base_model_name": e.base_model_name, "threads": __import__("torch").get_num_threads()}
+                "base_model_name": e.base_model_name, "threads": torch.get_num_threads()}
 
     def rendezvous(self) -> str:
         """A ``tcp://`` address on this node for the process group (rank 0 listens there)."""
@@ -172,9 +174,13 @@ class ReplicatedEngine:
         threads = 0 if gpu else max(1, (os.cpu_count() or 1) // n)
         ray = self._ray = raycluster.acquire(cfg.ray_address, num_cpus=n * max(threads, 1))
         try:
+            gpus = ray.cluster_resources().get("GPU", 0)
             if cfg.device == "auto":  # the cluster's devices decide, not the driver's (a head node may have none)
-                gpu = ray.cluster_resources().get("GPU", 0) >= n
+                gpu = gpus > 0
                 threads = 0 if gpu else threads
+            if gpu and gpus < n:
+                raise ValueError(f"engine.replicas={n} puts each replica on its own GPU, but the Ray cluster has "
+                                 f"{gpus:g}: lower engine.replicas or add GPU nodes (ray start --address=...)")
             inner = dataclasses.replace(cfg, replicas=1, ray_address=None, device="cuda" if gpu else "cpu")
             actor = ray.remote(num_cpus=1 if gpu else threads, num_gpus=1 if gpu else 0, max_restarts=0)(_Replica)
             self.actors = [actor.remote(r, n, model_name, n_adapters, inner, seed, threads) for r in range(n)]
