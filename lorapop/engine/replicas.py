@@ -215,8 +215,6 @@ class ReplicatedEngine:
             k = index[done[0]]
             try:
                 out[k] = ray.get(done[0])
-            except ray.exceptions.RayActorError as e:
-                self._fail(what, k, e)
             except ray.exceptions.RayTaskError as e:
                 if what not in ("train_step", "start"):  # nothing shared is half-done: the caller's error as is
                     raise e.as_instanceof_cause() from None
@@ -226,17 +224,19 @@ class ReplicatedEngine:
                 for r in late:
                     try:
                         ray.get(r)
-                    except ray.exceptions.RayActorError as dead:
-                        self._fail(what, index[r], dead)
                     except ray.exceptions.RayTaskError:
                         pass
+                    except ray.exceptions.RayError as dead:
+                        self._fail(what, index[r], dead)
+                self._fail(what, k, e)
+            except ray.exceptions.RayError as e:  # the replica is gone: died, killed (OOM monitor), node lost
                 self._fail(what, k, e)
         return out
 
     def _fail(self, what: str, k: int, e: Exception) -> None:
         """Close the engine and raise ReplicaError for replica ``k``'s failure ``e`` during ``what``."""
         self.close()
-        died = isinstance(e, self._ray.exceptions.RayActorError)
+        died = not isinstance(e, self._ray.exceptions.RayTaskError)
         detail = _first_line(e if died or getattr(e, "cause", None) is None else e.cause)
         raise ReplicaError(f"engine replica {k} of {self.n_replicas} {'died' if died else 'failed'} during {what} "
                            f"({detail}); the engine is closed: resume the run from its last checkpoint "

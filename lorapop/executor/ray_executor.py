@@ -77,8 +77,10 @@ class RayExecutor:
         ray = self._ray
         try:
             return ray.get(refs)
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"a Ray sandbox actor died twice in a row ({str(e).splitlines()[0][:200]}); "
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+        except ray.exceptions.RayError as e:  # died (node lost, OOM-killed) even after its one retry
+            raise RuntimeError(f"a Ray sandbox actor was lost twice in a row ({str(e).splitlines()[0][:200]}); "
                                "check the cluster's nodes") from e
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
