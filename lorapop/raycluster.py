@@ -77,11 +77,11 @@ class RayHold:
 
 
 def _local_object_store_bytes() -> int:
-    # Ray's default takes 30% of RAM as shared memory. What moves through it is rows, gradients-free results and,
-    # at a checkpoint, every adapter with its AdamW moments (8 rank-16 adapters of a 7B model: ~1 GB), so 2 GiB
-    # (at most a quarter of RAM) is enough and leaves the memory to the replicas' models.
+    # Ray's default is 30% of RAM. What moves through the store is rows and completions, adapters (PBT) and, at a
+    # checkpoint, every adapter with its AdamW moments from replica 0 (8 rank-16 adapters of a 7B model: ~3.9 GB).
+    # A quarter of RAM, at most 16 GiB, holds that; the store's shared memory is only taken when written.
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         ram = 8 * 2**30
-    return int(min(2 * 2**30, ram // 4))
+    return int(min(16 * 2**30, ram // 4))

@@ -159,6 +159,26 @@ def test_without_ray_installed_replicas_and_executor_ray_say_how_to_get_it(monke
         RayExecutor(ExecutorConfig(ray=True))
 
 
+def test_a_private_local_ray_starts_with_the_first_user_and_stops_with_the_last(tmp_path):
+    code = """
+import ray
+from lorapop.executor.ray_executor import RayExecutor
+from lorapop.executor.sandbox import ExecutorConfig
+from lorapop.raycluster import RayHold
+assert not ray.is_initialized()
+hold = RayHold(None, 1)  # as a Trainer holds it for its engine and executor
+ex = RayExecutor(ExecutorConfig(ray=True, ray_actors=1, n_workers=1))
+assert ex.run("_result = 2 + 3").value == "5"
+ex.close()
+assert ray.is_initialized()  # the hold still uses it
+hold.close()
+assert not ray.is_initialized()
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
 def test_executor_on_ray_actors_matches_the_local_sandbox(cluster):
     codes = ["_result = sorted({3, 1, 2})", "_result = 1 / 0", "while True: pass",
              "import socket\ns = socket.socket()\ns.connect(('1.1.1.1', 53))",
