@@ -159,6 +159,15 @@ def test_without_ray_installed_replicas_and_executor_ray_say_how_to_get_it(monke
         RayExecutor(ExecutorConfig(ray=True))
 
 
+def test_a_replica_that_cannot_start_says_why(cluster, tmp_path):
+    with pytest.raises(ReplicaError, match=r"engine replica \d of 2 could not start \(.*model path not found: "
+                                           + str(tmp_path / "nope")):
+        ReplicatedEngine(str(tmp_path / "nope"), 1, EngineConfig(device="cpu", replicas=2))
+    with pytest.raises(ValueError, match="engine.replicas=2 puts each replica on its own GPU, but the Ray cluster "
+                                         "has 0"):
+        ReplicatedEngine("embedded", 1, EngineConfig(device="cuda", replicas=2))
+
+
 def test_a_private_local_ray_starts_with_the_first_user_and_stops_with_the_last(tmp_path):
     code = """
 import ray

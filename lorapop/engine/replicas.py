@@ -236,11 +236,12 @@ class ReplicatedEngine:
     def _fail(self, what: str, k: int, e: Exception) -> None:
         """Close the engine and raise ReplicaError for replica ``k``'s failure ``e`` during ``what``."""
         self.close()
+        head = f"engine replica {k} of {self.n_replicas}"
+        if what == "start":
+            raise ReplicaError(f"{head} could not start ({_detail(e)})") from e
         died = not isinstance(e, self._ray.exceptions.RayTaskError)
-        detail = _first_line(e if died or getattr(e, "cause", None) is None else e.cause)
-        raise ReplicaError(f"engine replica {k} of {self.n_replicas} {'died' if died else 'failed'} during {what} "
-                           f"({detail}); the engine is closed: resume the run from its last checkpoint "
-                           "(lorapop train --resume RUN_DIR)") from e
+        raise ReplicaError(f"{head} {'died' if died else 'failed'} during {what} ({_detail(e)}); the engine is "
+                           "closed: resume the run from its last checkpoint (lorapop train --resume RUN_DIR)") from e
 
     def _check_open(self) -> None:
         if self._closed:
@@ -361,6 +362,15 @@ class ReplicatedEngine:
         self.close()
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else type(e).__name__
+def _detail(e: BaseException) -> str:
+    """One line saying what went wrong in a replica: the original exception of a failed call or constructor (Ray
+    puts it at the end of a long message), else the first line of Ray's own error."""
+    import re
+
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {_detail(cause)}"
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    return (lines[-1] if getattr(e, "actor_init_failed", False) else lines[0])[:300]
