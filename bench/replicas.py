@@ -1,7 +1,8 @@
 """Data-parallel engine replicas on Ray (engine.replicas): a demo-shaped engine step on 2 replicas x 1 thread vs
 1 replica x 2 threads, and what Ray itself costs per step.
 
-    .venv/bin/python bench/replicas.py [--tasks-per-type 2] [--propose-tokens 64] [--solve-tokens 48] [--steps 1]
+    .venv/bin/python bench/replicas.py [--tasks-per-type 2] [--propose-tokens 64] [--solve-tokens 48]
+                                       [--prompt-words 150] [--steps 1]
 
 A "demo-shaped step" is the engine work of one step of the shipped cpu_demo config (2T+2S, three task types):
 every teacher proposes ``tasks_per_type`` tasks per type (one generate call), every student answers each of them
@@ -50,11 +51,11 @@ def demo_step(engine, args, rng: random.Random) -> None:
     t = args.tasks_per_type
     propose = SamplingParams(max_new_tokens=args.propose_tokens, min_new_tokens=args.propose_tokens, temperature=1.0)
     solve = SamplingParams(max_new_tokens=args.solve_tokens, min_new_tokens=args.solve_tokens, temperature=1.0)
-    # teacher prompts carry a reference program (~250 words), student prompts a task (~120 words), as in the demo
-    t_prompts = [engine.chat_prompt(_text(rng, 250)) for _ in range(N_TEACHERS * N_TYPES * t)]
+    # teacher prompts carry a reference program, student prompts a task: longer and shorter, as in the demo
+    t_prompts = [engine.chat_prompt(_text(rng, args.prompt_words)) for _ in range(N_TEACHERS * N_TYPES * t)]
     t_ids = [k // (N_TYPES * t) for k in range(len(t_prompts))]
     props = engine.generate(t_prompts, t_ids, propose, seeds=[rng.getrandbits(31) for _ in t_prompts])
-    tasks = [engine.chat_prompt(_text(rng, 120)) for _ in range(N_STUDENTS * N_TYPES * t)]
+    tasks = [engine.chat_prompt(_text(rng, args.prompt_words // 2)) for _ in range(N_STUDENTS * N_TYPES * t)]
     s_prompts = [p for p in tasks for _ in range(N_SOLVE)]
     s_ids = [N_TEACHERS + k // (N_TYPES * t * N_SOLVE) for k in range(len(s_prompts))]
     answers = engine.generate(s_prompts, s_ids, solve, seeds=[rng.getrandbits(31) for _ in s_prompts])
@@ -93,6 +94,7 @@ def main() -> None:
     ap.add_argument("--tasks-per-type", type=int, default=2)
     ap.add_argument("--propose-tokens", type=int, default=64)
     ap.add_argument("--solve-tokens", type=int, default=48)
+    ap.add_argument("--prompt-words", type=int, default=150, help="words of a teacher prompt (students: half)")
     ap.add_argument("--steps", type=int, default=1, help="timed steps per configuration (the fastest counts)")
     args = ap.parse_args()
 

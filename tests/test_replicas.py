@@ -5,6 +5,7 @@ counts, the sandbox on Ray actors. One Ray cluster for the module (its start-up 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ except ImportError as e:  # part of the test setup (scripts/setup.sh --test), so
     raise ImportError("tests/test_replicas.py needs the ray extra: scripts/setup.sh --test "
                       "(or pip install -e '.[test,ray]')") from e
 
-from lorapop.engine.base import EngineConfig, SamplingParams, TrainSample
+from lorapop.engine.base import Engine, EngineConfig, SamplingParams, TrainSample
 from lorapop.engine.replicas import ReplicaError, ReplicatedEngine, deal, split_rows
 from lorapop.executor.ray_executor import RayExecutor, cut
 from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
@@ -73,6 +74,7 @@ def test_deal_and_split_keep_prefix_groups_together_and_balance_tokens():
 def test_generation_equals_the_one_engine_row_for_row(engines):
     one, two = engines
     prompts, ids = _prompts(one)
+    assert isinstance(two, Engine) and two.replica_info[0]["threads"] == max(1, (os.cpu_count() or 1) // 2)
     assert two.chat_prompt("Say hello in French.") == prompts[5]
     for params, seeds in ((SamplingParams(max_new_tokens=10, greedy=True), None),
                           (SamplingParams(max_new_tokens=10, temperature=1.0), [11, 12, 13, 14, 15, 16, 17])):
