@@ -106,8 +106,10 @@ def main() -> None:
 
     cores = os.cpu_count() or 1
     n_members = N_TEACHERS + N_STUDENTS
-    # the demo's engine settings, but 4-row micro-batches (the demo's 8 need ~7 GB per replica in the update)
-    base = dict(device="cpu", dtype="float32", gen_batch_size=64, train_micro_batch_size=4, logprob_chunk_size=128)
+    # The demo's engine settings, but 4-row micro-batches with activation checkpointing: the demo's 8 rows took
+    # ~7 GB per replica in the update and Ray's OOM killer stopped a replica on a shared 23 GB machine.
+    base = dict(device="cpu", dtype="float32", gen_batch_size=64, train_micro_batch_size=4, logprob_chunk_size=128,
+                gradient_checkpointing=True)
     ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
     try:
         # Ray's first: closing a replica frees its memory, an in-process engine's stays with this process
