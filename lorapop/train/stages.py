@@ -93,6 +93,7 @@ class StepResult:
     train_stats: Mapping[int, Mapping[str, float]]  # engine slot -> loss, grad_norm
     lineage: tuple[dict[str, Any], ...]    # births of this step's evolve stage
     times: Mapping[str, float]             # seconds per stage
+    evolve_skipped: tuple[str, ...] = ()   # members this step's PBT round left out (too few rated matches)
 
     @property
     def answers(self) -> list[Rollout]:
@@ -231,13 +232,28 @@ def update_batch(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], single:
     return chosen
 
 
-def trr_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
-    """TRR++: normalise rewards within each (member, task type, role) group; a group of one gets advantage 0."""
+def trr_groups(rollouts: Sequence[Rollout]) -> dict[tuple[str, str, str], list[int]]:
+    """TRR++'s groups: indices of ``rollouts`` per (member, task type, role)."""
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         groups[(r.member.id, r.task_type, r.role)].append(i)
+    return groups
+
+
+def zero_advantage_groups(rollouts: Sequence[Rollout]) -> dict[str, tuple[int, int]]:
+    """Per role, (groups whose rewards all tie, groups): a tied group gets advantage 0 for every sample, so it
+    teaches nothing. A step where every group ties looks exactly like a broken update; this is how to tell."""
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for (_, _, role), idx in trr_groups(rollouts).items():
+        out[role][1] += 1
+        out[role][0] += len({rollouts[i].reward for i in idx}) == 1
+    return {role: (n_tied, n) for role, (n_tied, n) in out.items()}
+
+
+def trr_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
+    """TRR++: normalise rewards within each (member, task type, role) group; a group of one gets advantage 0."""
     adv = [0.0] * len(rollouts)
-    for idx in groups.values():
+    for idx in trr_groups(rollouts).values():
         vals = [rollouts[i].reward for i in idx]
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
