@@ -10,7 +10,23 @@ from lorapop.cli import main
 
 TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=1", "--selfplay.n_solve=2",
         "--selfplay.propose.max_new_tokens=24", "--selfplay.solve.max_new_tokens=12", "--run.steps=1",
-        "--run.progress=none", "--run.tensorboard=false"]
+        "--selfplay.seed_files=[]", "--run.progress=none", "--run.tensorboard=false"]
+
+
+def test_shipped_cpu_single_is_cpu_demo_as_a_single_agent():
+    from lorapop.cli import resolve_config_path
+    from lorapop.compare import compare_configs
+    from lorapop.config import load_config
+    from lorapop.configlib import to_dict
+
+    demo, single = (to_dict(load_config(resolve_config_path(n))) for n in ("cpu_demo", "cpu_single"))
+    derived = to_dict(compare_configs("cpu_demo", [], "x", "out")[1])
+    for d in (demo, single, derived):
+        d.pop("evolve")  # a single agent has no PBT
+        d["run"].pop("name"), d["run"].pop("output_dir")
+    assert single["population"]["mode"] == derived["population"]["mode"] == "single"
+    assert {k: v for k, v in single.items() if k != "population"} == \
+        {k: v for k, v in demo.items() if k != "population"} == {k: v for k, v in derived.items() if k != "population"}
 
 
 def test_compare_rejects_what_it_sets_itself_and_single_configs(tmp_path, capsys):
