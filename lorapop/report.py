@@ -295,7 +295,8 @@ def eval_comparison(runs: list[RunData]) -> str:
     evaluated = [(r, _eval_run(r)) for r in runs]
     evaluated = [(r, e) for r, e in evaluated if e is not None]
     if not evaluated:
-        return '<p class="muted">no run has an eval.json yet (run `lorapop eval` or `lorapop compare`)</p>'
+        return ('<p class="muted">no eval.json written by `lorapop eval` (or `lorapop compare`) to compare; '
+                'any other eval.json is shown as it is below</p>')
     baseline = next((e for r, e in evaluated if _is_single(r) or e.get("is_baseline")), None)
     pops = [(r, e) for r, e in evaluated if e is not baseline]
     base = (evaluated[0][0].eval.get("base") or {}).get("scores") or {}
