@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     ep = sub.add_parser("eval", help="greedy pass@1 of the base and every member on code/math benchmarks")
     evaluation.add_arguments(ep)
     ep.set_defaults(func=evaluation.run, subparser=ep)
+    from lorapop import compare  # stdlib only at import; training and eval load when it runs
+
+    cp = sub.add_parser("compare", help="train a population and its compute-matched single-agent baseline, evaluate "
+                        "both, write one report overlaying them",
+                        description="lorapop compare [CONFIG] [--name N] [--eval-limit N] [--section.key=value ...]")
+    compare.add_arguments(cp)
+    cp.set_defaults(func=compare.run, subparser=cp, accepts_overrides=True)
     return p
 
 

@@ -87,6 +87,12 @@ class SelfPlayConfig:
                                     "directory (seeds/azr_7b_coder_seed_io.jsonl, "
                                     "seeds/azr_7b_coder_code_f_seed_io.jsonl ship with the package); missing files "
                                     "are an error")
+    response_prefill: bool = doc(False, "start the assistant turn of every proposal and answer with the opening "
+                                        "of the first block its reply must hold (```python, ```input, ```output), "
+                                        "as EvalPlus prefills ```python; the parser reads prefill + completion and "
+                                        "the prefill is prompt, not trained. For small base models that rarely "
+                                        "open the right block by themselves (the CPU demo); the paper's setting "
+                                        "leaves it off")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 

@@ -277,6 +277,60 @@ def lineage_section(run: RunData) -> str:
 
 # ---- page ------------------------------------------------------------------------------------------------------------
 
+def _eval_run(r: RunData) -> dict | None:
+    """This run's entry in its eval.json (``lorapop eval`` writes one per run dir), or None."""
+    ev = r.eval if isinstance(r.eval, dict) else None
+    runs = ev.get("runs") if ev else None
+    return runs[0] if isinstance(runs, list) and runs and isinstance(runs[0], dict) else None
+
+
+def _is_single(r: RunData) -> bool:
+    return isinstance(r.config, dict) and (r.config.get("population") or {}).get("mode") == "single"
+
+
+def eval_comparison(runs: list[RunData]) -> str:
+    """The paper's evaluation layout: per benchmark, the base model, the single-agent baseline, and mean / min / max
+    over the population's students and over all its members (greedy pass@1, %). Built from each run's eval.json;
+    the baseline is the evaluated run whose config says ``population.mode: single``."""
+    evaluated = [(r, _eval_run(r)) for r in runs]
+    evaluated = [(r, e) for r, e in evaluated if e is not None]
+    if not evaluated:
+        return ('<p class="muted">no eval.json written by `lorapop eval` (or `lorapop compare`) to compare; '
+                'any other eval.json is shown as it is below</p>')
+    baseline = next((e for r, e in evaluated if _is_single(r) or e.get("is_baseline")), None)
+    pops = [(r, e) for r, e in evaluated if e is not baseline]
+    base = (evaluated[0][0].eval.get("base") or {}).get("scores") or {}
+    benches = list(dict.fromkeys(b for _, e in evaluated for m in e.get("members", [])
+                                 for b in (m.get("scores") or {})))
+    benches = [b for b in benches if b != "aggregate"] + (["aggregate"] if benches else [])
+
+    def pct(x: Any) -> str | None:
+        return f"{100 * x:.1f}" if isinstance(x, (int, float)) else None
+
+    def trip(st: Any) -> str | None:
+        if not isinstance(st, dict):
+            return None
+        return " / ".join(pct(st.get(k)) or "-" for k in ("mean", "min", "max"))
+
+    out = []
+    for r, e in pops or evaluated:
+        rows = []
+        for b in benches:
+            row = {"benchmark": b, "base": pct(base.get(b)),
+                   "baseline (single agent)": pct(((baseline or {}).get("population", {}).get("students", {})
+                                                   .get(b) or {}).get("mean")) if baseline else None}
+            for label, key in (("students mean / min / max", "students"), ("all members mean / min / max", "all")):
+                row[label] = trip((e.get("population") or {}).get(key, {}).get(b))
+            rows.append(row)
+        step = e.get("step")
+        out.append(f"<h3>{escape(r.name)} (checkpoint step {escape(str(step))}) vs baseline "
+                   f"{escape(next((q.name for q, f in evaluated if f is baseline), 'none'))}</h3>"
+                   + table(rows))
+    n = evaluated[0][0].eval.get("n_problems") or {}
+    return ("<p>greedy pass@1 in %; problems per benchmark: "
+            + escape(", ".join(f"{b} {k}" for b, k in n.items())) + "</p>" + "".join(out))
+
+
 def build_html(runs: list[RunData], notes: list[str]) -> str:
     multi = len(runs) > 1
     S: dict[str, str] = {}
@@ -291,7 +345,9 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
         + "</ul></div>" if all_notes else '<p class="muted">every file was read in full</p>')
     S["rewards"] = _grid(
         [overlay(runs, [("teacher/reward", "teacher"), ("student/reward", "student")], "Reward by role"),
-         overlay(runs, [("reward", "reward")], "Mean student-sample reward")]
+         overlay(runs, [("reward", "reward")], "Mean student-sample reward"),
+         overlay(runs, [("teacher/zero_adv_group_frac", "teacher"), ("student/zero_adv_group_frac", "student")],
+                 "TRR++ groups whose rewards all tie (advantage 0)", y_range=RATE)]
         + [per_member(r, role, (f"{role}_reward", "reward"), f"Reward per {role}") for r in runs
            for role in ("teacher", "student")]
         + [per_member(r, "member", "loss", "Policy-gradient loss per member") for r in runs
@@ -328,7 +384,7 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
         timing.append(line_chart([Series(k[5:], r.series(k), color=color(i)) for i, k in enumerate(stages)],
                                  f"Seconds per stage — {r.name}", ylabel="s", why_empty="no time/* keys"))
     S["timing"] = _grid(timing)
-    S["eval"] = "".join(f"<h3>{escape(r.name)}</h3>" + (
+    S["eval"] = eval_comparison(runs) + "".join(f"<h3>{escape(r.name)}</h3>" + (
         json_tables(r.eval) if r.eval is not None else '<p class="muted">no eval.json (run `lorapop eval`)</p>')
         for r in runs)
     S["config"] = "".join(

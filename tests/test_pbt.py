@@ -7,7 +7,7 @@ import torch
 
 from lorapop.evolve.config import DEFAULT_OPERATORS, EvolveConfig
 from lorapop.evolve.operators import get_operator
-from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements, quantile_size
+from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements, quantile_size, too_few_matches
 
 
 def members(spec):
@@ -182,7 +182,9 @@ def test_config_defaults_and_validation():
            ({"params": {"nope": {}}}, "evolve.params: unknown operator"),
            ({"quantile_fraction": 0.75}, "evolve.quantile_fraction"),
            ({"perturbation_interval": 0}, "evolve.perturbation_interval"),
-           ({"burn_in_period": -1}, "evolve.burn_in_period")]
+           ({"burn_in_period": -1}, "evolve.burn_in_period"),
+           ({"min_rated_matches": -1}, "evolve.min_rated_matches"),
+           ({"min_rated_matches": 2.5}, "evolve.min_rated_matches")]
     for kwargs, msg in bad:
         with pytest.raises(ValueError, match=msg):
             EvolveConfig(**kwargs).validate()
@@ -192,3 +194,36 @@ def test_config_params_reach_the_plan():
     cfg = EvolveConfig(operators={"full_gaussian": 1.0}, params={"full_gaussian": {"eps": 0.05}})
     plan = plan_replacements(POP, 20, cfg, gen())
     assert all(r.params == {"eps": 0.05} for r in plan)
+
+
+def with_matches(pop, counts):
+    return [{**m, "n_matches": counts.get(m["id"], 100)} for m in pop]
+
+
+def test_min_rated_matches_keeps_unproven_members_out_of_the_round():
+    # t3 (worst teacher) and t0 (best) have too little evidence: they are neither replaced nor parents
+    pop = with_matches(POP, {"t3": 9, "t0": 0})
+    cfg = EvolveConfig(min_rated_matches=10)
+    assert [m.id for m in too_few_matches(pop, cfg)] == ["t0", "t3"]
+    for seed in range(10):
+        plan = plan_replacements(pop, 40, cfg, gen(seed))
+        assert {r.old_id for r in plan} == {"t1", "s0"}  # the worst teacher among t1, t2 (t1 = 1.0 < t2 = 3.0)
+        for r in plan:
+            assert not {"t0", "t3"} & set(r.parents)
+            if r.role == "teacher":
+                assert r.parents == ("t2",)  # two proven teachers: one top, one bottom, no middle
+    # exactly at the threshold counts as enough; 0 turns the rule off; descriptors without a count are enough
+    assert too_few_matches(with_matches(POP, {"t3": 10}), cfg) == []
+    assert {r.old_id for r in plan_replacements(pop, 40, EvolveConfig(min_rated_matches=0), gen())} == {"t3", "s0"}
+    assert too_few_matches(POP, cfg) == []
+
+
+def test_min_rated_matches_skips_a_role_left_with_fewer_than_two():
+    # ratings that never moved (no matches anywhere): nobody is replaced, which is what the CPU demo used to do
+    unrated = with_matches(POP, {m["id"]: 0 for m in POP})
+    cfg = EvolveConfig(min_rated_matches=1)
+    assert plan_replacements(unrated, 40, cfg, gen()) == []
+    assert len(too_few_matches(unrated, cfg)) == len(POP)
+    only_students = with_matches(POP, {"t0": 0, "t1": 0, "t2": 0})
+    plan = plan_replacements(only_students, 40, cfg, gen())
+    assert {r.role for r in plan} == {"student"} and {r.old_id for r in plan} == {"s0"}

@@ -39,8 +39,8 @@ def test_one_run_has_every_section_and_plot(runs):
     assert _sections(html) == [sid for sid, _ in SECTIONS]
     assert 'class="noplot"' not in html, re.findall(r'no data: [^<]*', html)
     # rewards 2+2+loss, solve 2+by type, validity 4+by type, complexity 5+5, coverage 3, trueskill 2, lineage 1,
-    # lengths 2, timing 1
-    assert html.count('<svg class="plot') == 32
+    # lengths 2, timing 1, tie fractions 1
+    assert html.count('<svg class="plot') == 33
     # self-contained: no scripts, no external fetches
     assert "<script" not in html and not re.search(r'(src|href)="(https?:)?//', html)
     # series of a replaced member end, the child's begin; lineage names operator and parents
@@ -165,3 +165,33 @@ def test_json_tables_generic_shapes():
                         "notes": ["a", "b"]})
     assert ">members.s0<" in html and ">aggregate<" in html and ">0.35<" in html and ">b<" in html
     assert "x &amp; y" in json_tables("x & y")
+
+
+def _eval_json(run_dir, members, is_baseline, base=0.1):
+    """The shape `lorapop eval` writes into each run dir (lorapop/eval/runner.py, _assemble): one run per file."""
+    def stats(vals):
+        return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    students = [v for mid, v in members.items() if mid[0] in "sa"]
+    return {"benchmarks": ["mbppplus"], "n_problems": {"mbppplus": 10}, "base": {"scores": {"mbppplus": base,
+            "aggregate": base}}, "runs": [{"run_dir": str(run_dir), "step": 4, "is_baseline": is_baseline,
+            "members": [{"id": k, "scores": {"mbppplus": v, "aggregate": v}} for k, v in members.items()],
+            "population": {"students": {"mbppplus": stats(students), "aggregate": stats(students)},
+                           "all": {"mbppplus": stats(list(members.values())),
+                                   "aggregate": stats(list(members.values()))}}}]}
+
+
+def test_evaluation_table_in_the_papers_layout(runs, tmp_path):
+    import json
+
+    pop, single = _copy(runs["pop"], tmp_path / "pop"), _copy(runs["single"], tmp_path / "single")
+    (pop / "eval.json").write_text(json.dumps(_eval_json(pop, {"t0": 0.0, "s0": 0.2, "s1": 0.4}, False)))
+    (single / "eval.json").write_text(json.dumps(_eval_json(single, {"a0": 0.3}, True)))
+    html = write_report([pop, single], tmp_path / "r.html").read_text()
+    section = html[html.index('<section id="eval">'):]
+    row = section[section.index("<td>mbppplus</td>"):section.index("</tr>", section.index("<td>mbppplus</td>"))]
+    # base, baseline (the single run's agent), students mean/min/max, all members mean/min/max
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+    assert cells == ["mbppplus", "10.0", "30.0", "30.0 / 20.0 / 40.0", "20.0 / 0.0 / 40.0"]
+    assert "vs baseline single" in section and "baseline (single agent)" in section
+    # the table is only about the population: the baseline is a column, not a row block of its own
+    assert section.count("<h3>pop (checkpoint step 4)") == 1 and "<h3>single (checkpoint" not in section

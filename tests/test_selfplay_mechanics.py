@@ -50,6 +50,21 @@ def test_ratings_state_roundtrip():
     r2 = Ratings()
     r2.load_state_dict(r.state_dict())
     assert r2.state_dict() == r.state_dict()
+    assert r2.matches("t0") == r2.matches("s0") == 1
+
+
+def test_ratings_count_rated_matches_per_member():
+    r = Ratings()
+    for m in ("t0", "s0", "s1"):
+        r.add(m)
+    for won in (True, False, True):
+        r.record(MatchResult("t0", "s0", won))
+    assert (r.matches("t0"), r.matches("s0"), r.matches("s1")) == (3, 3, 0)
+    r.add("t2", mu=r.mu("t0"))  # a child starts counting from zero
+    assert r.matches("t2") == 0
+    old = Ratings()  # a checkpoint from before match counting: [mu, sigma] only, read as 0 matches
+    old.load_state_dict({"t0": [27.0, 5.0]})
+    assert old.mu("t0") == 27.0 and old.matches("t0") == 0
 
 
 # ---- matchmaking -----------------------------------------------------------------------------------------------------
@@ -154,6 +169,18 @@ def test_trr_plus_plus_groups_by_member_type_and_role():
     std = math.sqrt(((1 + 1 / 3) ** 2 + 2 * (2 / 3) ** 2) / 3)
     assert adv[2] == pytest.approx((1 + 1 / 3) / std, rel=1e-5)
     assert adv[5] == 0.0  # a group of one has no baseline to beat
+
+
+def test_zero_advantage_groups_counts_tied_groups_per_role():
+    t0, _, s0, _ = make_pop()
+    rs = [stages.Rollout(t0, "teacher", "code_o", [1], completion(), reward=-1.0) for _ in range(3)]
+    rs += [stages.Rollout(t0, "teacher", "code_i", [1], completion(), reward=x) for x in (-1.0, 0.5)]
+    rs += [stages.Rollout(s0, "student", "code_o", [1], completion(), reward=-0.5) for _ in range(2)]
+    rs += [stages.Rollout(s0, "student", "code_f", [1], completion(), reward=1.0)]  # a group of one ties too
+    assert stages.zero_advantage_groups(rs) == {"teacher": (1, 2), "student": (2, 2)}
+    adv = stages.trr_advantages(rs)
+    tied = [i for i, r in enumerate(rs) if (r.task_type, r.role) != ("code_i", "teacher")]
+    assert all(adv[i] == 0.0 for i in tied) and adv[3] != 0.0  # a tied group is exactly a zero-advantage group
 
 
 def _rollouts_for(member, role, tt, n):

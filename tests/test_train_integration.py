@@ -26,6 +26,7 @@ def _lines(path):
 def test_two_population_steps_with_a_pbt_round(tmp_path):
     cfg = load_config(None, TINY + ["--population.n_teachers=2", "--population.n_students=2",
                                     "--evolve.perturbation_interval=2", "--evolve.burn_in_period=1",
+                                    "--evolve.min_rated_matches=0",  # tiny steps rate almost nothing
                                     "--evolve.operators={full_gaussian: 1.0}", "--run.steps=2",
                                     f"--run.output_dir={tmp_path}", "--run.name=pop"])
     run = tmp_path / "pop"
@@ -56,16 +57,22 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
             assert any(not torch.equal(now[k][0], before[child.slot][k][0]) for k in now)
         survivors = [m for m in trainer.population.members if m.born_step == 0]
         assert all(int(trainer.engine.optimizer.step_count[m.slot]) == 2 for m in survivors)
+        # with too few rated matches (the children have none) the next round replaces nobody and says who sat out
+        trainer.cfg.evolve.min_rated_matches = 10 ** 6
+        assert trainer.evolve(4) == [] and len(trainer.population.lineage) == 2
+        assert {m.id for m in trainer.evolve_skipped} == {m.id for m in trainer.population.members}
 
     metrics = _lines(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         for key in ("reward", "reward_std", "completions/mean_length", "valid_rate", "format_error_rate",
-                    "student/solve_rate", "teacher/reward", "coverage", "time/propose", "time/update"):
+                    "student/solve_rate", "teacher/reward", "coverage", "time/propose", "time/update",
+                    "teacher/zero_adv_group_frac", "student/zero_adv_group_frac", "evolve/too_few_matches"):
             assert key in m, key
         counts = {k: v for k, v in m.items() if k.endswith("/n_samples")}
         assert len(counts) == 4 and set(counts.values()) == {2}  # 2 task types x 1: compute matched
     assert metrics[1]["evolve/replacements"] == 2
+    assert all(0.0 <= m[f"{r}/zero_adv_group_frac"] <= 1.0 for m in metrics for r in ("teacher", "student"))
     pop = json.loads((run / "population.json").read_text())
     assert pop["step"] == 2 and len(pop["lineage"]) == 2
     assert (run / "config.yaml").is_file() and (run / "coverage_centroids.npy").is_file()

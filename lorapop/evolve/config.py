@@ -39,6 +39,12 @@ class EvolveConfig:
     burn_in_period: int = field(
         default=20, metadata={"help": "no replacement before this step (Ray Tune's name); with the defaults the "
                                       "first round is at step 20"})
+    min_rated_matches: int = field(
+        default=10, metadata={"help": "a member takes part in a PBT round (may be replaced or chosen as a parent) "
+                                      "only once it has played this many rated matches since it was born; ratings "
+                                      "that never moved cannot tell members apart (Ray Tune's PBT likewise only "
+                                      "ranks trials with real results). A role left with fewer than 2 such members "
+                                      "skips the round; skips are logged (evolve/too_few_matches). 0 turns it off"})
     quantile_fraction: float = field(
         default=0.25, metadata={"help": "fraction of each role replaced per round (bottom) and used as parents "
                                         "(top), Ray Tune's rule: ceil(n * fraction), at least 1, at most n // 2"})
@@ -74,6 +80,9 @@ class EvolveConfig:
                 raise ValueError(f"evolve.{key}: must be an integer >= 1, got {v!r}")
         if isinstance(self.burn_in_period, bool) or not isinstance(self.burn_in_period, int) or self.burn_in_period < 0:
             raise ValueError(f"evolve.burn_in_period: must be an integer >= 0, got {self.burn_in_period!r}")
+        m = self.min_rated_matches
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"evolve.min_rated_matches: must be an integer >= 0, got {m!r}")
         q = self.quantile_fraction
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 0.5:
             raise ValueError(f"evolve.quantile_fraction: must be in (0, 0.5], got {q!r}")

@@ -12,7 +12,10 @@ Rules, Ray Tune's PBT adapted to roles:
 * schedule: a round happens at step ``s`` (1-based) iff ``s >= burn_in_period`` and ``s % perturbation_interval ==
   0`` (Ray perturbs once ``time >= burn_in_period`` and ``interval`` has passed since the last perturbation; with the
   defaults 20/20 the rounds are at steps 20, 40, ...).
-* within each role with >= 2 members (never across roles; a single-member role is never replaced):
+* evidence first: a member whose descriptor says it has played fewer than ``min_rated_matches`` rated matches
+  (``n_matches``; a descriptor without it counts as enough) sits the round out: it is neither replaced nor a parent.
+  :func:`too_few_matches` lists them, so the caller can log the skip.
+* within each role with >= 2 members taking part (never across roles; a single-member role is never replaced):
   ``q = min(n // 2, max(1, ceil(n * quantile_fraction)))``; members are ranked by fitness, ties broken at random
   by the generator (at the start every member has the same prior rating); the bottom q are replaced, the top q are
   the parents. Bottom and top never overlap (q <= n // 2).
@@ -48,6 +51,7 @@ class MemberInfo:
     slot: int
     role: str
     fitness: float
+    n_matches: int | None = None  # rated matches since birth; None: not counted (always enough)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,21 @@ def _as_member(m: Any) -> MemberInfo:
     fitness = float(get("fitness"))
     if not math.isfinite(fitness):
         raise ValueError(f"member {get('id')}: fitness must be finite, got {fitness}")
-    return MemberInfo(str(get("id")), int(get("slot")), str(get("role")), fitness)
+    try:
+        n = get("n_matches")
+    except (KeyError, AttributeError):
+        n = None
+    return MemberInfo(str(get("id")), int(get("slot")), str(get("role")), fitness, None if n is None else int(n))
+
+
+def _enough(m: MemberInfo, cfg: EvolveConfig) -> bool:
+    return m.n_matches is None or m.n_matches >= cfg.min_rated_matches
+
+
+def too_few_matches(members: Iterable[Any], cfg: EvolveConfig) -> list[MemberInfo]:
+    """The members that sit a PBT round out for lack of evidence (fewer than ``cfg.min_rated_matches`` rated
+    matches), in slot order."""
+    return sorted((m for m in map(_as_member, members) if not _enough(m, cfg)), key=lambda m: m.slot)
 
 
 def _pick(items: Sequence, generator: torch.Generator) -> Any:
@@ -124,7 +142,7 @@ def plan_replacements(members: Iterable[Any], step: int, cfg: EvolveConfig, gene
     single = [(n, w) for n, w in zip(names, weights) if get_operator(n).n_parents == 1]
     plan: list[Replacement] = []
     for role in sorted({m.role for m in infos}):
-        group = [m for m in infos if m.role == role]
+        group = [m for m in infos if m.role == role and _enough(m, cfg)]
         q = quantile_size(len(group), cfg.quantile_fraction)
         if q == 0:
             continue

@@ -79,6 +79,10 @@ class Outcome:
 
 class TaskType(Protocol):
     name: str
+    # Opening of the first block each reply must hold; with selfplay.response_prefill the assistant turn starts with
+    # it (the parser then reads prefill + completion)
+    proposal_prefill: str
+    answer_prefill: str
 
     def teacher_prompt(self, references: list[Task], rng) -> str: ...
     def parse_proposal(self, text: str, *, program: str | None = None) -> Proposal | ParseError: ...

@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
 
 class CodeF:
     name = "code_f"
+    proposal_prefill = "```input\n"
+    answer_prefill = "```python\n"
 
     def __init__(self, n_inputs: int = 10, n_shown: int = 5):
         self.n_inputs, self.n_shown = n_inputs, n_shown

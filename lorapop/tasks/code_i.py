@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
 
 class CodeI(ProgramInputTask):
     name = "code_i"
+    answer_prefill = "```input\n"
     goal = "A solver will see f and its output and must find an input that produces it, so make that hard."
 
     def student_prompt(self, task: Task) -> str:

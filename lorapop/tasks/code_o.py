@@ -17,6 +17,7 @@ MAX_ANSWER_CHARS = 2000
 
 class CodeO(ProgramInputTask):
     name = "code_o"
+    answer_prefill = "```output\n"
     goal = "A solver will see f and the input and must predict the output, so make it take careful reasoning."
 
     def student_prompt(self, task: Task) -> str:

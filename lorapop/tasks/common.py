@@ -90,6 +90,7 @@ class ProgramInputTask:
 
     name = ""
     goal = ""
+    proposal_prefill = "```python\n"
 
     def teacher_prompt(self, references: list[Task], rng=None) -> str:
         refs = "\n\n".join(f"Reference {i + 1}:\n{render_reference(t)}" for i, t in enumerate(references))

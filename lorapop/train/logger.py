@@ -11,6 +11,11 @@ from typing import Any, TextIO
 from lorapop.rundir import RunDir
 
 
+# What the live table and the plain lines show: the tie fractions say whether the rewards gave the update anything
+SHOWN = ("valid_rate", "format_error_rate", "student/solve_rate", "teacher/reward", "student/reward",
+         "teacher/zero_adv_group_frac", "student/zero_adv_group_frac")
+
+
 class Progress:
     """Step, stage, valid rate, solve rates, rewards and time per stage: a rich live table on a terminal, plain
     lines elsewhere (CI logs), nothing with mode 'none'."""
@@ -45,7 +50,7 @@ class Progress:
         t = Table(title=f"lorapop  step {self.step}/{self.total}  stage: {self.stage}", expand=False)
         t.add_column("metric")
         t.add_column("value", justify="right")
-        for key in ("valid_rate", "format_error_rate", "student/solve_rate", "teacher/reward", "student/reward"):
+        for key in SHOWN:
             if key in self.last:
                 t.add_row(key, f"{self.last[key]:.3f}")
         for stage, sec in self.stage_times.items():
@@ -71,8 +76,7 @@ class Progress:
         if self.live is not None:
             self.live.update(self._render())
         elif self.mode == "plain":
-            keys = ("valid_rate", "format_error_rate", "student/solve_rate", "teacher/reward", "student/reward")
-            parts = [f"{k}={metrics[k]:.3f}" for k in keys if isinstance(metrics.get(k), (int, float))]
+            parts = [f"{k}={metrics[k]:.3f}" for k in SHOWN if isinstance(metrics.get(k), (int, float))]
             times = " ".join(f"{k}={v:.1f}s" for k, v in stage_times.items())
             print(f"[step {step}/{self.total}] {' '.join(parts)} | {times}", file=self.stream, flush=True)
 

@@ -108,6 +108,7 @@ class Trainer:
             self.ratings.add(m.id)
         self.step = 0
         self._hold_ray(engine is None, executor is None)
+        self.evolve_skipped: list = []  # members the last PBT round left out for too few rated matches
         self.executor = executor if executor is not None else self._own(self._make_executor())
         self.buffers = self._make_buffers(load_seeds=not resume)
         self.coverage = self._make_coverage()
@@ -252,7 +253,8 @@ class Trainer:
 
         stage("log")
         result = stages.StepResult(step, players, tuple(proposals), tuple(jobs), tuple(batch), train_stats,
-                                   tuple(lineage), {k: v for k, v in times.items() if k != "log"})
+                                   tuple(lineage), {k: v for k, v in times.items() if k != "log"},
+                                   evolve_skipped=tuple(m.id for m in self.evolve_skipped))
         metrics = step_metrics(result, rows, self.ratings, self.coverage, sp.task_types)
         self.logger.log_tasks(rows)
         self.logger.log_step(step, metrics)
@@ -274,14 +276,22 @@ class Trainer:
         Returns the lineage records of this round's births."""
         import torch
 
-        from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements
+        from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements, too_few_matches
 
+        self.evolve_skipped = []
         if self.population.single or not is_evolve_step(step, self.cfg.evolve):
             return []
-        members = [{"id": m.id, "slot": m.slot, "role": m.role, "fitness": self.ratings.expose(m.id)}
-                   for m in self.population.members]
+        members = [{"id": m.id, "slot": m.slot, "role": m.role, "fitness": self.ratings.expose(m.id),
+                    "n_matches": self.ratings.matches(m.id)} for m in self.population.members]
+        self.evolve_skipped = too_few_matches(members, self.cfg.evolve)
+        for m in self.evolve_skipped:
+            self.progress.message(f"[step {step}] evolve: {m.id} sits this round out ({m.n_matches} rated matches "
+                                  f"< evolve.min_rated_matches={self.cfg.evolve.min_rated_matches})")
         gen = torch.Generator().manual_seed(stages.step_rng(self.cfg.run.seed, step, "evolve").getrandbits(63))
         plan = plan_replacements(members, step, self.cfg.evolve, gen)
+        if not plan:
+            self.progress.message(f"[step {step}] evolve: no replacement this round (no role has 2 members with "
+                                  "enough rated matches)")
         parent_mu = {rep.slot: statistics.fmean(self.ratings.mu(p) for p in rep.parents) for rep in plan}
         used = apply_plan(plan, self.engine.get_adapter, self.engine.set_adapter, generator=gen,
                           scaling=self.cfg.engine.lora_alpha / self.cfg.engine.rank)

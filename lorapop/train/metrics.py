@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from lorapop.train.population import Population
 from lorapop.train.rating import Ratings
-from lorapop.train.stages import Rollout, SolveJob, StepResult
+from lorapop.train.stages import Rollout, SolveJob, StepResult, zero_advantage_groups
 
 if TYPE_CHECKING:
     from lorapop.diagnostics.coverage import CoverageTracker
@@ -45,6 +45,9 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     m["format_error_rate"] = _mean([r.status == "format_error" for r in proposals + answers])
     m["teacher/format_error_rate"] = _mean([r.status == "format_error" for r in proposals])
     m["student/format_error_rate"] = _mean([r.status == "format_error" for r in answers])
+    # TRL-style name: the share of TRR++ groups in the update whose rewards all tie (advantage 0, nothing learnt)
+    for role, (n_tied, n) in sorted(zero_advantage_groups(batch).items()):
+        m[f"{role}/zero_adv_group_frac"] = n_tied / n
     own = [j for j in jobs if j.teacher is not None]
     m["matched_solve_rate"] = _mean([j.solve_rate for j in own])
     m["n_valid_tasks"] = sum(r.status == "valid" for r in proposals)
@@ -83,6 +86,7 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
             if k in stats:
                 m[f"{key}/{k}"] = float(stats[k])
         m[f"{key}/age"] = mem.age(step)
+        m[f"{key}/rated_matches"] = ratings.matches(mem.id)
         m[f"trueskill/{mem.id}/mu"] = ratings.mu(mem.id)
         m[f"trueskill/{mem.id}/sigma"] = ratings.sigma(mem.id)
         m[f"trueskill/{mem.id}/expose"] = ratings.expose(mem.id)
@@ -92,6 +96,7 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
         m[f"trueskill/{cid}/sigma"] = ratings.sigma(cid)
         m[f"trueskill/{cid}/expose"] = ratings.expose(cid)
     m["evolve/replacements"] = len(lineage)
+    m["evolve/too_few_matches"] = len(result.evolve_skipped)
 
     # program descriptors of this step's valid tasks, overall and per proposing teacher
     per_teacher: dict[str, list[dict[str, float]]] = defaultdict(list)

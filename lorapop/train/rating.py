@@ -25,10 +25,13 @@ class Ratings:
         self.env = trueskill.TrueSkill(mu=mu, sigma=sigma, beta=beta, tau=tau, draw_probability=draw_probability,
                                        backend=None)
         self.ratings: dict[str, trueskill.Rating] = {}
+        # rated matches per member since it was added: PBT only judges members with enough of them
+        self.n_matches: dict[str, int] = {}
 
     def add(self, member_id: str, mu: float | None = None) -> None:
         """A new member starts at the prior (or at ``mu``, e.g. its parents' mean) with the prior sigma."""
         self.ratings[member_id] = self.env.create_rating(mu=self.env.mu if mu is None else mu)
+        self.n_matches[member_id] = 0
 
     def mu(self, member_id: str) -> float:
         return self.ratings[member_id].mu
@@ -49,9 +52,18 @@ class Ratings:
         else:
             t, s = trueskill.rate_1vs1(t, s, env=self.env)
         self.ratings[match.teacher], self.ratings[match.student] = t, s
+        for k in (match.teacher, match.student):
+            self.n_matches[k] = self.n_matches.get(k, 0) + 1
+
+    def matches(self, member_id: str) -> int:
+        """Rated matches the member has played since it was added."""
+        return self.n_matches.get(member_id, 0)
 
     def state_dict(self) -> dict:
-        return {k: [r.mu, r.sigma] for k, r in self.ratings.items()}
+        return {k: [r.mu, r.sigma, self.matches(k)] for k, r in self.ratings.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ratings = {k: self.env.create_rating(mu=mu, sigma=sigma) for k, (mu, sigma) in state.items()}
+        """Reads ``[mu, sigma, n_matches]``; checkpoints from before match counting hold ``[mu, sigma]``, read as
+        0 matches: PBT then waits for fresh evidence rather than trusting an unknown count."""
+        self.ratings = {k: self.env.create_rating(mu=v[0], sigma=v[1]) for k, v in state.items()}
+        self.n_matches = {k: int(v[2]) if len(v) > 2 else 0 for k, v in state.items()}

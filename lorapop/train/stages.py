@@ -52,6 +52,7 @@ class Rollout:
     task: Task | None = None       # the Task (valid proposals and every student sample)
     detail: str = ""               # parse error or invalid reason
     result: Task | Invalid | ParseError | None = None  # teacher: what its proposal became
+    prefill: str = ""              # the assistant turn's prefilled start (in prompt_ids); the reply is prefill + text
     source_program: str | None = None  # code_f: the buffer program the teacher was shown
 
 
@@ -93,6 +94,7 @@ class StepResult:
     train_stats: Mapping[int, Mapping[str, float]]  # engine slot -> loss, grad_norm
     lineage: tuple[dict[str, Any], ...]    # births of this step's evolve stage
     times: Mapping[str, float]             # seconds per stage
+    evolve_skipped: tuple[str, ...] = ()   # members this step's PBT round left out (too few rated matches)
 
     @property
     def answers(self) -> list[Rollout]:
@@ -109,20 +111,28 @@ def _params(cfg: SamplingConfig) -> SamplingParams:
                           min_new_tokens=cfg.min_new_tokens)
 
 
+def prompt_ids(engine: Engine, text: str, prefill: str) -> list[int]:
+    """The chat prompt of ``text``, its assistant turn started with ``prefill`` (may be empty)."""
+    ids = engine.chat_prompt(text)
+    return ids + list(engine.tokenizer.encode(prefill, add_special_tokens=False)) if prefill else ids
+
+
 def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
     """Every teacher writes ``tasks_per_type`` proposals per type, all in one multi-LoRA generate call."""
     engine, sp, rng = ctx.engine, ctx.cfg, ctx.rng("propose")
     prompts, meta = [], []
     for t in teachers:
         for tt in sp.task_types:
+            prefill = TASK_TYPES[tt].proposal_prefill if sp.response_prefill else ""
             for _ in range(sp.tasks_per_type):
                 refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
                 text = TASK_TYPES[tt].teacher_prompt(refs, rng)
-                prompts.append(engine.chat_prompt(text))
-                meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None))
+                prompts.append(prompt_ids(engine, text, prefill))
+                meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
-    outs = engine.generate(prompts, [t.slot for t, _, _ in meta], _params(sp.propose), seeds=seeds)
-    return [Rollout(t, "teacher", tt, p, c, source_program=src) for (t, tt, src), p, c in zip(meta, prompts, outs)]
+    outs = engine.generate(prompts, [m[0].slot for m in meta], _params(sp.propose), seeds=seeds)
+    return [Rollout(t, "teacher", tt, p, c, source_program=src, prefill=pre)
+            for (t, tt, src, pre), p, c in zip(meta, prompts, outs)]
 
 
 def reference_tasks(buffers: Mapping[str, TaskBuffer], task_type: str, k: int, rng: random.Random) -> list[Task]:
@@ -139,7 +149,7 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
-        proposal = TASK_TYPES[r.task_type].parse_proposal(r.completion.text, program=r.source_program)
+        proposal = TASK_TYPES[r.task_type].parse_proposal(r.prefill + r.completion.text, program=r.source_program)
         if isinstance(proposal, ParseError):
             out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
         else:
@@ -182,8 +192,9 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     returns the jobs with their rollouts."""
     engine, n_solve, rng = ctx.engine, ctx.cfg.n_solve, ctx.rng("solve")
     prompts, slots = [], []
+    prefills = {tt: TASK_TYPES[tt].answer_prefill if ctx.cfg.response_prefill else "" for tt in ctx.cfg.task_types}
     for job in jobs:
-        ids = engine.chat_prompt(TASK_TYPES[job.task_type].student_prompt(job.task))
+        ids = prompt_ids(engine, TASK_TYPES[job.task_type].student_prompt(job.task), prefills[job.task_type])
         prompts += [ids] * n_solve
         slots += [job.student.slot] * n_solve
     seeds = [rng.getrandbits(31) for _ in prompts]
@@ -192,9 +203,11 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     for k, job in enumerate(jobs):
         tt = TASK_TYPES[job.task_type]
         mine = list(zip(prompts[k * n_solve:(k + 1) * n_solve], outs[k * n_solve:(k + 1) * n_solve]))
-        outcomes = tt.check_many(job.task, [tt.parse_answer(c.text) for _, c in mine], ctx.executor)
+        pre = prefills[job.task_type]
+        outcomes = tt.check_many(job.task, [tt.parse_answer(pre + c.text) for _, c in mine], ctx.executor)
         done.append(replace(job, rollouts=tuple(
-            Rollout(job.student, "student", job.task_type, p, c, task=job.task, status=o.status, detail=o.detail)
+            Rollout(job.student, "student", job.task_type, p, c, task=job.task, status=o.status, detail=o.detail,
+                    prefill=pre)
             for (p, c), o in zip(mine, outcomes))))
     return done
 
@@ -231,13 +244,28 @@ def update_batch(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], single:
     return chosen
 
 
-def trr_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
-    """TRR++: normalise rewards within each (member, task type, role) group; a group of one gets advantage 0."""
+def trr_groups(rollouts: Sequence[Rollout]) -> dict[tuple[str, str, str], list[int]]:
+    """TRR++'s groups: indices of ``rollouts`` per (member, task type, role)."""
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(rollouts):
         groups[(r.member.id, r.task_type, r.role)].append(i)
+    return groups
+
+
+def zero_advantage_groups(rollouts: Sequence[Rollout]) -> dict[str, tuple[int, int]]:
+    """Per role, (groups whose rewards all tie, groups): a tied group gets advantage 0 for every sample, so it
+    teaches nothing. A step where every group ties looks exactly like a broken update; this is how to tell."""
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for (_, _, role), idx in trr_groups(rollouts).items():
+        out[role][1] += 1
+        out[role][0] += len({rollouts[i].reward for i in idx}) == 1
+    return {role: (n_tied, n) for role, (n_tied, n) in out.items()}
+
+
+def trr_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
+    """TRR++: normalise rewards within each (member, task type, role) group; a group of one gets advantage 0."""
     adv = [0.0] * len(rollouts)
-    for idx in groups.values():
+    for idx in trr_groups(rollouts).values():
         vals = [rollouts[i].reward for i in idx]
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
