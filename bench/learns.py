@@ -41,7 +41,12 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-samples", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (on a shared CPU, 1 is several times "
+                                                             "faster than 2; see tests/test_eval_cli.py)")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from lorapop.engine.base import EngineConfig
     from lorapop.engine.torch_engine import TorchEngine

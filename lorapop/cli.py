@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     ep = sub.add_parser("eval", help="greedy pass@1 of the base and every member on code/math benchmarks")
     evaluation.add_arguments(ep)
     ep.set_defaults(func=evaluation.run, subparser=ep)
+    from lorapop.evolve import retention  # torch-free import; the engine loads inside run()
+
+    rt = sub.add_parser("retention", help="how fast each PBT operator's child recovers its parent's solve rate")
+    retention.add_arguments(rt)
+    rt.set_defaults(func=retention.run, subparser=rt)
     return p
 
 

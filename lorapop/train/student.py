@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lorapop.configlib import doc
 from lorapop.rundir import Member
 from lorapop.tasks.base import Task
 from lorapop.train.stages import SolveJob, StepContext, reward, solve, update
@@ -29,22 +30,18 @@ if TYPE_CHECKING:
     from lorapop.executor.sandbox import Executor
 
 
-def _doc(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class StudentLoopConfig:
-    steps: int = _doc(8, "update steps per arm")
-    tasks_per_step: int = _doc(8, "training tasks answered per step (drawn with the step's seed)")
-    n_samples: int = _doc(4, "answers per training task; all enter the TRR++-normalised update")
-    lr: float = _doc(1e-3, "AdamW learning rate of a trained arm. A sanity run may use far more than the paper's "
+    steps: int = doc(8, "update steps per arm")
+    tasks_per_step: int = doc(8, "training tasks answered per step (drawn with the step's seed)")
+    n_samples: int = doc(4, "answers per training task; all enter the TRR++-normalised update")
+    lr: float = doc(1e-3, "AdamW learning rate of a trained arm. A sanity run may use far more than the paper's "
                            "~1e-6: it has a handful of steps and a 135M base, and must show movement, not a schedule")
-    max_new_tokens: int = _doc(96, "answer length cap (training and evaluation)")
-    temperature: float = _doc(1.0, "sampling temperature of training answers")
-    eval_temperature: float = _doc(0.7, "sampling temperature of held-out evaluation answers")
-    eval_samples: int = _doc(2, "answers per held-out task")
-    seed: int = _doc(0, "seed of task draws and sampling; arms share it, so they see the same tasks and seeds")
+    max_new_tokens: int = doc(96, "answer length cap (training and evaluation)")
+    temperature: float = doc(1.0, "sampling temperature of training answers")
+    eval_temperature: float = doc(0.7, "sampling temperature of held-out evaluation answers")
+    eval_samples: int = doc(2, "answers per held-out task")
+    seed: int = doc(0, "seed of task draws and sampling; arms share it, so they see the same tasks and seeds")
 
     def validate(self) -> None:
         for name in ("steps", "tasks_per_step", "n_samples", "max_new_tokens", "eval_samples"):
@@ -76,20 +73,21 @@ def answer(engine: Engine, executor: Executor, member: Member, tasks: Sequence[T
 
 @dataclass(frozen=True)
 class Score:
-    """Held-out figures of one arm: rates over all answers."""
+    """Held-out figures of one arm: rates and the mean student reward over all answers."""
     solve_rate: float
     format_error: float
+    reward: float
     n: int
 
     def to_json(self) -> dict[str, float]:
-        return {"solve_rate": self.solve_rate, "format_error": self.format_error, "n": self.n}
+        return {"solve_rate": self.solve_rate, "format_error": self.format_error, "reward": self.reward, "n": self.n}
 
 
 def score(jobs: Sequence[SolveJob]) -> Score:
     rolls = [r for j in jobs for r in j.rollouts]
     n = max(len(rolls), 1)
     return Score(sum(r.status == "correct" for r in rolls) / n, sum(r.status == "format_error" for r in rolls) / n,
-                 len(rolls))
+                 sum(r.reward for r in rolls) / n, len(rolls))
 
 
 def evaluate(engine: Engine, executor: Executor, member: Member, tasks: Sequence[Task], cfg: StudentLoopConfig,
