@@ -10,7 +10,7 @@ from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.easy import TEMPLATES, easy_tasks, split_tasks
 
-LEARN_STEPS, LEARN_LR, LEARN_TOKENS = 3, 3e-3, 48
+LEARN_STEPS, LEARN_LR, LEARN_TOKENS = 4, 3e-3, 40
 
 
 @pytest.fixture(scope="module")
