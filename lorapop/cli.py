@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description="lorapop compare [CONFIG] [--name N] [--eval-limit N] [--section.key=value ...]")
     compare.add_arguments(cp)
     cp.set_defaults(func=compare.run, subparser=cp, accepts_overrides=True)
+    from lorapop.evolve import retention  # torch-free import; the engine loads inside run()
+
+    rt = sub.add_parser("retention", help="how fast each PBT operator's child recovers its parent's solve rate")
+    retention.add_arguments(rt)
+    rt.set_defaults(func=retention.run, subparser=rt)
     return p
 
 

@@ -30,7 +30,7 @@ SECTIONS = [("summary", "Runs"), ("rewards", "Rewards"), ("solve", "Solve rates"
             ("validity", "Valid tasks and format errors"), ("complexity", "Program complexity"),
             ("coverage", "Coverage"), ("trueskill", "TrueSkill"), ("lineage", "Lineage"),
             ("lengths", "Response lengths"), ("timing", "Stage timings"), ("eval", "Evaluation"),
-            ("config", "Config")]
+            ("retention", "Operator retention"), ("config", "Config")]
 
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1260px;padding:8px 16px;
@@ -331,6 +331,33 @@ def eval_comparison(runs: list[RunData]) -> str:
             + escape(", ".join(f"{b} {k}" for b, k in n.items())) + "</p>" + "".join(out))
 
 
+def retention_section(run: RunData) -> str:
+    """retention.json (`lorapop retention`): held-out solve rate per arm over the steps after the operator (one curve
+    per operator, the parent's pre-operator rate as a dashed line), and the recovery table."""
+    ret = run.retention or {}
+    arms = ret.get("arms") or {}
+    pre = (ret.get("parent_heldout") or {}).get("solve_rate")
+    series = [Series(name, [(float(i), _num_or_none(v)) for i, v in enumerate(arm.get("heldout") or [])],
+                     color=color(i)) for i, (name, arm) in enumerate(arms.items())]
+    steps = max((len(a.get("heldout") or []) for a in arms.values()), default=1)
+    if isinstance(pre, (int, float)):
+        series.append(Series(f"parent before operator ({pre:.3f})", [(0.0, float(pre)), (float(steps - 1), float(pre))],
+                             color="#000000", dash="6 3"))
+    rows = [{"arm": name, "operator id": (arm.get("record") or {}).get("id") or "",
+             "after operator": (arm.get("heldout") or [None])[0], "final": (arm.get("heldout") or [None])[-1],
+             "recovered at step": arm.get("recovered_step") if arm.get("recovered_step") is not None
+             else "not recovered"} for name, arm in arms.items()]
+    head = (f"<p>parent <b>{escape(str(ret.get('parent')))}</b>, second parent "
+            f"{escape(str(ret.get('second_parent')))}, checkpoint {escape(str(ret.get('checkpoint')))}; recovered = "
+            f"held-out solve rate &ge; {escape(str(ret.get('threshold')))} &times; the parent's</p>")
+    return f"<h3>{escape(run.name)}</h3>" + head + _grid([line_chart(
+        series, "Held-out solve rate after the operator", xlabel="steps after the operator", y_range=RATE)]) + table(rows)
+
+
+def _num_or_none(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
+
+
 def build_html(runs: list[RunData], notes: list[str]) -> str:
     multi = len(runs) > 1
     S: dict[str, str] = {}
@@ -387,6 +414,8 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
     S["eval"] = eval_comparison(runs) + "".join(f"<h3>{escape(r.name)}</h3>" + (
         json_tables(r.eval) if r.eval is not None else '<p class="muted">no eval.json (run `lorapop eval`)</p>')
         for r in runs)
+    S["retention"] = "".join(retention_section(r) for r in runs if r.retention) or (
+        '<p class="muted">no retention.json (run `lorapop retention RUN_DIR`)</p>')
     S["config"] = "".join(
         f"<details{'' if multi else ' open'}><summary>config.yaml — {escape(r.name)}</summary>"
         + (f"<pre>{escape(r.config_text)}</pre>" if r.config_text is not None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapop.rundir import (AGENT, CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, TASKS, RunDir, RunDirError,
+from lorapop.rundir import (AGENT, CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, RETENTION, TASKS, RunDir, RunDirError,
                             iter_jsonl, read_json, read_text, role_from_id)
 
 
@@ -26,6 +26,7 @@ class RunData:
     metrics: list[dict[str, Any]] = field(default_factory=list)  # one dict per step, sorted by step
     population: dict[str, Any] | None = None
     eval: Any = None
+    retention: dict[str, Any] | None = None  # retention.json (`lorapop retention`), when present
     # tasks.jsonl aggregated while streaming: a long run has too many tasks to hold.
     task_diag: dict[tuple[int, str], dict[str, list[float]]] = field(default_factory=dict)  # (step, proposer)
     task_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer, type) -> valid tasks
@@ -134,6 +135,11 @@ def load_run(path: str | Path) -> RunData:
         pop = None
     run.population = pop
     run.eval = read_json(path / EVAL, run.notes)
+    ret = read_json(path / RETENTION, run.notes)
+    if ret is not None and not (isinstance(ret, dict) and isinstance(ret.get("arms"), dict)):
+        run.notes.append("retention.json: no 'arms' object, skipped")
+        ret = None
+    run.retention = ret
     if METRICS not in present:
         run.notes.append("metrics.jsonl: missing (run not started yet?)")
     elif not run.metrics:

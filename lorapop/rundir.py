@@ -9,6 +9,7 @@ runs/<name>/
   coverage_centroids.npy, events.out.tfevents.*   (written by the coverage tracker / TensorBoard)
   checkpoints/step_XXXXXX/   adapters/<member>/ (PEFT), engine_state.pt, trainer_state.json, COMPLETE (last)
   eval.json            `lorapop eval`
+  retention.json       `lorapop retention`
   report.html          `lorapop report`
 ```
 
@@ -42,6 +43,7 @@ METRICS = "metrics.jsonl"
 TASKS = "tasks.jsonl"
 POPULATION = "population.json"
 EVAL = "eval.json"
+RETENTION = "retention.json"  # `lorapop retention` (lorapop/evolve/retention.py)
 REPORT = "report.html"
 CENTROIDS = "coverage_centroids.npy"
 CHECKPOINTS = "checkpoints"
@@ -489,5 +491,6 @@ class RunDir:
 
 
 def _trainer_file(name: str) -> bool:
-    return (name in KNOWN_FILES or name in (REPORT, CENTROIDS, CHECKPOINTS) or name.startswith("events.out.tfevents")
+    return (name in KNOWN_FILES or name in (REPORT, CENTROIDS, CHECKPOINTS, RETENTION)
+            or name.startswith("events.out.tfevents")
             or (name.startswith(".") and ".tmp-" in name))

@@ -1,0 +1,86 @@
+"""A family of easy tasks in the AZR format, built deterministically from a seed: one-line programs on small literal
+inputs (``def f(x): return x + 3`` called on ``4``, ``s.upper()`` on a short word, ``nums[1]`` on a short list...).
+
+Why it exists: the embedded SmolLM2-135M-Instruct almost never answers an AZR seed task correctly (0 of 288 in
+issue 15), so a reward that is never positive gives TRR++ nothing to learn from and no experiment can tell a working
+update path from a broken one. These tasks are easy enough that the base model is rewarded some of the time, which is
+what the RL sanity experiment (lorapop/train/student.py, bench/learns.py) needs.
+
+How it is made: ``easy_tasks(n, seed)`` draws, with ``random.Random(f"easy:{seed}")``, a template from
+:data:`TEMPLATES` and its constants/argument, renders the program and the call's argument text, and computes the
+output as ``repr(f(arg))`` by running the template's own (trusted, generated here, never model-written) source in a
+fresh namespace; duplicates (same program and input) are skipped. The same tasks serve as ``code_o`` (predict the
+output) or ``code_i`` (find an input) by their ``type``. Disjoint train / held-out sets come from different seeds
+plus a dedup against the training set (:func:`split_tasks`).
+
+What the base measured on it (code_o student prompt): 0 correct in every probe so far. At temperature 1.0 the
+135M base wrote no ```output block in 48-160 tokens; at 0.3 it copied the prompt's example literal ``[1, 'a']``;
+at 0.7 and 40 tokens, 0/24 held-out answers correct over 3 seeds (bench/learns.py, README "Evidence"). So the
+family is NOT yet in the 10-60% band issue 15 asks for with the AZR student prompt; it gives a format signal only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from lorapop.tasks.base import Task
+
+WORDS = ("cat", "dog", "sun", "map", "red", "box", "hat", "pen", "cup", "key")
+
+# name -> (program template, argument drawer); {k} is a small constant drawn per task
+TEMPLATES: dict[str, tuple[str, Callable[[random.Random], str]]] = {
+    "add": ("def f(x):\n    return x + {k}", lambda r: str(r.randint(0, 9))),
+    "sub": ("def f(x):\n    return x - {k}", lambda r: str(r.randint(10, 19))),
+    "mul": ("def f(x):\n    return x * {k}", lambda r: str(r.randint(1, 5))),
+    "index": ("def f(nums):\n    return nums[{i}]", lambda r: repr([r.randint(0, 9) for _ in range(3)])),
+    "last": ("def f(nums):\n    return nums[-1]", lambda r: repr([r.randint(0, 9) for _ in range(r.randint(2, 4))])),
+    "length": ("def f(nums):\n    return len(nums)", lambda r: repr([r.randint(0, 9) for _ in range(r.randint(1, 5))])),
+    "max": ("def f(nums):\n    return max(nums)", lambda r: repr([r.randint(0, 9) for _ in range(3)])),
+    "upper": ("def f(s):\n    return s.upper()", lambda r: repr(r.choice(WORDS))),
+    "concat": ("def f(s):\n    return s + '{c}'", lambda r: repr(r.choice(WORDS))),
+    "append": ("def f(nums):\n    return nums + [{k}]", lambda r: repr([r.randint(0, 9) for _ in range(2)])),
+}
+
+def _render(name: str, rng: random.Random) -> tuple[str, str]:
+    template, arg = TEMPLATES[name]
+    program = template.format(k=rng.randint(1, 9), i=rng.randint(0, 2), c=rng.choice("xyz"))
+    return program, arg(rng)
+
+
+def _output(program: str, arg: str) -> str:
+    ns: dict = {}
+    exec(program, ns)  # noqa: S102 - our own template text, never model output
+    return repr(ns["f"](eval(arg, {})))  # noqa: S307 - a literal we rendered with repr()
+
+
+def easy_tasks(n: int, seed: int, task_type: str = "code_o", templates: list[str] | None = None,
+               exclude: set[tuple[str, str]] | None = None) -> list[Task]:
+    """``n`` distinct easy tasks of ``task_type`` (code_o or code_i), the same for the same arguments.
+    ``exclude``: (program, input) pairs that must not appear (a training set, to keep held-out tasks apart)."""
+    if task_type not in ("code_o", "code_i"):
+        raise ValueError(f"easy tasks are code_o or code_i, not {task_type!r}")
+    names = list(templates or TEMPLATES)
+    unknown = [t for t in names if t not in TEMPLATES]
+    if unknown:
+        raise ValueError(f"unknown easy template(s) {unknown}; known: {', '.join(TEMPLATES)}")
+    rng = random.Random(f"easy:{seed}")
+    seen = set(exclude or ())
+    out: list[Task] = []
+    for _ in range(100 * n + 100):  # the families hold thousands of distinct tasks; this bound is never reached
+        if len(out) == n:
+            return out
+        program, arg = _render(names[rng.randrange(len(names))], rng)
+        if (program, arg) in seen:
+            continue
+        seen.add((program, arg))
+        out.append(Task(type=task_type, program=program, inputs=[arg], outputs=[_output(program, arg)],
+                        proposer="easy", step=0))
+    raise ValueError(f"could not draw {n} distinct easy tasks from templates {names}")
+
+
+def split_tasks(n_train: int, n_heldout: int, seed: int, task_type: str = "code_o") -> tuple[list[Task], list[Task]]:
+    """A training set and a held-out set that share no (program, input)."""
+    train = easy_tasks(n_train, seed, task_type)
+    held = easy_tasks(n_heldout, seed + 1_000_003, task_type, exclude={(t.program, t.inputs[0]) for t in train})
+    return train, held
