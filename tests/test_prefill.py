@@ -49,17 +49,20 @@ def test_prefill_ends_the_prompt_and_answers_are_checked_with_it(executor, embed
 
     model, tok = embedded_model
     engine = TorchEngine(model, tok, 1, EngineConfig(device="cpu", gen_batch_size=8), seed=0)
-    base = engine.chat_prompt("hi")
-    ids = stages.prompt_ids(engine, "hi", "```output\n")
-    assert ids[:len(base)] == base and tok.decode(ids[len(base):]) == "```output\n"
-    assert stages.prompt_ids(engine, "hi", "") == base
-    task = Task(type="code_o", program="def f(a):\n    return a", inputs=["'x'"], outputs=["'x'"])
-    s0 = Member("s0", 0, "student")
-    sp = SelfPlayConfig(task_types=["code_o"], n_solve=2, response_prefill=True)
-    sp.solve.max_new_tokens = 4
-    ctx = stages.StepContext(1, 0, engine, executor, sp, {"code_o": TaskBuffer("code_o")})
-    (job,) = stages.solve(ctx, [stages.SolveJob(task, "code_o", s0, None)])
-    for r in job.rollouts:
-        assert r.prefill == "```output\n" and r.prompt_ids[-len(ids) + len(base):] == ids[len(base):]
-        # 4 tokens cannot close the block, so parsing prefill + text finds it unclosed rather than missing
-        assert r.status == "format_error" and r.detail == "unclosed_fence"
+    try:  # the model is the session's shared fixture: leave it without LoRA layers
+        base = engine.chat_prompt("hi")
+        ids = stages.prompt_ids(engine, "hi", "```output\n")
+        assert ids[:len(base)] == base and tok.decode(ids[len(base):]) == "```output\n"
+        assert stages.prompt_ids(engine, "hi", "") == base
+        task = Task(type="code_o", program="def f(a):\n    return a", inputs=["'x'"], outputs=["'x'"])
+        s0 = Member("s0", 0, "student")
+        sp = SelfPlayConfig(task_types=["code_o"], n_solve=2, response_prefill=True)
+        sp.solve.max_new_tokens = 4
+        ctx = stages.StepContext(1, 0, engine, executor, sp, {"code_o": TaskBuffer("code_o")})
+        (job,) = stages.solve(ctx, [stages.SolveJob(task, "code_o", s0, None)])
+        for r in job.rollouts:
+            assert r.prefill == "```output\n" and r.prompt_ids[-len(ids) + len(base):] == ids[len(base):]
+            # 4 tokens cannot close the block, so parsing prefill + text finds it unclosed rather than missing
+            assert r.status == "format_error" and r.detail == "unclosed_fence"
+    finally:
+        engine.close()
