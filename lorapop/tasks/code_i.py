@@ -21,8 +21,8 @@ class CodeI(ProgramInputTask):
     def student_prompt(self, task: Task) -> str:
         return ("Find arguments for f that make it return the output below.\n"
                 f"{fence('python', task.program)}\nOutput: {task.outputs[0]}\n\n"
-                "Think step by step briefly, then give the arguments, exactly as written inside f(...), in an "
-                "```input block, for example:\n" + fence("input", "[3, 1], 'x'"))
+                # no example arguments and no "think" line, as in code_o (small bases copy the example)
+                "Give the arguments, exactly as written inside f(...), in an ```input block.")
 
     def parse_answer(self, text) -> Answer | ParseError:
         got = extract(text, {"input": 1})

@@ -23,8 +23,10 @@ class CodeO(ProgramInputTask):
     def student_prompt(self, task: Task) -> str:
         return ("Predict the value returned by f for the input below.\n"
                 f"{fence('python', task.program)}\nCall: f({task.inputs[0]})\n\n"
-                "Think step by step briefly, then give the returned value as a Python literal in an ```output "
-                "block, for example:\n" + fence("output", "[1, 'a']"))
+                # No example value: the 135M base copied the old one ([1, 'a']) into most answers. No "think step by
+                # step" either: with response_prefill the reply starts inside the block, and on easy tasks the base
+                # solved 41/312 with that line and 69/312 without it (README, "Evidence that it learns").
+                "Give the returned value as a Python literal in an ```output block.")
 
     def parse_answer(self, text) -> Answer | ParseError:
         got = extract(text, {"output": 1})

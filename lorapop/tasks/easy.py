@@ -13,10 +13,12 @@ fresh namespace; duplicates (same program and input) are skipped. The same tasks
 output) or ``code_i`` (find an input) by their ``type``. Disjoint train / held-out sets come from different seeds
 plus a dedup against the training set (:func:`split_tasks`).
 
-What the base measured on it (code_o student prompt): 0 correct in every probe so far. At temperature 1.0 the
-135M base wrote no ```output block in 48-160 tokens; at 0.3 it copied the prompt's example literal ``[1, 'a']``;
-at 0.7 and 40 tokens, 0/24 held-out answers correct over 3 seeds (bench/learns.py, README "Evidence"). So the
-family is NOT yet in the 10-60% band issue 15 asks for with the AZR student prompt; it gives a format signal only.
+What the base measured on it (code_o, 6 tasks per template, 4 answers each, 16 tokens, the reply prefilled with
+the ```output fence): 69/312 = 22% correct at temperature 0.3 (the student prompt without an example value; with
+the old example ``[1, 'a']`` the base copied it and solved 4-8%). Per template at 0.3: ``first`` 15/24, ``identity``
+and ``const`` 12/24, ``index`` 10/24, ``mul`` 7/24, ``max`` 6/24, ``add`` 3/24, ``last``/``length`` 2/24, ``sub``,
+``upper``, ``concat``, ``append`` 0/24. So the family as a whole sits in the 10-60% band issue 15 asks for, with
+templates the base already gets and templates it does not.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ WORDS = ("cat", "dog", "sun", "map", "red", "box", "hat", "pen", "cup", "key")
 
 # name -> (program template, argument drawer); {k} is a small constant drawn per task
 TEMPLATES: dict[str, tuple[str, Callable[[random.Random], str]]] = {
+    # the answer is on the page (the input, or a constant): what a 135M base can sometimes get right
+    "identity": ("def f(x):\n    return x", lambda r: r.choice([str(r.randint(0, 99)), repr(r.choice(WORDS))])),
+    "const": ("def f(x):\n    return {k}", lambda r: str(r.randint(0, 9))),
+    "first": ("def f(nums):\n    return nums[0]", lambda r: repr([r.randint(0, 9) for _ in range(3)])),
     "add": ("def f(x):\n    return x + {k}", lambda r: str(r.randint(0, 9))),
     "sub": ("def f(x):\n    return x - {k}", lambda r: str(r.randint(10, 19))),
     "mul": ("def f(x):\n    return x * {k}", lambda r: str(r.randint(1, 5))),
@@ -84,3 +90,23 @@ def split_tasks(n_train: int, n_heldout: int, seed: int, task_type: str = "code_
     train = easy_tasks(n_train, seed, task_type)
     held = easy_tasks(n_heldout, seed + 1_000_003, task_type, exclude={(t.program, t.inputs[0]) for t in train})
     return train, held
+
+
+SEED_FILE = "seeds/easy_seed_io.jsonl"  # under lorapop/data; selfplay.seed_files names it like AZR's files
+SEED_FILE_TASKS, SEED_FILE_SEED = 64, 7  # the shipped file is easy_tasks(64, seed=7); tests check it still is
+
+
+def seed_rows(n: int = SEED_FILE_TASKS, seed: int = SEED_FILE_SEED) -> list[dict]:
+    """Easy tasks in AZR's seed-file layout (``snippet, input, output, imports``), for ``selfplay.seed_files``:
+    one-line references a small base can imitate, so its proposals can reach valid tasks (issue 15 item 2)."""
+    return [{"snippet": t.program, "input": t.inputs[0], "output": t.outputs[0], "imports": []}
+            for t in easy_tasks(n, seed)]
+
+
+if __name__ == "__main__":  # regenerate the shipped seed file: python -m lorapop.tasks.easy
+    import json
+
+    from lorapop.data import PACKAGE_DATA_DIR
+
+    with open(PACKAGE_DATA_DIR / SEED_FILE, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in seed_rows())

@@ -38,12 +38,15 @@ class StudentLoopConfig:
     lr: float = doc(1e-3, "AdamW learning rate of a trained arm. A sanity run may use far more than the paper's "
                            "~1e-6: it has a handful of steps and a 135M base, and must show movement, not a schedule")
     max_new_tokens: int = doc(96, "answer length cap (training and evaluation)")
-    temperature: float = doc(0.7, "sampling temperature of training answers. At 1.0 the 135M base writes mostly "
-                                  "noise (no ```output block in 48-160 tokens on easy tasks); at 0.3 it copies the "
-                                  "prompt's example; 0.7 gives a mix, so rewards differ within a group")
+    temperature: float = doc(0.7, "sampling temperature of training answers. For the 135M base with response_prefill: "
+                                  "0.3 solves most easy tasks (22%; bench/learns.py 'solve'), 1.0 leaves about half "
+                                  "the replies unclosed (its 'format' experiment)")
     eval_temperature: float = doc(0.7, "sampling temperature of held-out evaluation answers")
     eval_samples: int = doc(2, "answers per held-out task")
     seed: int = doc(0, "seed of task draws and sampling; arms share it, so they see the same tasks and seeds")
+    response_prefill: bool = doc(False, "start every answer with its task type's opening block (selfplay."
+                                        "response_prefill): the base then only has to write the value and close "
+                                        "the block")
 
     def validate(self) -> None:
         for name in ("steps", "tasks_per_step", "n_samples", "max_new_tokens", "eval_samples"):
@@ -56,19 +59,20 @@ class StudentLoopConfig:
 
 
 def _context(engine: Engine, executor: Executor, step: int, seed: int, n_samples: int, temperature: float,
-             max_new_tokens: int) -> StepContext:
+             max_new_tokens: int, response_prefill: bool = False) -> StepContext:
     from lorapop.config import SamplingConfig, SelfPlayConfig
 
     cfg = SelfPlayConfig(n_solve=n_samples, solve=SamplingConfig(max_new_tokens=max_new_tokens,
-                                                                 temperature=temperature))
+                                                                 temperature=temperature),
+                         response_prefill=response_prefill)
     return StepContext(step=step, seed=seed, engine=engine, executor=executor, cfg=cfg, buffers={})
 
 
 def answer(engine: Engine, executor: Executor, member: Member, tasks: Sequence[Task], *, step: int, seed: int,
-           n_samples: int, temperature: float, max_new_tokens: int) -> list[SolveJob]:
+           n_samples: int, temperature: float, max_new_tokens: int, response_prefill: bool = False) -> list[SolveJob]:
     """``member`` answers every task ``n_samples`` times through stages.solve; rollouts carry their rewards.
     The sampling seeds depend on (seed, step) and the task list only, not on the member."""
-    ctx = _context(engine, executor, step, seed, n_samples, temperature, max_new_tokens)
+    ctx = _context(engine, executor, step, seed, n_samples, temperature, max_new_tokens, response_prefill)
     jobs = solve(ctx, [SolveJob(t, t.type, member, None) for t in tasks])
     return reward([], jobs, "adversarial")[1]
 
@@ -96,7 +100,8 @@ def evaluate(engine: Engine, executor: Executor, member: Member, tasks: Sequence
              salt: int = 0) -> Score:
     """Held-out score; ``salt`` varies the sampling seeds (same salt, same seeds for every arm)."""
     return score(answer(engine, executor, member, tasks, step=-1 - salt, seed=cfg.seed, n_samples=cfg.eval_samples,
-                        temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens))
+                        temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
+                        response_prefill=cfg.response_prefill))
 
 
 def train_step(engine: Engine, executor: Executor, arms: Sequence[Member], pool: Sequence[Task], step: int,
@@ -109,7 +114,8 @@ def train_step(engine: Engine, executor: Executor, arms: Sequence[Member], pool:
     batch, out = [], {}
     for m in arms:
         jobs = answer(engine, executor, m, tasks, step=step, seed=cfg.seed, n_samples=cfg.n_samples,
-                      temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+                      temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                      response_prefill=cfg.response_prefill)
         rolls = [r for j in jobs for r in j.rollouts]
         batch += rolls
         s = score(jobs)
