@@ -58,6 +58,10 @@ class SamplingConfig:
     temperature: float = doc(1.0, "sampling temperature")
     top_p: float = doc(1.0, "nucleus sampling mass")
     min_new_tokens: int = doc(0, "EOS is masked until a row has this many tokens (benchmarks force equal lengths)")
+    stop: list[str] = doc([], "vLLM's stop: a reply ends once its text contains one of these strings (kept in the "
+                              "text). With selfplay.response_prefill the answer starts inside its block, so "
+                              "solve.stop: ['```'] ends it at the block's close instead of running on to "
+                              "max_new_tokens (the CPU configs)")
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
@@ -68,6 +72,8 @@ class SamplingConfig:
             raise ConfigError(f"min_new_tokens: must be in [0, max_new_tokens], got {self.min_new_tokens}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop: must be a list of non-empty strings, got {self.stop!r}")
 
 
 @dataclass
@@ -93,6 +99,11 @@ class SelfPlayConfig:
                                         "the prefill is prompt, not trained. For small base models that rarely "
                                         "open the right block by themselves (the CPU demo); the paper's setting "
                                         "leaves it off")
+    proposal_style: Literal["azr", "input_first"] = doc(
+        "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
+               "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
+               "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
+               "(the CPU configs; README). code_f proposals (inputs and a message) are the same in both")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 
@@ -106,6 +117,14 @@ class SelfPlayConfig:
                 raise ConfigError(f"selfplay.{name}: must be >= 1, got {getattr(self, name)}")
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
+        for name in ("propose", "solve"):
+            if "```" in getattr(self, name).stop and not self.response_prefill:
+                # Without the prefill a reply opens its block itself: it would stop at its own opening fence.
+                raise ConfigError(f"selfplay.{name}.stop: '```' needs selfplay.response_prefill: true (without it "
+                                  f"every reply ends at the fence that opens its first block)")
+            if "```" in getattr(self, name).stop and name == "propose":
+                raise ConfigError("selfplay.propose.stop: '```' would end a proposal after its first block, and "
+                                  "every proposal needs two or more")
 
 
 @dataclass

@@ -44,6 +44,9 @@ def test_every_shipped_config_loads_and_roundtrips(path, tmp_path):
     (["--selfplay.teacher_reward=nice"], "selfplay.teacher_reward: expected one of 'adversarial', 'learnability'"),
     (["--selfplay.task_types=[code_x]"], "selfplay.task_types: allowed values are code_o, code_i, code_f"),
     (["--run.steps=0"], "run.steps: must be >= 1"),
+    (["--selfplay.solve.stop=['```']"], "selfplay.solve.stop: '```' needs selfplay.response_prefill: true"),
+    (["--selfplay.response_prefill=true", "--selfplay.propose.stop=['```']"], "every proposal needs two or more"),
+    (["--selfplay.solve.stop=['']"], "stop: must be a list of non-empty strings"),
     (["selfplay.n_solve=3"], "expected the form --section.key=value"),
     (["--population=3"], "population: expected a section"),
 ])

@@ -112,6 +112,30 @@ def test_eos_stops_a_row_and_the_others_continue_unchanged(eng):
     assert len(forced.token_ids) == 7 and forced.finish_reason == "length"
 
 
+def test_stop_string_ends_a_row_after_it_and_the_others_continue_unchanged(eng):
+    prompts = _prompts(eng)
+    p = SamplingParams(max_new_tokens=8, greedy=True)
+    free = eng.generate(prompts, [0, 1, 2], p)
+    # A stop string ending in token j's text that the text before it does not hold: row 0 must end on token j
+    # (the string may span a token boundary), text and ids kept.
+    def text(n):
+        return eng.tokenizer.decode(free[0].token_ids[:n], skip_special_tokens=True)
+    j = next(j for j in range(2, 7) if len(text(j + 1)) >= 3 and text(j + 1)[-3:] not in text(j))
+    stop = text(j + 1)[-3:]
+    out = eng.generate(prompts, [0, 1, 2], SamplingParams(max_new_tokens=8, greedy=True, stop=(stop,)))
+    assert out[0].finish_reason == "stop" and out[0].token_ids == free[0].token_ids[:j + 1]
+    assert out[0].text.endswith(stop)
+    for k in (1, 2):
+        if stop not in free[k].text:
+            assert out[k].token_ids == free[k].token_ids and out[k].finish_reason == free[k].finish_reason
+        else:
+            assert out[k].finish_reason == "stop" and stop in out[k].text
+    # min_new_tokens holds the stop back as it holds EOS back
+    late = eng.generate(prompts[:1], [0], SamplingParams(max_new_tokens=8, greedy=True, stop=(stop,),
+                                                         min_new_tokens=6))[0]
+    assert len(late.token_ids) >= 6 and late.token_ids[:6] == free[0].token_ids[:6]
+
+
 def test_gen_batch_size_splits_without_changing_results():
     eng = tiny_engine(gen_batch_size=2)
     prompts = _prompts(eng)

@@ -66,3 +66,34 @@ def test_prefill_ends_the_prompt_and_answers_are_checked_with_it(executor, embed
             assert r.status == "format_error" and r.detail == "unclosed_fence"
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_solve_stop_ends_answers_at_their_block_close(executor, embedded_model):
+    """cpu_demo's solve.stop ['```']: answers end where their prefilled block closes (no tokens after it to
+    generate or train on), and are parsed and checked exactly as before."""
+    from lorapop.engine import EngineConfig, TorchEngine
+    from lorapop.tasks.easy import easy_tasks
+
+    model, tok = embedded_model
+    engine = TorchEngine(model, tok, 1, EngineConfig(device="cpu", gen_batch_size=16), seed=0)
+    try:
+        tasks = easy_tasks(8, seed=0, templates=["first", "identity", "const", "index"])
+        s0 = Member("s0", 0, "student")
+        sp = SelfPlayConfig(task_types=["code_o"], n_solve=2, response_prefill=True)
+        sp.solve.max_new_tokens, sp.solve.temperature, sp.solve.stop = 48, 0.3, ["```"]
+        sp.validate()
+        ctx = stages.StepContext(1, 0, engine, executor, sp, {"code_o": TaskBuffer("code_o")})
+        jobs = stages.solve(ctx, [stages.SolveJob(t, "code_o", s0, None) for t in tasks])
+        rollouts = [r for j in jobs for r in j.rollouts]
+        stopped = [r for r in rollouts if r.completion.finish_reason == "stop"]
+        assert len(stopped) >= len(rollouts) // 2  # the base closes its block on most easy tasks
+        for r in stopped:
+            assert r.completion.text.endswith("```") and r.completion.text.count("```") == 1
+            assert len(r.completion.token_ids) < 48 and r.status != "format_error"
+        for r in rollouts:
+            if r.completion.finish_reason != "stop":  # never closed: runs to the cap or EOS, as before
+                assert "```" not in r.completion.text
+        assert any(r.status == "correct" for r in stopped)
+    finally:
+        engine.close()

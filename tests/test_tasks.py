@@ -54,6 +54,33 @@ def test_format_errors(text, reason):
     assert isinstance(r, ParseError) and r.reason == reason
 
 
+def test_a_block_left_open_at_the_end_is_ignored_once_the_closed_ones_suffice():
+    # what a reply cut off by the length cap looks like after it has written its blocks
+    text = "```python\ndef f(a):\n    return a\n```\n```input\n1\n```\nMore:\n```python\ndef f(b):\n    return"
+    p = TASK_TYPES["code_o"].parse_proposal(text)
+    assert isinstance(p, Proposal) and p.program == "def f(a):\n    return a" and p.inputs == ["1"]
+    a = TASK_TYPES["code_o"].parse_answer("```output\n5\n```\n```output\n6")
+    assert not isinstance(a, ParseError) and a.text == "5"
+    # the open block is the one the reply needed: still unclosed_fence, never its contents
+    r = TASK_TYPES["code_o"].parse_proposal("```input\n1\n```\n```python\ndef f(a):\n    return a\n")
+    assert isinstance(r, ParseError) and r.reason == "unclosed_fence"
+
+
+def test_input_first_style_prompts_and_parses_in_its_order():
+    ref = Task(type="code_o", program="def f(x):\n    return x[0]", inputs=["[7, 1]"], outputs=["7"])
+    for name in ("code_o", "code_i"):
+        ty = TASK_TYPES[name]
+        p = ty.teacher_prompt([ref], random.Random(0), style="input_first")
+        assert p.index("```input\n[7, 1]") < p.index("```python\ndef f(x)")  # the reference in the reply's order
+        assert "```output" not in p and "Format example" not in p and "sorted(nums)" not in p
+        assert ty.proposal_prefill_for("input_first") == "```input\n"
+        assert ty.proposal_prefill_for("azr") == "```python\n" and "```output\n7" in ty.teacher_prompt([ref], None)
+        reply = "```input\n[3, 4]\n```\n\n```python\ndef f(x):\n    return x[-1]\n```\n\nOutput:\n```\n4"
+        prop = ty.parse_proposal(reply)
+        assert isinstance(prop, Proposal) and prop.inputs == ["[3, 4]"] and prop.program.endswith("x[-1]")
+    assert TASK_TYPES["code_f"].proposal_prefill_for("input_first") == "```input\n"
+
+
 def test_binary_junk_is_a_format_error():
     junk = bytes(random.Random(0).randrange(256) for _ in range(4000))
     for t in TASK_TYPES.values():

@@ -18,6 +18,10 @@ class SamplingParams:
     greedy: bool = False  # greedy=True (or temperature <= 0) ignores temperature/top_p
     # EOS is masked out until a row has this many new tokens; benchmarks use it to force equal-length rows.
     min_new_tokens: int = 0
+    # vLLM's ``stop``: a row ends once its generated text contains one of these strings (not before min_new_tokens).
+    # Unlike vLLM's default the stop string stays in the text and ids (include_stop_str_in_output=True): the task
+    # parsers read the closing fence, and the trained ids are exactly the sampled ones.
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -25,7 +29,7 @@ class Completion:
     prompt_ids: list[int]
     token_ids: list[int]  # generated ids, EOS included if it was produced
     text: str  # decoded generated text, special tokens skipped
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "length" | "stop" (a SamplingParams.stop string)
 
 
 @dataclass

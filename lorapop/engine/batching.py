@@ -4,7 +4,7 @@ The cache has ``n_slots`` rows. Requests (prompt, adapter, seed) wait in a queue
 requests take them: their prompt but its last token is prefilled into the slot (in chunks of at most
 ``prefill_chunk_tokens`` tokens per forward), and the last prompt token becomes the slot's first decode input. One
 decode step then advances every slot by one token; every ``stop_check_interval`` steps the host reads the sampled
-tokens, finishes rows at EOS or ``max_new_tokens`` and hands their slots to waiting requests, so the batch stays
+tokens, finishes rows at EOS, a stop string or ``max_new_tokens`` and hands their slots to waiting requests, so the batch stays
 full however unequal the rows' lengths.
 
 Prefix sharing: a slot remembers the key ``(adapter, prompt[:-1])`` of the prefix it holds; the prefix of a live or
@@ -27,6 +27,22 @@ import torch
 from .decode import LlamaFamilyDecoder, StaticKVCache
 
 
+def stop_checker(tokenizer: Any, stop: tuple[str, ...] | list[str]) -> Callable[[list[int]], bool] | None:
+    """``fn(row_ids) -> True`` once the decoded text of a row's generated ids contains a stop string; None without
+    any. Checked after every token, so only the tail can hold a new match: it decodes the last few ids (a token is at
+    least one character, plus slack for ids that decode to partial UTF-8), not the whole row."""
+    stop = tuple(s for s in stop if s)
+    if not stop:
+        return None
+    n_tail = max(len(s) for s in stop) + 8
+
+    def hit(row: list[int]) -> bool:
+        text = tokenizer.decode(row[-n_tail:], skip_special_tokens=True)
+        return any(s in text for s in stop)
+
+    return hit
+
+
 def pow2_at_least(n: int, lo: int = 1) -> int:
     p = lo
     while p < n:
@@ -40,7 +56,8 @@ class ContinuousBatcher:
     def __init__(self, dec: LlamaFamilyDecoder, cache: StaticKVCache, ctx: Any, step: Callable, *, dense: bool,
                  compiled: bool, prefill_chunk_tokens: int, check_interval: int, max_new_tokens: int,
                  sampling: tuple, eos_ids: list[int], vocab_key: torch.Tensor, eos_mask: torch.Tensor | None,
-                 on_finished: Callable[[int], None] | None = None) -> None:
+                 on_finished: Callable[[int], None] | None = None,
+                 stop_fn: Callable[[list[int]], bool] | None = None, min_new_tokens: int = 0) -> None:
         self.dec, self.cache, self.ctx, self.step = dec, cache, ctx, step
         self.dense, self.compiled = dense, compiled
         self.chunk = max(1, prefill_chunk_tokens)
@@ -49,6 +66,7 @@ class ContinuousBatcher:
         self.eos = set(eos_ids)
         self.vocab_key, self.eos_mask = vocab_key, eos_mask
         self.on_finished = on_finished
+        self.stop_fn, self.min_new = stop_fn, min_new_tokens
         dev = cache.k[0].device
         n = cache.n_slots
         self.dev = dev
@@ -209,10 +227,13 @@ class ContinuousBatcher:
                 if t in self.eos:
                     self.reasons[r] = "eos"
                     break
+                if self.stop_fn is not None and len(row) >= self.min_new and self.stop_fn(row):
+                    self.reasons[r] = "stop"  # tokens sampled after it in this interval are dropped
+                    break
                 if len(row) >= self.row_max[r]:
                     break
             self.hpos[s] += k
-            if self.reasons[r] == "eos" or len(row) >= self.row_max[r]:
+            if self.reasons[r] != "length" or len(row) >= self.row_max[r]:
                 freed.append(s)
         if freed:
             idx = torch.tensor(freed, dtype=torch.long, device=self.dev)

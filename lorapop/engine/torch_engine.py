@@ -26,7 +26,7 @@ from lorapop.progress import progress
 
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_rows,
                    check_samples, check_slot)
-from .batching import ContinuousBatcher
+from .batching import ContinuousBatcher, stop_checker
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
 from .dtype import resolve_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
@@ -195,7 +195,8 @@ class TorchEngine:
                 dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=bool(self.cfg.compile),
                 prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
                 max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
-                vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1))
+                vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1),
+                stop_fn=stop_checker(self.tokenizer, params.stop), min_new_tokens=int(params.min_new_tokens))
             self._ctx.low_precision = True
             try:
                 toks, reasons = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],

@@ -92,7 +92,23 @@ class ProgramInputTask:
     goal = ""
     proposal_prefill = "```python\n"
 
-    def teacher_prompt(self, references: list[Task], rng=None) -> str:
+    def proposal_prefill_for(self, style: str) -> str:
+        return "```input\n" if style == "input_first" else self.proposal_prefill
+
+    def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr") -> str:
+        """``azr``: references as program, input and output blocks, a format example, and the reply's blocks in
+        AZR's order (program, then input). ``input_first``: the reply's input block first, the references in that
+        order without their outputs, and no format example. The 135M base, shown the first, writes the program and
+        then an ```output block (or more programs) where the input belongs, and copies the example's two-argument
+        f onto its own one-argument input; shown the second, it writes the input, then a program for it (README,
+        "What the embedded model can and cannot show")."""
+        if style == "input_first":
+            refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
+                                                                  fence("python", t.program)])
+                                for i, t in enumerate(references))
+            return (f"Write one input and a new Python function f that takes it. {self.goal}\n{FORMAT_RULES}\n"
+                    "The input block holds the arguments exactly as written inside f(...).\n\n"
+                    f"{refs}\n\nNow write your own ```input block, then your own ```python block.")
         refs = "\n\n".join(f"Reference {i + 1}:\n{render_reference(t)}" for i, t in enumerate(references))
         example = "\n".join([fence("python", "def f(nums, k):\n    return sorted(nums)[-k:]"),
                              fence("input", "[5, 1, 4, 2], 2")])

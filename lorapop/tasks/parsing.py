@@ -1,7 +1,10 @@
 """Fenced-block parsing of model output. Strings only: nothing here evaluates model text.
 
 Forgiving about whitespace (indented fences, trailing spaces, ``` python, a closing fence glued to the last line,
-upper-case tags); strict about content: an unclosed fence or a missing block is a format error.
+upper-case tags); strict about content: a missing block is a format error, and so is an unclosed fence unless the
+closed blocks before it already hold everything the reply needs. A block left open at the end is what a reply cut
+off by the length cap looks like after it has done its job (small models go on writing blocks until the cap), and
+a regex search for each block, as AZR parses, ignores it too; what is inside it is never used.
 """
 
 from __future__ import annotations
@@ -27,7 +30,18 @@ def coerce_text(text) -> str | ParseError:
 
 
 def fenced_blocks(text) -> list[tuple[str, str]] | ParseError:
-    """[(tag, body)] in order of appearance; tag lower-cased ("" for a bare fence)."""
+    """[(tag, body)] in order of appearance; tag lower-cased ("" for a bare fence); an unclosed fence is an error."""
+    got = _scan(text)
+    if isinstance(got, ParseError):
+        return got
+    blocks, open_tag = got
+    if open_tag is not None:
+        return ParseError("unclosed_fence", f"```{open_tag} is never closed")
+    return blocks
+
+
+def _scan(text) -> tuple[list[tuple[str, str]], str | None] | ParseError:
+    """The closed blocks, and the tag of a block still open at the end (None when every fence is closed)."""
     text = coerce_text(text)
     if isinstance(text, ParseError):
         return text
@@ -49,9 +63,7 @@ def fenced_blocks(text) -> list[tuple[str, str]] | ParseError:
             tag = None
         else:
             body.append(line)
-    if tag is not None:
-        return ParseError("unclosed_fence", f"```{tag} is never closed")
-    return blocks
+    return blocks, tag
 
 
 def _clean(body: str, tag: str) -> str:
@@ -66,15 +78,19 @@ def _clean(body: str, tag: str) -> str:
 
 def extract(text, want: dict[str, int]) -> dict[str, list[str]] | ParseError:
     """Blocks by tag. `want` maps tag -> minimum count; for minimum 1 the last block of that tag wins (models often
-    echo the prompt's example first); for larger minimums every non-empty block is returned in order."""
-    blocks = fenced_blocks(text)
-    if isinstance(blocks, ParseError):
-        return blocks
+    echo the prompt's example first); for larger minimums every non-empty block is returned in order. A block still
+    open at the end is ignored when the closed ones suffice, and is the error (unclosed_fence) when they do not."""
+    got = _scan(text)
+    if isinstance(got, ParseError):
+        return got
+    blocks, open_tag = got
     out: dict[str, list[str]] = {}
     for tag, n in want.items():
         found = [_clean(b, tag) for t, b in blocks if t == tag or (tag == "python" and t in ("py", "python3"))]
         found = [b for b in found if b]
         if len(found) < n:
+            if open_tag is not None:
+                return ParseError("unclosed_fence", f"```{open_tag} is never closed")
             return ParseError(f"missing_{tag}", f"need {n} ```{tag} block(s), found {len(found)}")
         out[tag] = found[-1:] if n == 1 else found
     return out

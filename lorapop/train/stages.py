@@ -108,7 +108,7 @@ def step_rng(seed: int, step: int, stage: str) -> random.Random:
 
 def _params(cfg: SamplingConfig) -> SamplingParams:
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                          min_new_tokens=cfg.min_new_tokens)
+                          min_new_tokens=cfg.min_new_tokens, stop=tuple(cfg.stop))
 
 
 def prompt_ids(engine: Engine, text: str, prefill: str) -> list[int]:
@@ -123,10 +123,10 @@ def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
     prompts, meta = [], []
     for t in teachers:
         for tt in sp.task_types:
-            prefill = TASK_TYPES[tt].proposal_prefill if sp.response_prefill else ""
+            prefill = TASK_TYPES[tt].proposal_prefill_for(sp.proposal_style) if sp.response_prefill else ""
             for _ in range(sp.tasks_per_type):
                 refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
-                text = TASK_TYPES[tt].teacher_prompt(refs, rng)
+                text = TASK_TYPES[tt].teacher_prompt(refs, rng, style=sp.proposal_style)
                 prompts.append(prompt_ids(engine, text, prefill))
                 meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
