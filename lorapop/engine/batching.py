@@ -4,8 +4,8 @@ The cache has ``n_slots`` rows. Requests (prompt, adapter, seed) wait in a queue
 requests take them: their prompt but its last token is prefilled into the slot (in chunks of at most
 ``prefill_chunk_tokens`` tokens per forward), and the last prompt token becomes the slot's first decode input. One
 decode step then advances every slot by one token; every ``stop_check_interval`` steps the host reads the sampled
-tokens, finishes rows at EOS, a stop string or ``max_new_tokens`` and hands their slots to waiting requests, so the batch stays
-full however unequal the rows' lengths.
+tokens, finishes rows at EOS, a stop string or ``max_new_tokens`` and hands their slots to waiting requests, so the
+batch stays full however unequal the rows' lengths.
 
 Prefix sharing: a slot remembers the key ``(adapter, prompt[:-1])`` of the prefix it holds; the prefix of a live or
 finished (not yet reused) slot is never overwritten, since generated tokens go after it. A request whose key some

@@ -23,13 +23,13 @@ if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
 class CodeF:
     name = "code_f"
     proposal_prefill = "```input\n"
-
-    def proposal_prefill_for(self, style: str) -> str:
-        return self.proposal_prefill
     answer_prefill = "```python\n"
 
     def __init__(self, n_inputs: int = 10, n_shown: int = 5):
         self.n_inputs, self.n_shown = n_inputs, n_shown
+
+    def proposal_prefill_for(self, style: str) -> str:
+        return self.proposal_prefill
 
     def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr") -> str:
         """Uses `references[0].program` (sample one reference with your rng); parse the reply with

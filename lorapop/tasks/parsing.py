@@ -4,7 +4,7 @@ Forgiving about whitespace (indented fences, trailing spaces, ``` python, a clos
 upper-case tags); strict about content: a missing block is a format error, and so is an unclosed fence unless the
 closed blocks before it already hold everything the reply needs. A block left open at the end is what a reply cut
 off by the length cap looks like after it has done its job (small models go on writing blocks until the cap), and
-a regex search for each block, as AZR parses, ignores it too; what is inside it is never used.
+a regex search for each block would ignore it too; what is inside it is never used.
 """
 
 from __future__ import annotations
