@@ -118,11 +118,13 @@ class SelfPlayConfig:
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
         for name in ("propose", "solve"):
-            if "```" in getattr(self, name).stop and not self.response_prefill:
+            if "```" not in getattr(self, name).stop:
+                continue
+            if not self.response_prefill:
                 # Without the prefill a reply opens its block itself: it would stop at its own opening fence.
                 raise ConfigError(f"selfplay.{name}.stop: '```' needs selfplay.response_prefill: true (without it "
                                   f"every reply ends at the fence that opens its first block)")
-            if "```" in getattr(self, name).stop and name == "propose":
+            if name == "propose":
                 raise ConfigError("selfplay.propose.stop: '```' would end a proposal after its first block, and "
                                   "every proposal needs two or more")
 

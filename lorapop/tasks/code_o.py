@@ -24,8 +24,8 @@ class CodeO(ProgramInputTask):
         return ("Predict the value returned by f for the input below.\n"
                 f"{fence('python', task.program)}\nCall: f({task.inputs[0]})\n\n"
                 # No example value: the 135M base copied the old one ([1, 'a']) into most answers. No "think step by
-                # step" either: with response_prefill the reply starts inside the block, and on easy tasks the base
-                # solved 41/312 with that line and 69/312 without it (README, "Evidence that it learns").
+                # step" either: with response_prefill the reply starts inside the block, and on easy tasks (prefilled,
+                # 16 tokens, temperature 0.3) the base solved 41/312 with that line and 69/312 without it.
                 "Give the returned value as a Python literal in an ```output block.")
 
     def parse_answer(self, text) -> Answer | ParseError:

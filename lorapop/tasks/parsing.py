@@ -29,19 +29,9 @@ def coerce_text(text) -> str | ParseError:
     return text
 
 
-def fenced_blocks(text) -> list[tuple[str, str]] | ParseError:
-    """[(tag, body)] in order of appearance; tag lower-cased ("" for a bare fence); an unclosed fence is an error."""
-    got = _scan(text)
-    if isinstance(got, ParseError):
-        return got
-    blocks, open_tag = got
-    if open_tag is not None:
-        return ParseError("unclosed_fence", f"```{open_tag} is never closed")
-    return blocks
-
-
-def _scan(text) -> tuple[list[tuple[str, str]], str | None] | ParseError:
-    """The closed blocks, and the tag of a block still open at the end (None when every fence is closed)."""
+def fenced_blocks(text) -> tuple[list[tuple[str, str]], str | None] | ParseError:
+    """The closed blocks as [(tag, body)] in order of appearance (tag lower-cased, "" for a bare fence), and the tag
+    of a block still open at the end (None when every fence is closed)."""
     text = coerce_text(text)
     if isinstance(text, ParseError):
         return text
@@ -80,7 +70,7 @@ def extract(text, want: dict[str, int]) -> dict[str, list[str]] | ParseError:
     """Blocks by tag. `want` maps tag -> minimum count; for minimum 1 the last block of that tag wins (models often
     echo the prompt's example first); for larger minimums every non-empty block is returned in order. A block still
     open at the end is ignored when the closed ones suffice, and is the error (unclosed_fence) when they do not."""
-    got = _scan(text)
+    got = fenced_blocks(text)
     if isinstance(got, ParseError):
         return got
     blocks, open_tag = got
