@@ -15,7 +15,8 @@ plus judging). The last line is one JSON object with both keys and the raw figur
 Other modes:
   --canonical            judge all 378 MBPP+ canonical solutions in the sandbox (harness sanity; prints the count)
   --measure-base B[,B]   greedy pass@1 of the bare base model on full benchmarks (default templates: evalplus for
-                         code, azr for math; --prompt), in chunks, progress to stdout; --offset N resumes
+                         code, azr for math; --prompt), in chunks, progress to stdout; --results FILE.jsonl
+                         keeps one line per problem and resumes a stopped run (--offset N skips problems)
 """
 
 from __future__ import annotations
@@ -96,6 +97,30 @@ def canonical(args) -> dict:
             "seconds": round(time.perf_counter() - t, 1)}
 
 
+def _done_rows(path: Path | None, bench: str, setting: dict) -> dict[str, dict]:
+    """Rows already in a ``--results`` file for ``bench``, by problem id. A row written under other settings
+    (template, token cap, dtype) is an error, not something to mix into the figure."""
+    if path is None or not path.exists():
+        return {}
+    rows = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill mid-write: its problem is simply measured again
+            print(f"{path}:{n}: unreadable line skipped", file=sys.stderr)
+            continue
+        if r.get("benchmark") != bench:
+            continue
+        other = {k: r.get(k) for k in setting if r.get(k) != setting[k]}
+        if other:
+            raise SystemExit(f"{path}:{n}: row for {bench} {r.get('id')} was measured with {other}, this run uses "
+                             f"{ {k: setting[k] for k in other} }; use another --results file")
+        rows[r["id"]] = r
+    return rows
+
+
 def measure_base(args) -> dict:
     from lorapop.engine import EngineConfig, TorchEngine
     from lorapop.eval.data import BENCHMARKS, load_benchmark
@@ -103,27 +128,39 @@ def measure_base(args) -> dict:
     from lorapop.eval.prompts import template_for
 
     eng = TorchEngine.from_config("embedded", 1, EngineConfig(gen_batch_size=args.batch_size, dtype="auto"))
+    results = Path(args.results) if args.results else None
     out = {}
     for b in args.measure_base.split(","):
         spec = BENCHMARKS[b]
         probs, warns = load_benchmark(b, data_dir=args.data_dir, limit=args.limit)
         probs = probs[args.offset:]  # resume a measurement that was stopped: add up the progress lines
-        ex = make_executor(2) if spec.family == "code" else None
+        template = template_for(args.prompt, spec.family)
+        setting = {"template": template, "max_new_tokens": args.max_new_tokens, "dtype": eng.cfg.dtype}
+        done = _done_rows(results, b, setting)  # --results: a killed measurement resumes where it stopped
+        todo = [p for p in probs if p.id not in done]
+        ex = make_executor(2) if spec.family == "code" and todo else None
         judge = CodeJudge(ex) if ex else None
-        passed, toks, t0 = [], 0, time.perf_counter()
-        for i in range(0, len(probs), args.chunk):
-            r = evaluate_benchmark(eng, spec, probs[i:i + args.chunk], [-1], args.max_new_tokens, judge,
-                                   template=template_for(args.prompt, spec.family))
+        passed = [int(done[p.id]["pass"]) for p in probs if p.id in done]
+        toks = sum(int(done[p.id]["gen_tokens"]) for p in probs if p.id in done)
+        t0 = time.perf_counter()
+        for i in range(0, len(todo), args.chunk):
+            chunk = todo[i:i + args.chunk]
+            r = evaluate_benchmark(eng, spec, chunk, [-1], args.max_new_tokens, judge, keep_text=results is not None,
+                                   template=template)
             passed += r.passed[-1]
             toks += r.gen_tokens[-1]
+            if results is not None:
+                # one line per problem, written after its chunk is judged: a kill loses at most the chunk under way
+                with results.open("a") as f:
+                    for p, ok, e in zip(chunk, r.passed[-1], r.extra[-1]):
+                        f.write(json.dumps({"benchmark": b, "id": p.id, "pass": ok, **setting, **e}) + "\n")
             print(json.dumps({"benchmark": b, "offset": args.offset, "done": len(passed), "of": len(probs), "passed": sum(passed),
                               "pass@1_so_far": round(sum(passed) / len(passed), 4), "gen_tokens": toks,
                               "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
         if ex:
             ex.close()
-        out[b] = {"pass@1": sum(passed) / len(passed), "passed": sum(passed), "n": len(passed),
-                  "offset": args.offset, "max_new_tokens": args.max_new_tokens,
-                  "template": template_for(args.prompt, spec.family), "warnings": warns}
+        out[b] = {"pass@1": sum(passed) / max(1, len(passed)), "passed": sum(passed), "n": len(passed),
+                  "resumed": len(passed) - len(todo), "offset": args.offset, **setting, "warnings": warns}
     return out
 
 
@@ -139,6 +176,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None, help="--measure-base: first N problems only")
     p.add_argument("--offset", type=int, default=0, help="--measure-base: skip the first N problems (resume)")
     p.add_argument("--chunk", type=int, default=64, help="--measure-base: problems per progress line")
+    p.add_argument("--results", default=None, metavar="JSONL",
+                   help="--measure-base: append one line per judged problem (its verdict and completion) and skip "
+                        "the problems already there, so a stopped measurement resumes exactly")
     p.add_argument("--prompt", default="auto", help="--measure-base: prompt template (auto, evalplus, azr, plain)")
     args = p.parse_args(argv)
     if args.threads:

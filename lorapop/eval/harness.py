@@ -247,6 +247,6 @@ def evaluate_benchmark(engine: Engine, spec: BenchmarkSpec, problems: list[Probl
     if keep_text:
         for a, cs in comps.items():
             for e, c in zip(res.extra[a], cs):
-                e["text"] = c.text
+                e["text"], e["gen_tokens"] = c.text, len(c.token_ids)
     res.score_s = time.perf_counter() - t1
     return res
