@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,14 +250,24 @@ def test_replica_killed_mid_step_then_resumed_with_one_then_two_replicas(cluster
     with Trainer(cfg, run) as t:
         assert type(t.engine).__name__ == "ReplicatedEngine" and t.engine.n_replicas == 2
         t.train_step(1)
-        engine, real_all = t.engine, t.engine._all
+        engine, real_train_step = t.engine, t.engine.train_step
 
-        def kill_replica_1_in_train_step(what, refs, timeout_s=None):
-            if what == "train_step":  # the calls are out: replica 1 dies inside its step, replica 0 is left waiting
-                ray.kill(engine.actors[1])
-            return real_all(what, refs, timeout_s)
+        def kill_replica_1_then_train_step(samples):
+            # Replica 1 is confirmed dead before the step's calls go out, so its call fails and replica 0 is left in
+            # the all-reduce. (Killing it after the calls went out raced: on this tiny model replica 1 could finish
+            # its step before the kill landed, and the death then surfaced in a later call.)
+            ray.kill(engine.actors[1])
+            for _ in range(300):
+                try:
+                    ray.get(engine.actors[1].info.remote(), timeout=10)
+                    time.sleep(0.1)
+                except ray.exceptions.RayActorError:
+                    break
+            else:
+                raise AssertionError("replica 1 still answers after ray.kill")
+            return real_train_step(samples)
 
-        monkeypatch.setattr(engine, "_all", kill_replica_1_in_train_step)
+        monkeypatch.setattr(engine, "train_step", kill_replica_1_then_train_step)
         with pytest.raises(ReplicaError, match=r"replica 1 of 2 died during train_step.*resume the run from its "
                                                r"last checkpoint"):
             t.train_step(2)
