@@ -151,7 +151,9 @@ def measure_base(args) -> dict:
             toks += r.gen_tokens[-1]
             if results is not None:
                 # one line per problem, written after its chunk is judged: a kill loses at most the chunk under way
+                cut = results.exists() and results.stat().st_size and not results.read_bytes().endswith(b"\n")
                 with results.open("a") as f:
+                    f.write("\n" if cut else "")  # a kill mid-write left a partial line: start on a fresh one
                     for p, ok, e in zip(chunk, r.passed[-1], r.extra[-1]):
                         f.write(json.dumps({"benchmark": b, "id": p.id, "pass": ok, **setting, **e}) + "\n")
             print(json.dumps({"benchmark": b, "offset": args.offset, "done": len(passed), "of": len(probs), "passed": sum(passed),
