@@ -129,6 +129,11 @@ def measure_base(args) -> dict:
 
     eng = TorchEngine.from_config("embedded", 1, EngineConfig(gen_batch_size=args.batch_size, dtype="auto"))
     results = Path(args.results) if args.results else None
+    if results is not None and results.exists() and results.stat().st_size:
+        with results.open("rb+") as f:  # a kill mid-write left a partial line: new rows start on a fresh one
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
     out = {}
     for b in args.measure_base.split(","):
         spec = BENCHMARKS[b]
@@ -140,8 +145,8 @@ def measure_base(args) -> dict:
         todo = [p for p in probs if p.id not in done]
         ex = make_executor(2) if spec.family == "code" and todo else None
         judge = CodeJudge(ex) if ex else None
-        passed = [int(done[p.id]["pass"]) for p in probs if p.id in done]
-        toks = sum(int(done[p.id]["gen_tokens"]) for p in probs if p.id in done)
+        prior = [done[p.id] for p in probs if p.id in done]
+        passed, toks = [int(r["pass"]) for r in prior], sum(int(r["gen_tokens"]) for r in prior)
         t0 = time.perf_counter()
         for i in range(0, len(todo), args.chunk):
             chunk = todo[i:i + args.chunk]
@@ -151,9 +156,7 @@ def measure_base(args) -> dict:
             toks += r.gen_tokens[-1]
             if results is not None:
                 # one line per problem, written after its chunk is judged: a kill loses at most the chunk under way
-                cut = results.exists() and results.stat().st_size and not results.read_bytes().endswith(b"\n")
                 with results.open("a") as f:
-                    f.write("\n" if cut else "")  # a kill mid-write left a partial line: start on a fresh one
                     for p, ok, e in zip(chunk, r.passed[-1], r.extra[-1]):
                         f.write(json.dumps({"benchmark": b, "id": p.id, "pass": ok, **setting, **e}) + "\n")
             print(json.dumps({"benchmark": b, "offset": args.offset, "done": len(passed), "of": len(probs), "passed": sum(passed),
@@ -162,7 +165,7 @@ def measure_base(args) -> dict:
         if ex:
             ex.close()
         out[b] = {"pass@1": sum(passed) / max(1, len(passed)), "passed": sum(passed), "n": len(passed),
-                  "resumed": len(passed) - len(todo), "offset": args.offset, **setting, "warnings": warns}
+                  "resumed": len(prior), "offset": args.offset, **setting, "warnings": warns}
     return out
 
 
