@@ -81,8 +81,9 @@ class EngineConfig:
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
-        "help": "On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info, after the "
-                "allocator's cached blocks are counted as free) the static KV cache may take; the rest is left for "
+        "help": "On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info plus the "
+                "allocator's unused blocks outside CUDA-graph pools, which a new tensor cannot use; see "
+                "lorapop/engine/cudamem.py) the static KV cache may take; the rest is left for "
                 "activations, logits and the prefill."})
     compile: bool = field(default=False, metadata={
         "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs, one "

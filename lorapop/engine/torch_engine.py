@@ -27,6 +27,7 @@ from lorapop.progress import progress
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_rows,
                    check_samples, check_slot)
 from .batching import ContinuousBatcher, stop_checker
+from .cudamem import allocatable_bytes
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
 from .dtype import resolve_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
@@ -240,11 +241,11 @@ class TorchEngine:
         return self._compiled_step
 
     def kv_budget_bytes(self) -> int:
-        """Bytes the static KV cache may take now: on CUDA a fraction of the memory free (the allocator's cached
-        blocks and the current cache count as free), elsewhere ``kv_cache_gib``."""
+        """Bytes the static KV cache may take now: on CUDA a fraction of what a new allocation can use (the
+        allocator's unused blocks outside CUDA-graph pools and the current cache count as free, see
+        :mod:`.cudamem`), elsewhere ``kv_cache_gib``."""
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            free = allocatable_bytes(self.device)
             if self._cache is not None:
                 free += sum(t.numel() * t.element_size() for t in self._cache.k + self._cache.v)
             return int(self.cfg.kv_cache_memory_fraction * free)
