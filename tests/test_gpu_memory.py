@@ -56,3 +56,57 @@ def test_kv_budget_counts_the_current_cache_as_free(monkeypatch):
     finally:
         eng.device = torch.device("cpu")
     assert dec is eng._dec
+
+
+def _base_model_tokenizer():
+    """The embedded tokenizer as a base model's would be: EOS ``<|endoftext|>`` while its ChatML template still ends
+    each turn with ``<|im_end|>`` (Qwen2.5 base's layout), built locally from the embedded files."""
+    import copy
+
+    from test_engine_helpers import tokenizer
+
+    tok = copy.deepcopy(tokenizer())
+    tok.eos_token = "<|endoftext|>"
+    return tok
+
+
+def test_end_of_turn_token_is_read_from_the_chat_template():
+    from lorapop.engine.base import end_of_turn_ids
+
+    tok = _base_model_tokenizer()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id != im_end
+    assert end_of_turn_ids(tok) == [im_end]
+    tok.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<|endoftext|>{% endfor %}"
+    assert end_of_turn_ids(tok) == [tok.convert_tokens_to_ids("<|endoftext|>")]
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # plain text closes no turn
+    assert end_of_turn_ids(tok) == []
+    tok.chat_template = None
+    assert end_of_turn_ids(tok) == []
+
+
+def test_a_reply_that_closes_its_turn_stops_there():
+    """A base model (EOS <|endoftext|>) under a ChatML template: greedy decoding whose every step prefers
+    <|im_end|> ends after that one token with finish_reason 'eos', instead of running to max_new_tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lorapop.engine import EngineConfig, SamplingParams, TorchEngine
+
+    tok = _base_model_tokenizer()
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    head = torch.nn.Linear(32, len(tok), bias=True)  # constant logits: the end-of-turn token wins every step
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[eot] = 10.0
+    model.lm_head = head
+    eng = TorchEngine(model, tok, 1, EngineConfig(rank=4, lora_alpha=8, device="cpu"))
+    assert eot in eng.eos_ids and tok.eos_token_id in eng.eos_ids
+    out = eng.generate([eng.chat_prompt("hi")], [0], SamplingParams(max_new_tokens=6, greedy=True))[0]
+    assert out.token_ids == [eot] and out.finish_reason == "eos"

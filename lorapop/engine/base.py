@@ -164,6 +164,34 @@ def chat_prompt_ids(tokenizer: Any, user_message: str, system: str | None = None
     return [int(t) for t in out]
 
 
+_TURN_SENTINEL = "lorapopTurnSentinel"
+
+
+def end_of_turn_ids(tokenizer: Any) -> list[int]:
+    """Ids of the special token the chat template closes an assistant turn with (``<|im_end|>`` for ChatML
+    templates, ``<|eot_id|>`` for Llama 3, ``<end_of_turn>`` for Gemma), read by rendering a one-turn chat whose
+    reply is a sentinel and tokenizing what the template writes right after it; empty without a chat template or
+    when that is no special token. A base model's EOS (Qwen2.5 base: ``<|endoftext|>``) is often not this token,
+    so a reply that closes its turn would otherwise run on to the token cap."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _TURN_SENTINEL}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template may refuse this shape (e.g. wants a system turn); then no extra stop
+        return []
+    if not isinstance(text, str) or _TURN_SENTINEL not in text:
+        return []
+    after = text[text.rindex(_TURN_SENTINEL) + len(_TURN_SENTINEL):].lstrip(" ")
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    if not ids:
+        return []
+    special = {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+    special |= {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+                if getattr(t, "special", False)}
+    return [int(ids[0])] if int(ids[0]) in special else []
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Adapters live in slots 0..n_adapters-1; adapter id -1 runs the bare base model.

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from lorapop.progress import progress
 
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_rows,
-                   check_samples, check_slot)
+                   check_samples, check_slot, end_of_turn_ids)
 from .batching import ContinuousBatcher, stop_checker
 from .cudamem import allocatable_bytes
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
@@ -137,7 +137,8 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ helpers
     def _eos_ids(self) -> list[int]:
-        ids: set[int] = set()
+        """Stop ids: the tokenizer's and the generation config's EOS, and the chat template's end-of-turn token."""
+        ids: set[int] = set(end_of_turn_ids(self.tokenizer))
         for v in (self.tokenizer.eos_token_id, getattr(getattr(self.model, "generation_config", None),
                                                         "eos_token_id", None)):
             if isinstance(v, int):
