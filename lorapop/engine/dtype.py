@@ -104,3 +104,11 @@ def resolve_dtype(name: str, device: object = "cpu") -> str:
                        "cpu" if str(device) == "auto" else device)
     cuda_bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
     return _resolve(name, dev.type, cuda_bf16)
+
+
+def resolve_lora_compute_dtype(name: str, base_dtype: str) -> str:
+    """``engine.lora_compute_dtype``: ``auto`` is the base model's dtype (bf16 LoRA matmuls on a bf16 base, float32
+    on a float32 base); any other name is kept."""
+    if name != "auto" and name not in DTYPES:
+        raise ValueError(f"engine.lora_compute_dtype: {name!r} is not one of auto, {', '.join(DTYPES)}")
+    return base_dtype if name == "auto" else name

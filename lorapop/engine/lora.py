@@ -3,7 +3,8 @@
 Each wrapped ``nn.Linear`` keeps the frozen base layer and two parameters ``lora_A: [N, r, d_in]`` and
 ``lora_B: [N, d_out, r]``. A forward reads the per-row adapter ids from a shared :class:`LoRAContext` and adds
 ``scaling * (x @ A[id]^T) @ B[id]^T`` to the base output, so one forward serves a batch that mixes any adapters.
-Four ways to compute it, chosen per call: one adapter for the whole batch (plain matmuls); decode with mixed rows
+The factors are float32 master weights; the matmuls run in ``compute_dtype`` (the base's bf16 by default, see
+``EngineConfig.lora_compute_dtype``), with float32 gradients. Four ways to compute it, chosen per call: one adapter for the whole batch (plain matmuls); decode with mixed rows
 (rows gathered by adapter into ``[G, M, d]`` and two ``bmm``: each adapter's weights read once, a fixed number of
 ops); training with equal-length runs of rows (the sorted rows viewed as ``[G, L * t, d]``, two ``bmm``); prefill
 and other training batches with mixed rows (one matmul pair per contiguous run of rows, the engine sorts rows by
@@ -105,6 +106,10 @@ class MultiLoRALinear(nn.Module):
         self.lora_A = nn.Parameter(torch.zeros(n_adapters, rank, base.in_features, device=dev))
         self.lora_B = nn.Parameter(torch.zeros(n_adapters, base.out_features, rank, device=dev))
         self.low_precision: tuple[torch.Tensor, torch.Tensor] | None = None  # see refresh_low_precision
+        # dtype the LoRA matmuls run in when it differs from the master weights' (engine.lora_compute_dtype): the
+        # factors are cast per forward (autograd casts their gradients back to float32), the input stays in the
+        # base dtype, so backward keeps a bf16 activation per projection instead of a float32 copy.
+        self.compute_dtype: torch.dtype | None = None
 
     @torch.no_grad()
     def refresh_low_precision(self) -> None:
@@ -138,6 +143,8 @@ class MultiLoRALinear(nn.Module):
         lA, lB = self.lora_A, self.lora_B
         if self.low_precision is not None and self.ctx.low_precision and not torch.is_grad_enabled():
             lA, lB = self.low_precision  # inference in the base dtype: no float32 GEMMs or casts around them
+        elif self.compute_dtype is not None and self.compute_dtype != lA.dtype:
+            lA, lB = lA.to(self.compute_dtype), lB.to(self.compute_dtype)
         shape = x.shape
         xf = x.reshape(shape[0], -1, shape[-1]).to(lA.dtype)  # [b, t, d_in]
         if self.ctx.uniform is not None:

@@ -29,7 +29,7 @@ from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_p
 from .batching import ContinuousBatcher, stop_checker
 from .cudamem import allocatable_bytes
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
-from .dtype import resolve_dtype
+from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
@@ -106,6 +106,11 @@ class TorchEngine:
         self.scaling = cfg.lora_alpha / cfg.rank
         self.base_model_name = str(getattr(model, "name_or_path", "") or "") or None
         self._ctx, self.layers = inject_lora(model, n_adapters, cfg.rank, cfg.lora_alpha, list(cfg.target_modules))
+        cfg.lora_compute_dtype = resolve_lora_compute_dtype(cfg.lora_compute_dtype, cfg.dtype)
+        for layer in self.layers.values():
+            layer.compute_dtype = getattr(torch, cfg.lora_compute_dtype)
+        if self.device.type == "cuda":
+            torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
         model.eval()  # after injection: the new LoRA modules too (a fresh nn.Module starts in training mode)
         self.module_names = list(self.layers)
         self._params = [p for layer in self.layers.values() for p in (layer.lora_A, layer.lora_B)]

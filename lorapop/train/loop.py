@@ -12,7 +12,7 @@ from lorapop.config import Config, config_to_yaml
 from lorapop.configlib import ConfigError, to_dict
 from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
-from lorapop.engine.dtype import resolve_dtype
+from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
 from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.train import stages
@@ -64,6 +64,7 @@ def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path,
         return rd.path, True
     # Resolved before config.yaml is written, so the run records (and a resume keeps) the dtype it trained in.
     cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
+    cfg.engine.lora_compute_dtype = resolve_lora_compute_dtype(cfg.engine.lora_compute_dtype, cfg.engine.dtype)
     try:
         if not rd.is_empty():
             rd.clear()
@@ -99,6 +100,8 @@ class Trainer:
             raise RunDirError(f"{run_dir}: no complete checkpoint to resume from (prepare_run_dir restarts such a run)")
         if not self.rundir.has_config():
             cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
+            cfg.engine.lora_compute_dtype = resolve_lora_compute_dtype(cfg.engine.lora_compute_dtype,
+                                                                       cfg.engine.dtype)
             self.rundir.create(config_to_yaml(cfg))
         self.population = Population.create(cfg.population.mode, cfg.population.n_teachers,
                                             cfg.population.n_students)
