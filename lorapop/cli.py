@@ -65,6 +65,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from lorapop import plan
+
+    try:
+        path = resolve_config_path(args.config)
+    except FileNotFoundError as e:
+        print(f"lorapop plan: {e}", file=sys.stderr)
+        return 2
+    return plan.run(args, path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lorapop", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -78,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
     tr.add_argument("--help-config", action="store_true", help="list every config field (type, default, meaning)")
     tr.set_defaults(func=_cmd_train, accepts_overrides=True)
+    from lorapop import plan  # torch loads when it runs
+
+    pl = sub.add_parser("plan", help="GPU memory of each phase of a config's run, measured under fake tensors "
+                        "(no GPU, no weights), and whether it fits", description="lorapop plan CONFIG "
+                        "[--gpu-memory GIB] [--prompt-tokens N] [--section.key=value ...]")
+    plan.add_arguments(pl)
+    pl.set_defaults(func=_cmd_plan, subparser=pl, accepts_overrides=True)
     from lorapop import report  # light: stdlib only until a report is written
 
     rp = sub.add_parser("report", help="write a self-contained report.html for one or more run directories")

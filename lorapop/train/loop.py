@@ -55,6 +55,9 @@ def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path,
     resume (a run killed before its first checkpoint): it is emptied with a one-line ``note`` and, like a new one,
     created with its resolved config.yaml first, so a kill from here on leaves a directory that ``--resume`` takes.
     """
+    from lorapop.plan import check_on_cuda
+
+    check_on_cuda(cfg)  # on CUDA: refuse, before any weights load, a config whose update cannot fit the GPU
     rd = RunDir(Path(cfg.run.output_dir) / cfg.run.name)
     if rd.resumable():
         if not resume:

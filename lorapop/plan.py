@@ -1,0 +1,420 @@
+"""`lorapop plan`: the GPU memory each phase of a run needs, measured without a GPU and without the weights.
+
+The base model is built from its config alone with fake tensors (``torch._subclasses.FakeTensorMode``: shapes,
+dtypes and storages, no data), wrapped by the project's own :class:`~lorapop.engine.torch_engine.TorchEngine`, and
+the engine's own code runs on it: a prefill chunk through the decoder and the static KV cache, a train micro-batch's
+forward and backward (with and without activation checkpointing), a log-prob micro-batch. A ``TorchDispatchMode``
+counts the bytes of every storage an op creates until it is freed, which is what CUDA's ``max_memory_allocated``
+reports on a GPU (allocator rounding and fragmentation aside). No hand formula: change the engine, and the plan
+follows it.
+
+Where the model's config comes from, without downloading weights: a local checkpoint directory, the Hugging Face hub
+cache (``local_files_only``), or :data:`SHAPES`, a table of the shipped configs' models (the embedded
+SmolLM2-135M-Instruct and Qwen2.5-Coder-7B). The name follows ``accelerate estimate-memory`` (which sizes a model
+from its config on the meta device), but plans a whole run's phases, so it takes a run config like ``lorapop train``.
+
+Fit rule: generation needs the resident state (base, adapters with their AdamW moments and gradients, the
+inference copies of the adapters) plus the KV cache and the prefill chunk's peak; training needs the resident
+state plus one micro-batch's peak (train_step releases the KV cache first on CUDA). Both must stay under
+``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces and allocator fragmentation take the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from lorapop.configlib import ConfigError
+
+GIB = 2**30
+HEADROOM = 0.92  # of the GPU's memory the plan lets tensors take (context, workspaces, fragmentation: the rest)
+DEFAULT_PROMPT_TOKENS = 1024  # the paper's prompt budget; teacher prompts with references come near it
+
+# Model shapes for the shipped configs, so `lorapop plan` needs neither the network nor a download.
+_QWEN25_CODER_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                        max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)
+SHAPES: dict[str, dict[str, Any]] = {
+    "embedded": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                     max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-Coder-7B": _QWEN25_CODER_7B,
+    "Qwen/Qwen2.5-Coder-7B-Instruct": _QWEN25_CODER_7B,
+}
+
+
+class PlanError(ConfigError):
+    """The config cannot fit the GPU memory; the message says which setting to change."""
+
+
+def model_config(name: str) -> Any:
+    """The transformers config of ``name`` without weights or network: a local directory, the hub cache, or
+    :data:`SHAPES`."""
+    from transformers import AutoConfig
+
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(path))
+    if name != "embedded" and not path.exists():
+        try:
+            return AutoConfig.from_pretrained(name, local_files_only=True)
+        except (OSError, ValueError):
+            pass
+    if name in SHAPES:
+        shape = dict(SHAPES[name])
+        return AutoConfig.for_model(shape.pop("model_type"), **shape)
+    raise PlanError(f"model {name!r}: no config.json in a local directory or the Hugging Face cache, and not in the "
+                    f"shape table ({', '.join(SHAPES)}); point model.name at a checkpoint directory")
+
+
+class LiveBytes:
+    """A TorchDispatchMode counting the bytes of storages created while it is on, live and at their peak.
+
+    An op's output that shares storage with one of its inputs (a view, an in-place op) allocates nothing; any other
+    output storage is counted once, until its last reference dies (a weakref finalizer)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tracker._count(args, kwargs, out)
+                return out
+
+        self.mode = _Mode()
+        self.live = self.peak = 0
+        self._seen: set[int] = set()
+
+    def _count(self, args, kwargs, out) -> None:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = st._cdata
+            if key in inputs or key in self._seen:
+                continue
+            n = st.nbytes()
+            self._seen.add(key)
+            self.live += n
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(st, self._free, key, n)
+
+    def _free(self, key: int, n: int) -> None:
+        self._seen.discard(key)
+        self.live -= n
+
+    def __enter__(self) -> "LiveBytes":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mode.__exit__(*exc)
+
+
+@dataclass
+class MemoryPlan:
+    model: str
+    gpu_bytes: int
+    phases: dict[str, int] = field(default_factory=dict)  # name -> bytes
+    notes: dict[str, str] = field(default_factory=dict)
+    advice: list[str] = field(default_factory=list)
+    generation_bytes: int = 0
+    train_bytes: int = 0
+    kv_slots_fit: int = 0
+
+    @property
+    def limit(self) -> int:
+        return int(HEADROOM * self.gpu_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.generation_bytes <= self.limit and self.train_bytes <= self.limit
+
+    def render(self) -> str:
+        lines = [f"memory plan for {self.model} on {self.gpu_bytes / GIB:.1f} GiB "
+                 f"(tensors may take {HEADROOM:.0%}: {self.limit / GIB:.1f} GiB)"]
+        for name, b in self.phases.items():
+            note = self.notes.get(name, "")
+            lines.append(f"  {name:<44} {b / GIB:8.2f} GiB" + (f"  ({note})" if note else ""))
+        lines.append(f"  {'peak in generation':<44} {self.generation_bytes / GIB:8.2f} GiB")
+        lines.append(f"  {'peak in the update':<44} {self.train_bytes / GIB:8.2f} GiB")
+        lines.append("fits" if self.fits else "does NOT fit")
+        lines += [f"  - {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def _fake_engine(mcfg: Any, n_adapters: int, fake_mode: Any, ecfg: Any):
+    """The project's TorchEngine on a fake-tensor base model of config ``mcfg`` (no weights read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lorapop.engine.torch_engine import TorchEngine
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, ecfg.dtype))
+    with fake_mode:
+        model = model.to_empty(device="cpu")
+    # Already on the plan's device and dtype; the engine's model.to() would try to swap the fake parameters, which
+    # the fake-tensor mode forbids (it holds weak references to them).
+    model.to = lambda *a, **k: model
+    # The engine needs only the stop and pad ids from a tokenizer; memory does not depend on them.
+    tok = SimpleNamespace(eos_token_id=0, pad_token_id=0, chat_template=None)
+    return TorchEngine(model, tok, n_adapters, ecfg, seed=0)
+
+
+def _measure(fn) -> int:
+    """Peak bytes allocated while ``fn`` runs, beyond what was live before it."""
+    with LiveBytes() as t:
+        fn()
+    return t.peak
+
+
+def _train_peak(eng, rows: int, prompt: int, completion: int, checkpointing: bool) -> int:
+    """One train micro-batch (forward, backward into the LoRA gradients) as accumulate_gradients runs it: rows in
+    equal runs per adapter, as _train_micro_batches makes them."""
+    import torch
+
+    ids = sorted(k % eng.n_adapters for k in range(rows))
+
+    def step():
+        eng.cfg.gradient_checkpointing = checkpointing
+        with eng._checkpointing():
+            logp, _ = eng._response_logprobs([[1] * prompt] * rows, [[2] * completion] * rows, ids)
+            logp.sum().backward()
+
+    eng.optimizer.zero_grad()
+    with torch.enable_grad():
+        return _measure(step)
+
+
+# Layers measured; every figure is affine in the number of identical decoder layers (weights, KV cache and saved
+# activations grow by one layer's worth, the transients at the ends do not), so two depths give the full model's.
+PROBE_LAYERS = (2, 3)
+
+
+def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
+    """Bytes of each phase for the model of config ``mcfg`` at its depth, measured on the engine's own code."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lorapop.engine.decode import StaticKVCache
+
+    dtype = getattr(torch, ecfg.dtype)
+    eng = _fake_engine(mcfg, n_adapters, FakeTensorMode(allow_non_fake_inputs=True), ecfg)
+    n = eng.n_adapters
+    out: dict[str, int] = {"base": eng.base_bytes()}
+    lora = sum(t.numel() * t.element_size() for t in eng._params)
+    moments = sum(t.numel() * t.element_size() for t in eng.optimizer.exp_avg + eng.optimizer.exp_avg_sq)
+    out["adapters"] = 2 * lora + moments  # float32 gradients are the size of the master weights
+
+    def inference_copies():
+        for layer in eng.layers.values():
+            layer.refresh_low_precision()
+        if ecfg.compile:
+            eng._decoder().refresh_dense()
+
+    out["copies"] = _measure(inference_copies)
+    dec = eng._decoder()
+    capacity = -(-(prompt_tokens + new_tokens) // 256) * 256  # as TorchEngine._kv_cache rounds it
+    out["per_slot"] = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
+    holder: list = []
+    out["kv"] = _measure(lambda: holder.append(StaticKVCache(dec.n_layers, max(1, ecfg.gen_batch_size), dec.n_kv,
+                                                             dec.head_dim, capacity, dtype, torch.device("cpu"))))
+    cache = holder.pop()
+    chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
+    width = min(prompt_tokens, ecfg.prefill_chunk_tokens)
+
+    def prefill():  # one chunk as ContinuousBatcher._prefill runs it: rows into their slots, positions 0..width-1
+        pos = torch.arange(width)[None].expand(chunk_rows, width)
+        eng._ctx.set(torch.tensor(sorted(k % n for k in range(chunk_rows))))
+        eng._ctx.low_precision = True  # as generate() runs it: the adapters' base-dtype copies
+        try:
+            with torch.no_grad():
+                dec.forward(cache, torch.ones(chunk_rows, width, dtype=torch.long), pos, pos, width,
+                            torch.arange(chunk_rows), None)
+        finally:
+            eng._ctx.low_precision = False
+            eng._ctx.set(None)
+
+    out["prefill"] = _measure(prefill)
+    del cache
+    rows = max(1, ecfg.train_micro_batch_size)
+    out["train_ckpt"] = _train_peak(eng, rows, prompt_tokens, new_tokens, True)
+    out["train"] = _train_peak(eng, rows, prompt_tokens, new_tokens, False)
+    eng.optimizer.zero_grad()
+
+    def logprobs():
+        with torch.no_grad():
+            eng._response_logprobs([[1] * prompt_tokens] * rows, [[2] * new_tokens] * rows,
+                                   sorted(k % n for k in range(rows)))
+
+    out["logprobs"] = _measure(logprobs)
+    eng._ctx.set(None)
+    return out
+
+
+def _at_depth(mcfg: Any, layers: int) -> Any:
+    c = copy.deepcopy(mcfg)
+    c.num_hidden_layers = layers
+    if getattr(c, "layer_types", None):  # transformers 5 keeps a per-layer attention type list
+        c.layer_types = list(c.layer_types)[:layers]
+    return c
+
+
+@dataclass
+class Measured:
+    """What :func:`measure` found for a config; :func:`assemble` turns it into a plan for any memory size."""
+    model: str
+    engine: Any  # the EngineConfig planned (dtypes resolved)
+    phases: dict[str, int]
+    prompt_tokens: int
+    new_tokens: int
+    n_adapters: int
+
+
+def measure(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Measured:
+    """Measure each phase of ``cfg``'s run under fake tensors; see the module docstring."""
+    from lorapop.engine.dtype import resolve_lora_compute_dtype
+
+    ecfg = copy.deepcopy(cfg.engine)
+    ecfg.device = "cpu"
+    ecfg.dtype = "bfloat16" if ecfg.dtype == "auto" else ecfg.dtype  # the plan is for a GPU: auto is bf16 there
+    ecfg.lora_compute_dtype = resolve_lora_compute_dtype(ecfg.lora_compute_dtype, ecfg.dtype)
+    mcfg = model_config(cfg.model.name)
+    sp = cfg.selfplay
+    new_tokens = max(sp.propose.max_new_tokens, sp.solve.max_new_tokens)
+    n = cfg.population.n_members
+    depth = mcfg.num_hidden_layers
+    lo, hi = PROBE_LAYERS
+    if depth <= hi:
+        m = measure_phases(mcfg, n, copy.deepcopy(ecfg), prompt_tokens, new_tokens)
+    else:
+        a = measure_phases(_at_depth(mcfg, lo), n, copy.deepcopy(ecfg), prompt_tokens, new_tokens)
+        b = measure_phases(_at_depth(mcfg, hi), n, copy.deepcopy(ecfg), prompt_tokens, new_tokens)
+        m = {k: a[k] + (b[k] - a[k]) * (depth - lo) // (hi - lo) for k in a}
+    return Measured(cfg.model.name, ecfg, m, prompt_tokens, new_tokens, n)
+
+
+def plan(cfg: Any, gpu_gib: float, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan:
+    """The memory plan of ``cfg``'s run on a GPU of ``gpu_gib`` GiB."""
+    return assemble(measure(cfg, prompt_tokens), gpu_gib)
+
+
+def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
+    """The plan for a GPU of ``gpu_gib`` GiB from measured phases: totals, fit and advice."""
+    ecfg, m, n = measured.engine, measured.phases, measured.n_adapters
+    prompt_tokens, new_tokens = measured.prompt_tokens, measured.new_tokens
+    p = MemoryPlan(model=measured.model, gpu_bytes=int(gpu_gib * GIB))
+    rows = max(1, ecfg.train_micro_batch_size)
+    chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
+    capacity = -(-(prompt_tokens + new_tokens) // 256) * 256
+    lc = ecfg.lora_compute_dtype
+    ckpt = ecfg.gradient_checkpointing
+    table = [
+        ("base weights", m["base"], ecfg.dtype),
+        ("adapters + AdamW moments + gradients", m["adapters"], f"{n} adapters, rank {ecfg.rank}, float32"),
+        ("adapters' inference copies", m["copies"], "base dtype" + (", and the compiled step's dense copy"
+                                                                    if ecfg.compile else "")),
+        ("KV cache", m["kv"], f"{ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} prompt + "
+                              f"{new_tokens} new)"),
+        ("prefill chunk (peak)", m["prefill"], f"{chunk_rows} rows x {min(prompt_tokens, ecfg.prefill_chunk_tokens)}"
+                                               " tokens (prefill_chunk_tokens)"),
+        ("train micro-batch, checkpointing (peak)", m["train_ckpt"],
+         f"{rows} rows x ({prompt_tokens} + {new_tokens}), LoRA in {lc}" + (", as configured" if ckpt else "")),
+        ("train micro-batch, no checkpointing (peak)", m["train"], "" if ckpt else "as configured"),
+        ("log-prob micro-batch (peak)", m["logprobs"], f"{rows} rows, vocabulary in chunks of "
+                                                       f"{ecfg.logprob_chunk_size}"),
+    ]
+    for name, b, note in table:
+        p.phases[name], p.notes[name] = int(b), note
+    resident = m["base"] + m["adapters"] + m["copies"]
+    p.generation_bytes = resident + m["kv"] + m["prefill"]
+    p.train_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
+    p.kv_slots_fit = max(0, (p.limit - resident - m["prefill"]) // m["per_slot"])
+    _advise(p, ecfg, resident, m["train_ckpt"], m["train"], rows)
+    return p
+
+
+def _advise(p: MemoryPlan, ecfg: Any, resident: int, with_ckpt: int, without: int, rows: int) -> None:
+    if p.generation_bytes > p.limit:
+        if p.kv_slots_fit >= 1:
+            p.advice.append(f"generation: the KV cache holds {p.kv_slots_fit} of engine.gen_batch_size="
+                            f"{ecfg.gen_batch_size} rows: set --engine.gen_batch_size={p.kv_slots_fit} (or less)")
+        else:
+            p.advice.append("generation: not one row of KV cache fits beside the prefill chunk: lower "
+                            f"--engine.prefill_chunk_tokens (now {ecfg.prefill_chunk_tokens}) or the max_new_tokens")
+    if p.train_bytes > p.limit:
+        if not ecfg.gradient_checkpointing and resident + with_ckpt <= p.limit:
+            p.advice.append("update: set --engine.gradient_checkpointing=true "
+                            f"(peak {(resident + with_ckpt) / GIB:.1f} GiB)")
+        else:
+            peak = with_ckpt if ecfg.gradient_checkpointing else without
+            per_row = peak / rows  # a micro-batch's activations grow with its rows
+            fit = int((p.limit - resident) // per_row) if per_row > 0 else 0
+            if fit >= 1:
+                p.advice.append(f"update: set --engine.train_micro_batch_size={min(fit, rows - 1)} (now {rows})")
+            else:
+                p.advice.append("update: one row of prompt + max_new_tokens does not fit: shorten "
+                                "selfplay.propose/solve.max_new_tokens or use a GPU with more memory")
+    if p.phases["base weights"] + p.phases["adapters + AdamW moments + gradients"] > p.limit:
+        p.advice.append("the base weights and the adapters alone exceed the memory: fewer adapters or a larger GPU")
+
+
+def check_fits(cfg: Any, gpu_bytes: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan:
+    """The plan at ``gpu_bytes``; raises :class:`PlanError` with the plan's advice when the update cannot fit.
+
+    Only the update refuses a run: generation with too small a memory decodes fewer rows at once (the KV budget caps
+    the slots), which is slower but works, so it is a warning in the plan's text."""
+    p = plan(cfg, gpu_bytes / GIB, prompt_tokens)
+    if p.train_bytes > p.limit or p.kv_slots_fit < 1:
+        raise PlanError("the config cannot fit this GPU:\n" + p.render())
+    return p
+
+
+def check_on_cuda(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan | None:
+    """Before a run loads its weights on CUDA: plan it at the GPU's memory and refuse (:class:`PlanError`, a
+    ConfigError) a config whose update cannot fit. Nothing happens off CUDA."""
+    import torch
+
+    dev = cfg.engine.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(dev).total_memory
+    return check_fits(cfg, total, prompt_tokens)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("config", help="YAML file or shipped config name (4T+4S, single, ...)")
+    ap.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB", help="GPU memory in GiB (default 80)")
+    ap.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS,
+                    help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS})")
+
+
+def run(args: argparse.Namespace, config_path: str) -> int:
+    """``lorapop plan``: print the plan; exit status 0 when it fits, 1 when not, 2 on a bad config."""
+    from lorapop.config import load_config
+
+    try:
+        cfg = load_config(config_path, args.overrides)
+        p = plan(cfg, args.gpu_memory, args.prompt_tokens)
+    except (ConfigError, PlanError) as e:
+        print(f"lorapop plan: {e}", file=sys.stderr)
+        return 2
+    print(p.render())
+    return 0 if p.fits else 1

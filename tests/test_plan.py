@@ -1,0 +1,111 @@
+"""`lorapop plan` (issue 24 item 2): phase memory measured under fake tensors on the engine's own code.
+
+A fake-tensor run costs per op, not per byte (a few seconds per probe on a loaded CPU whatever the model's size),
+so each config is measured once per module and the assertions read that measurement."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorapop import plan as planmod
+from lorapop.config import load_config
+from lorapop.plan import GIB, PlanError, assemble, check_fits, measure, measure_phases, model_config
+
+PHASES = ["base weights", "adapters + AdamW moments + gradients", "adapters' inference copies", "KV cache",
+          "prefill chunk (peak)", "train micro-batch, checkpointing (peak)",
+          "train micro-batch, no checkpointing (peak)", "log-prob micro-batch (peak)"]
+SHORT = ["--selfplay.propose.max_new_tokens=64", "--selfplay.solve.max_new_tokens=64",
+         "--engine.train_micro_batch_size=2"]
+
+
+def _small(name: str, *extra: str):
+    """A shipped config with short rows (the plan's cost is its op count; short rows keep the fake tensors small)."""
+    return load_config(f"lorapop/configs/{name}.yaml", [*SHORT, *extra])
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return measure(_small("cpu_demo", "--engine.gradient_checkpointing=false"), prompt_tokens=128)
+
+
+def test_two_depths_give_the_full_models_figures():
+    """Every phase is affine in the number of identical layers, so the plan's 2- and 3-layer probes extrapolate to
+    the full depth exactly (a 4-layer model measured directly); bf16 LoRA compute keeps less for backward."""
+    from transformers import LlamaConfig
+
+    from lorapop.engine.base import EngineConfig
+    from lorapop.plan import PROBE_LAYERS, _at_depth
+
+    mcfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+
+    def ecfg(lc="auto"):
+        return EngineConfig(dtype="bfloat16", device="cpu", train_micro_batch_size=3, gen_batch_size=4,
+                            prefill_chunk_tokens=64, logprob_chunk_size=16, lora_compute_dtype=lc)
+
+    full = measure_phases(mcfg, 2, ecfg(), 40, 24)
+    lo, hi = PROBE_LAYERS
+    a, b = (measure_phases(_at_depth(mcfg, d), 2, ecfg(), 40, 24) for d in (lo, hi))
+    assert {k: a[k] + (b[k] - a[k]) * (4 - lo) // (hi - lo) for k in a} == full
+    assert full["train"] > full["train_ckpt"] > 0  # checkpointing keeps less for backward
+    fp32 = measure_phases(_at_depth(mcfg, lo), 2, ecfg("float32"), 40, 24)
+    assert a["train"] < fp32["train"]  # no float32 copy of each adapted projection's input is saved
+
+
+def test_embedded_plan_has_every_phase_and_its_fit_follows_the_memory(embedded):
+    big, small = assemble(embedded, 80.0), assemble(embedded, 0.25)
+    assert list(big.phases) == PHASES and all(v > 0 for v in big.phases.values())
+    assert big.fits and not small.fits
+    assert "does NOT fit" in small.render() and "fits" in big.render()
+    # the update is over the limit without checkpointing but fits with it: the advice says so
+    tight = assemble(embedded, (big.train_bytes - big.phases["train micro-batch, no checkpointing (peak)"]
+                                + big.phases["train micro-batch, checkpointing (peak)"]) / 0.9 / GIB)
+    assert not tight.fits and "--engine.gradient_checkpointing=true" in "\n".join(tight.advice)
+
+
+def test_7b_shape_table_plan():
+    cfg = _small("4T+4S")
+    assert model_config(cfg.model.name).hidden_size == 3584  # from the shipped table: no network, no weights
+    m = measure(cfg, prompt_tokens=128)
+    p = assemble(m, 80.0)
+    # bf16 weights of Qwen2.5-Coder-7B (7.6e9 parameters): ~14.2 GiB
+    assert 13.5 * GIB < p.phases["base weights"] < 15 * GIB
+    assert p.fits and not assemble(m, 16.0).fits
+
+
+def test_refusal_names_the_setting_to_change(embedded, monkeypatch):
+    monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: embedded)  # measured once above
+    big = assemble(embedded, 80.0)
+    room = big.train_bytes - big.phases["train micro-batch, no checkpointing (peak)"] / 2  # half the update's peak
+    with pytest.raises(PlanError, match=r"--engine\.(gradient_checkpointing|train_micro_batch_size)="):
+        check_fits(_small("cpu_demo"), int(room / planmod.HEADROOM))
+    with pytest.raises(PlanError, match="one row"):
+        check_fits(_small("cpu_demo"), GIB // 8)
+
+
+def test_train_refuses_on_cuda_before_loading_weights(embedded, monkeypatch, tmp_path):
+    """The check as `lorapop train` runs it: a CUDA device too small for the update stops prepare_run_dir with the
+    plan's message, and no run directory is made."""
+    import torch
+
+    from lorapop.configlib import ConfigError
+    from lorapop.train.loop import prepare_run_dir
+
+    monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: embedded)
+    cfg = _small("cpu_demo", f"--run.output_dir={tmp_path}", "--engine.device=auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": GIB // 4}))
+    with pytest.raises(ConfigError, match="cannot fit this GPU"):
+        prepare_run_dir(cfg, resume=False)
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_plan_exit_status(embedded, monkeypatch, capsys):
+    from lorapop.cli import main
+
+    monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: embedded)
+    assert main(["plan", "cpu_demo", "--gpu-memory", "0.25", *SHORT]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+    assert main(["plan", "cpu_demo", "--gpu-memory", "80"]) == 0
+    assert main(["plan", "no-such-config"]) == 2
+    assert main(["plan", "cpu_demo", "--engine.no_such_key=1"]) == 2
