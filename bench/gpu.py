@@ -215,6 +215,7 @@ def main() -> None:
 
     print(json.dumps({
         "device": str(dev), "shape": args.shape, "rows": rows, "new_tokens": new, "compile": bool(eng.cfg.compile),
+        "lora_compute_dtype": eng.cfg.lora_compute_dtype,
         "mixed_tok_s": round(mixed_tok_s, 1), "base_tok_s": round(base_tok_s, 1),
         "hf_compiled_tok_s": None if hf_tok_s is None else round(hf_tok_s, 1), "hf_compiled": hf_compiled,
         "mixed_over_hf_compiled": None if hf_tok_s is None else round(mixed_tok_s / hf_tok_s, 3),

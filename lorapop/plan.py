@@ -325,7 +325,8 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     ckpt = ecfg.gradient_checkpointing
     table = [
         ("base weights", m["base"], ecfg.dtype),
-        ("adapters + AdamW moments + gradients", m["adapters"], f"{n} adapters, rank {ecfg.rank}, float32"),
+        ("adapters + AdamW moments + gradients", m["adapters"],
+         f"{n} adapter{'s' if n != 1 else ''}, rank {ecfg.rank}, float32"),
         ("adapters' inference copies", m["copies"], "base dtype" + (", and the compiled step's dense copy"
                                                                     if ecfg.compile else "")),
         ("KV cache", m["kv"], f"{ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} prompt + "
