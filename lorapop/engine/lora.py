@@ -3,13 +3,15 @@
 Each wrapped ``nn.Linear`` keeps the frozen base layer and two parameters ``lora_A: [N, r, d_in]`` and
 ``lora_B: [N, d_out, r]``. A forward reads the per-row adapter ids from a shared :class:`LoRAContext` and adds
 ``scaling * (x @ A[id]^T) @ B[id]^T`` to the base output, so one forward serves a batch that mixes any adapters.
-The factors are float32 master weights; the matmuls run in ``compute_dtype`` (the base's bf16 by default, see
-``EngineConfig.lora_compute_dtype``), with float32 gradients. Four ways to compute it, chosen per call: one
-adapter for the whole batch (plain matmuls); decode with mixed rows (rows gathered by adapter into ``[G, M, d]`` and two ``bmm``: each adapter's weights read once, a fixed number of
+Four ways to compute it, chosen per call: one adapter for the whole batch (plain matmuls); decode with mixed rows
+(rows gathered by adapter into ``[G, M, d]`` and two ``bmm``: each adapter's weights read once, a fixed number of
 ops); training with equal-length runs of rows (the sorted rows viewed as ``[G, L * t, d]``, two ``bmm``); prefill
 and other training batches with mixed rows (one matmul pair per contiguous run of rows, the engine sorts rows by
 adapter; ``unbind`` views keep the backward to one stacked gradient per parameter). Rows with id ``-1`` get the
 base output exactly: their delta is zero, and ``y + 0.0 == y`` bit for bit.
+
+The factors are float32 master weights; the matmuls run in ``compute_dtype`` (the base's bf16 by default, see
+``EngineConfig.lora_compute_dtype``) with float32 gradients.
 """
 
 from __future__ import annotations
