@@ -53,6 +53,10 @@ class PlanError(ConfigError):
     """The config cannot fit the GPU memory; the message says which setting to change."""
 
 
+class UnknownShape(PlanError):
+    """No config.json for the model is at hand without the network (and it is not in :data:`SHAPES`)."""
+
+
 def model_config(name: str) -> Any:
     """The transformers config of ``name`` without weights or network: a local directory, the hub cache, or
     :data:`SHAPES`."""
@@ -69,7 +73,7 @@ def model_config(name: str) -> Any:
     if name in SHAPES:
         shape = dict(SHAPES[name])
         return AutoConfig.for_model(shape.pop("model_type"), **shape)
-    raise PlanError(f"model {name!r}: no config.json in a local directory or the Hugging Face cache, and not in the "
+    raise UnknownShape(f"model {name!r}: no config.json in a local directory or the Hugging Face cache, and not in the "
                     f"shape table ({', '.join(SHAPES)}); point model.name at a checkpoint directory")
 
 
@@ -397,7 +401,11 @@ def check_on_cuda(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Memor
     if dev.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(dev).total_memory
-    return check_fits(cfg, total, prompt_tokens)
+    try:
+        return check_fits(cfg, total, prompt_tokens)
+    except UnknownShape as e:  # the weights are not here yet either: loading fetches them, so do not refuse
+        print(f"note: no memory plan before loading ({e})", file=sys.stderr)
+        return None
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -109,3 +109,21 @@ def test_cli_plan_exit_status(embedded, monkeypatch, capsys):
     assert main(["plan", "cpu_demo", "--gpu-memory", "80"]) == 0
     assert main(["plan", "no-such-config"]) == 2
     assert main(["plan", "cpu_demo", "--engine.no_such_key=1"]) == 2
+
+
+def test_unknown_model_shape(monkeypatch, tmp_path, capsys):
+    """`lorapop plan` says where a config comes from; `lorapop train` on CUDA goes on without a plan (loading will
+    fetch the model anyway) instead of refusing."""
+    import torch
+
+    from lorapop.plan import UnknownShape, check_on_cuda
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(UnknownShape, match="shape table"):
+        model_config("some-org/not-cached-model")
+    cfg = _small("cpu_demo", "--model.name=some-org/not-cached-model", "--engine.device=auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": GIB}))
+    assert check_on_cuda(cfg) is None
+    assert "no memory plan" in capsys.readouterr().err
