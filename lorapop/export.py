@@ -186,6 +186,11 @@ def _eval_rows(run_dir: Path, member_id: str) -> tuple[list[str], str]:
     return [], ""
 
 
+def _vllm_rank(r: int) -> int:
+    """vLLM's --max-lora-rank takes one of a few sizes (default 16): the smallest that holds r."""
+    return next((x for x in (16, 32, 64, 128, 256, 512) if x >= r), r)
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
 
@@ -236,7 +241,7 @@ def model_card(p: Picked, cfg: dict, *, base: str, model_name: str, merged_dtype
         lines += ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM",
                   f'base = AutoModelForCausalLM.from_pretrained("{base}")',
                   f'model = PeftModel.from_pretrained(base, "{d}")', "```", "",
-                  f"vLLM: `vllm serve {base} --enable-lora --max-lora-rank {max(16, m.rank)} "
+                  f"vLLM: `vllm serve {base} --enable-lora --max-lora-rank {_vllm_rank(m.rank)} "
                   f"--lora-modules {m.id}={d}`", ""]
     if model_name == EMBEDDED:
         lines += ["## The base weights", "",

@@ -116,16 +116,6 @@ def test_fit_weights_pads_the_rank_and_rescales_so_the_delta_is_unchanged(tmp_pa
 
 # ---------------------------------------------------------------- the embedded model
 
-PROMPTS = ["Write a Python function that returns the square of x.", "What is 12 + 30?", "Name three colors."]
-
-
-def hf_greedy(model, prompt_ids: list[int], n: int = 16) -> list[int]:
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
-    return out[0, len(prompt_ids):].tolist()
-
-
 @pytest.mark.slow
 def test_run_from_a_peft_adapter_generates_what_peft_does_and_resume_keeps_its_checkpoint(tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -135,6 +125,7 @@ def test_run_from_a_peft_adapter_generates_what_peft_does_and_resume_keeps_its_c
     from lorapop.model import load_base_model
     from lorapop.train.loop import Trainer
     from test_engine_helpers import randomize_peft_model
+    from test_export import PROMPTS, hf_greedy
 
     plain, tok = load_base_model("embedded")
     pm = get_peft_model(plain, LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
