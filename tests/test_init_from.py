@@ -67,7 +67,7 @@ def _plan(entries, **kw):
     return plan_init(entries, POP, **{**args, **kw})
 
 
-def test_mismatches_stop_at_startup_with_expected_and_found(tmp_path):
+def test_mismatches_stop_at_startup_with_expected_and_found(tmp_path, capsys):
     big = adapter_dir(tmp_path / "r8", rank=8)
     with pytest.raises(ConfigError, match=r"rank mismatch: expected r <= 4 \(engine.rank\), found r=8"):
         _plan([str(big)])
@@ -90,6 +90,14 @@ def test_mismatches_stop_at_startup_with_expected_and_found(tmp_path):
     with pytest.raises(ConfigError, match="rank mismatch"):
         prepare_run_dir(cfg, resume=False)
     assert not (tmp_path / "runs" / "x").exists()
+
+    # and by `lorapop train` itself: exit 2 with the reason, nothing written
+    from lorapop.cli import main
+
+    assert main(["train", f"--population.init_from=[s1={tmp_path / 'missing'}]", "--engine.target_modules=[v_proj]",
+                 f"--run.output_dir={tmp_path / 'runs'}", "--run.name=y"]) == 2
+    assert "neither a PEFT adapter directory" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "y").exists()
 
 
 def test_fit_weights_pads_the_rank_and_rescales_so_the_delta_is_unchanged(tmp_path):
