@@ -140,7 +140,7 @@ def test_export_of_a_run_still_training_reads_only_complete_checkpoints(tmp_path
 
 PROMPTS = ["Write a Python function that returns the square of x.", "What is 12 + 30?",
            "Name three colors."]
-NEW_TOKENS = 16
+NEW_TOKENS = 12  # HF generate dominates these tests' time
 
 
 def hf_greedy(model, prompt_ids: list[int]) -> list[int]:
