@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     rt = sub.add_parser("retention", help="how fast each PBT operator's child recovers its parent's solve rate")
     retention.add_arguments(rt)
     rt.set_defaults(func=retention.run, subparser=rt)
+    from lorapop import export  # torch-free import; torch and transformers load when it writes
+
+    xp = sub.add_parser("export", help="write a run's members as PEFT adapters (peft, vLLM) or merged transformers "
+                        "models", description="lorapop export RUN_DIR --member best|ID|all --to DIR [--merge]")
+    export.add_arguments(xp)
+    xp.set_defaults(func=export.run, subparser=xp)
     return p
 
 

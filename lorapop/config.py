@@ -34,14 +34,31 @@ class PopulationConfig:
     n_students: int = doc(2, "number of student adapters (population mode)")
     require_equal: bool = doc(True, "demand n_teachers == n_students, so that matchmaking without replacement "
                                     "gives every student the same amount of work")
+    init_from: str | list[str] = doc(
+        [], "start members from existing LoRA adapters instead of fresh ones (at step 0 only; a resume reads its "
+            "checkpoint). A source is a PEFT adapter directory or RUN_DIR:best / RUN_DIR:<member id> (best: the "
+            "student with the highest TrueSkill mu - 3 sigma; the agent of a single run). One source: every member "
+            "starts from it; one per member: in slot order (t0.., then s0..); or ROLE=SOURCE / ID=SOURCE entries "
+            "(teacher=, student=, agent=, s1=), members named by none start fresh. The rank must be <= engine.rank "
+            "(a smaller one is padded), the target modules and base model the run's, checked before any model loads")
+    init_check_base: bool = doc(True, "refuse an init_from adapter whose base_model_name_or_path names another base "
+                                      "model than model.name (turn off for the same weights under another name)")
 
     @property
     def n_members(self) -> int:
         return 1 if self.mode == "single" else self.n_teachers + self.n_students
 
     def validate(self) -> None:
-        if self.mode == "single":
-            return
+        from lorapop.adapters import assign
+        from lorapop.rundir import initial_members
+
+        if isinstance(self.init_from, str):
+            self.init_from = [self.init_from] if self.init_from else []
+        if self.mode != "single":
+            self._validate_counts()
+        assign(self.init_from, initial_members(self.mode, self.n_teachers, self.n_students))  # mapping errors now
+
+    def _validate_counts(self) -> None:
         if self.n_teachers < 1:
             raise ConfigError(f"population.n_teachers: must be at least 1 in population mode, got {self.n_teachers}")
         if self.n_students < 1:

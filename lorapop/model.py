@@ -28,6 +28,8 @@ from typing import Any
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The hub model the embedded GGUF quantises (same architecture and tokenizer; weights differ by Q4_1 rounding).
+EMBEDDED_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -96,7 +98,7 @@ def prepare_model(name: str = EMBEDDED) -> Path:
     For a hub id the id itself comes back as a relative ``Path`` that does not exist locally; ``from_pretrained``
     resolves and caches it."""
     if name == EMBEDDED:
-        out = cache_dir() / "models" / EMBEDDED_NAME
+        out = embedded_checkpoint_dir()
         if _is_checkpoint_dir(out):
             return out
         return _convert_gguf(embedded_gguf_path(), out)
@@ -113,6 +115,30 @@ def prepare_model(name: str = EMBEDDED) -> Path:
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFoundError(f"model path not found: {path}")
     return Path(name)  # a hub id; resolved by from_pretrained
+
+
+def embedded_checkpoint_dir() -> Path:
+    """Where :func:`prepare_model` caches the embedded model (it may not exist yet)."""
+    return cache_dir() / "models" / EMBEDDED_NAME
+
+
+def base_identity(name_or_path: str | None) -> str | None:
+    """What two base-model names must share to be the same base: ``embedded`` for every name of the embedded model
+    (``embedded``, its cache directory under any ``$LORAPOP_CACHE``/home, which is what the engine and peft record as
+    ``base_model_name_or_path``, and the hub id it quantises), an absolute path for a local directory or file, else
+    the hub id itself. None for an unnamed base."""
+    if not name_or_path:
+        return None
+    name = str(name_or_path)
+    if name in (EMBEDDED, EMBEDDED_HF_ID):
+        return EMBEDDED
+    path = Path(name).expanduser()
+    # the cache layout <cache>/models/SmolLM2-135M-Instruct, wherever the cache was on the machine that wrote it
+    if path.name == EMBEDDED_NAME and path.parent.name == "models":
+        return EMBEDDED
+    if path.exists() or name.startswith((".", "/", "~")):
+        return str(path.resolve())
+    return name
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -137,6 +137,14 @@ class Member:
         return self.adapter
 
 
+def initial_members(mode: str, n_teachers: int, n_students: int) -> list[Member]:
+    """The members a run starts with, in slot order: ``a0`` in single mode, else ``t0..`` then ``s0..``."""
+    if mode == "single":
+        return [Member("a0", 0, AGENT)]
+    return ([Member(f"t{i}", i, "teacher") for i in range(n_teachers)]
+            + [Member(f"s{i}", n_teachers + i, "student") for i in range(n_students)])
+
+
 def role_from_id(member_id: str) -> str | None:
     """The role an id's prefix stands for (ids are made by `Population`), or None."""
     for role, prefix in ROLE_PREFIX.items():

@@ -65,6 +65,7 @@ def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path,
                               f"{rd.path} or choose another --run.name")
         check_compatible(cfg, rd.read_trainer_state(rd.latest_checkpoint())["config"])
         return rd.path, True
+    init_plans(cfg)  # a source that cannot work stops the run here, before anything is written or loaded
     # Resolved before config.yaml is written, so the run records (and a resume keeps) the dtype it trained in.
     cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
     cfg.engine.lora_compute_dtype = resolve_lora_compute_dtype(cfg.engine.lora_compute_dtype, cfg.engine.dtype)
@@ -78,6 +79,17 @@ def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path,
         raise ConfigError(f"run.name: {e}") from e
     fault_point("run_dir")
     return rd.path, False
+
+
+def init_plans(cfg: Config) -> list:
+    """``population.init_from`` resolved and checked against the run (lorapop/adapters.py): [] when unset."""
+    from lorapop.adapters import plan_init
+    from lorapop.rundir import initial_members
+
+    p = cfg.population
+    return plan_init(p.init_from, initial_members(p.mode, p.n_teachers, p.n_students), rank=cfg.engine.rank,
+                     target_modules=list(cfg.engine.target_modules), model_name=cfg.model.name,
+                     check_base=p.init_check_base)
 
 
 class Trainer:
@@ -115,17 +127,19 @@ class Trainer:
         self.step = 0
         self._hold_ray(engine is None, executor is None)
         self.evolve_skipped: list = []  # members the last PBT round left out for too few rated matches
+        self.init_from: dict[str, dict] = {}  # member id -> where it started (population.init_from), kept in state
         self.executor = executor if executor is not None else self._own(self._make_executor())
         self.buffers = self._make_buffers(load_seeds=not resume)
         self.coverage = self._make_coverage()
         fault_point("coverage")
         self.engine = engine if engine is not None else self._own(self._make_engine())
         fault_point("engine")
-        if resume:
-            self._restore()
+        notes = self._restore() if resume else self._init_adapters()
         self.logger = self._own(MetricsLogger(self.rundir, cfg.run.tensorboard,
                                               purge_step=self.step + 1 if resume else None))
         self.progress = self._own(Progress(cfg.run.progress, cfg.run.steps))
+        for line in notes or []:
+            self.progress.message(line)
 
     def _own(self, part: Any) -> Any:
         self._owned.append(part)
@@ -191,6 +205,24 @@ class Trainer:
         from lorapop.diagnostics.coverage import CoverageTracker
 
         return CoverageTracker(self.cfg.coverage, run_dir=self.run_dir)
+
+    def _init_adapters(self) -> list[str]:
+        """Step 0: members named by ``population.init_from`` take their source's weights (fresh optimizer state, as
+        the engine starts). Returns what to tell the user."""
+        import torch
+
+        from lorapop.adapters import fit_weights
+
+        lines = []
+        for plan in init_plans(self.cfg):
+            slot = plan.member.slot
+            gen = torch.Generator().manual_seed(stages.step_rng(self.cfg.run.seed, 0, f"init{slot}").getrandbits(63))
+            self.engine.set_adapter(slot, fit_weights(plan, self.engine.get_adapter(slot),
+                                                      lora_alpha=self.cfg.engine.lora_alpha, generator=gen))
+            self.init_from[plan.member.id] = plan.record()
+            lines.append(f"init: {plan.member.id} <- {plan.source.label}"
+                         + "".join(f"; {n}" for n in plan.notes))
+        return lines
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -325,6 +357,7 @@ class Trainer:
             "ratings": self.ratings.state_dict(),
             "buffers": {k: b.state_dict() for k, b in self.buffers.items()},
             "coverage": self.coverage.state_dict(),
+            "init_from": self.init_from,
         }
 
     def save_checkpoint(self) -> Path:
@@ -337,7 +370,7 @@ class Trainer:
             write_json_atomic(tmp / TRAINER_STATE, self.trainer_state())
         return self.rundir.find_checkpoint(self.step)
 
-    def _restore(self) -> None:
+    def _restore(self) -> list[str]:
         import torch
 
         self.rundir.clean_temp()
@@ -354,8 +387,10 @@ class Trainer:
         self.engine.load_state_dict(torch.load(latest / ENGINE_STATE, weights_only=True))
         for m in self.population.members:  # the PEFT files are the source of truth for the weights
             self.engine.load_adapter(m.slot, latest / ADAPTERS / m.id)
+        self.init_from = dict(state.get("init_from") or {})
         self.rundir.truncate_logs(self.step)
         self.write_population()
+        return []
 
     # ---- shutdown ----------------------------------------------------------------------------------------------------
     def close(self) -> None:

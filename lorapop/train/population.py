@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lorapop.rundir import AGENT, ROLE_PREFIX, Member
+from lorapop.rundir import AGENT, ROLE_PREFIX, Member, initial_members
 
 if TYPE_CHECKING:
     from lorapop.evolve.pbt import Replacement
@@ -26,10 +26,9 @@ class Population:
     @classmethod
     def create(cls, mode: str, n_teachers: int, n_students: int) -> "Population":
         if mode == "single":
-            return cls([Member("a0", 0, AGENT)], next_index={AGENT: 1})
-        members = [Member(f"t{i}", i, "teacher") for i in range(n_teachers)]
-        members += [Member(f"s{i}", n_teachers + i, "student") for i in range(n_students)]
-        return cls(members, next_index={"teacher": n_teachers, "student": n_students})
+            return cls(initial_members(mode, 1, 0), next_index={AGENT: 1})
+        return cls(initial_members(mode, n_teachers, n_students),
+                   next_index={"teacher": n_teachers, "student": n_students})
 
     @property
     def single(self) -> bool:
