@@ -11,7 +11,8 @@ How it is made: ``easy_tasks(n, seed)`` draws, with ``random.Random(f"easy:{seed
 output as ``repr(f(arg))`` by running the template's own (trusted, generated here, never model-written) source in a
 fresh namespace; duplicates (same program and input) are skipped. The same tasks serve as ``code_o`` (predict the
 output) or ``code_i`` (find an input) by their ``type``. Disjoint train / held-out sets come from different seeds
-plus a dedup against the training set (:func:`split_tasks`).
+plus a dedup against the training set (:func:`split_tasks`: same templates, for retention's mini-eval); held-out
+sets that share no template with training come from :func:`split_templates` (bench/learns.py).
 
 What the base measured on it (code_o, 6 tasks per template, 4 answers each, 16 tokens, the reply prefilled with
 the ```output fence): 69/312 = 22% correct at temperature 0.3 (the student prompt without an example value; with

@@ -1,5 +1,5 @@
-"""A small student-training loop through the project's own update path, for the RL sanity experiment
-(bench/learns.py, tests/test_learns.py) and the retention protocol (``lorapop retention``).
+"""A small student-training loop through the project's own update path, for the learning evidence
+(bench/learns.py, tests/test_learns.py: :func:`run_arm`) and the retention protocol (``lorapop retention``).
 
 Every piece is production's: answers are generated, parsed and checked by :func:`lorapop.train.stages.solve` (the
 task types' prompt builders and parsers, the sandbox executor), rewarded by :func:`lorapop.train.stages.reward`
@@ -39,8 +39,8 @@ class StudentLoopConfig:
                            "~1e-6: it has a handful of steps and a 135M base, and must show movement, not a schedule")
     max_new_tokens: int = doc(96, "answer length cap (training and evaluation)")
     temperature: float = doc(0.7, "sampling temperature of training answers. For the 135M base with response_prefill: "
-                                  "0.3 solves most easy tasks (22%; bench/learns.py 'solve'), 1.0 leaves about half "
-                                  "the replies unclosed (its 'format' experiment)")
+                                  "0.3 solves most easy tasks (22%; bench/learns.py), 1.0 leaves about half the "
+                                  "replies unclosed")
     eval_temperature: float = doc(0.7, "sampling temperature of held-out evaluation answers")
     eval_samples: int = doc(2, "answers per held-out task")
     seed: int = doc(0, "seed of task draws and sampling; arms share it, so they see the same tasks and seeds")
