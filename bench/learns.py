@@ -21,8 +21,8 @@ family: the same, pooled over the seeds that held it out, and whether its output
 Outputs in ``--out``: ``answers/seed<S>-<arm>.jsonl`` (every answer: seed, arm, phase, step, template family,
 task id, program, input, expected output, answer text, status, reward) and ``units/seed<S>-<arm>.json`` (the arm's
 scores and curve), each written whole when the arm ends; a killed run resumes at the first (seed, arm) without a
-unit file, and units measured under another setting are refused. The last line printed is one JSON object (see
-``summarise``).
+unit file, and units measured under another setting are refused; ``--report`` summarises the units there. The
+last line printed is one JSON object (see ``summarise``).
 """
 
 from __future__ import annotations
@@ -199,6 +199,8 @@ def main(argv=None) -> None:
                     default=["trained", "shuffled", "control"])
     for key, default in SETTING.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(default), default=default)
+    ap.add_argument("--report", action="store_true", help="summarise the units already in --out and run nothing "
+                                                            "(several processes, e.g. one per arm, share one --out)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (on a CPU shared with other jobs, 1 can "
                                                              "be several times faster than 2)")
     args = ap.parse_args(argv)
@@ -213,7 +215,11 @@ def main(argv=None) -> None:
 
     todo = [(s, a) for s in args.seeds for a in args.arms]
     units = {k: u for k in todo if (u := load_unit(args.out, *k, setting)) is not None}
-    if len(units) < len(todo):
+    if args.report:
+        todo = [k for k in todo if k in units]
+        if not todo:
+            raise SystemExit(f"no units of this setting in {args.out}")
+    elif len(units) < len(todo):
         engine = TorchEngine.from_config("embedded", 1, EngineConfig(device="cpu", rank=setting["rank"],
                                                                       lora_alpha=2 * setting["rank"],
                                                                       gen_batch_size=64))
