@@ -1,33 +1,34 @@
-"""RL sanity experiment (issue 15, item 1): does a student adapter trained through the project's own update path
-beat an lr-0 control on held-out tasks?
+"""Learning evidence (issue 22, item 4): does a student adapter trained through the project's own update path solve
+more easy tasks from templates it never trained on than an lr-0 control and a shuffled-reward control?
 
-    PYTHONPATH=. .venv/bin/python bench/learns.py [--seeds 0 1 2] [--experiments solve format] [--threads 2]
-        [--solve-steps 8 --solve-lr 1e-3 --solve-tokens 16] [--format-steps 6 --format-temperature 1.0] ...
+    PYTHONPATH=. .venv/bin/python bench/learns.py --out runs/learns [--seeds 0 1 2] [--arms trained shuffled control]
+        [--steps 8 --lr 1e-3 --tokens 16 --temperature 0.3 --tasks-per-step 8 --n-samples 4]
+        [--n-train 64 --n-heldout 96 --eval-samples 4] [--threads 2]
 
-Per seed and experiment, one engine slot is trained, another is held at lr 0 (same tasks, same sampling seeds), both
-on easy code_o tasks (lorapop/tasks/easy.py) through lorapop/train/student.py (stages.solve -> stages.reward ->
-stages.update = TRR++ + engine.train_step). The two experiments are the issue's two things a base can be rewarded
-for, each in the setting where the base gets that reward some of the time:
+Per seed, the 12 template families of lorapop/tasks/easy.py are split (``split_templates``, drawn with the seed):
+2 of the 5 families the base solves some of the time and 2 of the 7 others are held out; training draws its 64 tasks
+from the remaining templates only, so no held-out program appears in training (the bench counts and prints it).
+Three arms, each from the same adapter draw, run through lorapop/train/student.py (stages.solve -> stages.reward ->
+stages.update = TRR++ + engine.train_step): ``trained`` (8 steps of 8 tasks x 4 answers at lr 1e-3),
+``shuffled`` (the same steps, its rewards permuted within each TRR++ group before the advantages: updates of the
+same size not tied to what was answered) and ``control`` (lr 0, the base). Each answers the 96 held-out tasks 4
+times with the same sampling seeds (replies prefilled with the ```output fence, temperature 0.3, 16 tokens).
 
-- ``solve``: replies prefilled with the ```output fence (selfplay.response_prefill), temperature 0.3, 16 tokens;
-  held-out: easy tasks never trained on, scored by solve rate (the base solves ~15-25% of them).
-- ``format``: prefilled too, temperature 1.0, 24 tokens; held-out: the 8 shortest AZR seed code_o tasks, scored
-  by the format-error rate (a reply that never closes its block with one literal; the base fails so ~50% of the
-  time at 1.0). Without the prefill the base (student prompt without an example block) never opened the
-  ```output block at all in 4 steps x 12 answers, so every group tied and there was nothing to learn from.
+Reported per arm: the solve rate, the format-error rate (no closed block with one literal) and the accuracy among
+well-formed answers (correct / (correct + wrong)): a gain in accuracy is not a formatting gain. Per held-out
+family: the same, pooled over the seeds that held it out, and whether its outputs can be copied from the prompt.
 
-Curves: per step and arm, the training reward, format error and solve rate of that step's answers.
-
-The last line printed is one JSON object: ``solve_rate_before``, ``solve_rate_after``, ``control_after`` (solve
-experiment) and ``format_error_before``, ``format_error_after``, ``control_format_error_after`` (format
-experiment), means over seeds; per-seed lists; ``margin`` (trained - control solve rate, mean) and ``margin_sd`` (its
-sample standard deviation over seeds), ``format_margin``/``format_margin_sd`` likewise (control - trained);
-``steps`` (per experiment), ``seconds``.
+Outputs in ``--out``: ``answers/seed<S>-<arm>.jsonl`` (every answer: seed, arm, phase, step, template family,
+task id, program, input, expected output, answer text, status, reward) and ``units/seed<S>-<arm>.json`` (the arm's
+scores and curve), each written whole when the arm ends; a killed run resumes at the first (seed, arm) without a
+unit file, and units measured under another setting are refused; ``--report`` summarises the units there. The
+last line printed is one JSON object (see ``summarise``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -36,33 +37,174 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# experiment -> its setting (see the docstring); each key is a --<experiment>-<key> flag
-EXPERIMENTS = {
-    "solve": {"steps": 8, "lr": 1e-3, "tokens": 16, "temperature": 0.3, "prefill": True, "tasks_per_step": 8,
-              "n_samples": 4, "eval_samples": 2},
-    "format": {"steps": 6, "lr": 1e-3, "tokens": 24, "temperature": 1.0, "prefill": True, "tasks_per_step": 8,
-               "n_samples": 4, "eval_samples": 2},
-}
+# the setting every unit records; a resumed run must match it (house rule: no figures mixed across settings)
+SETTING = {"steps": 8, "lr": 1e-3, "tokens": 16, "temperature": 0.3, "tasks_per_step": 8, "n_samples": 4,
+           "n_train": 64, "n_heldout": 96, "eval_samples": 4, "heldout_solvable": 2, "heldout_other": 2, "rank": 8}
+
+
+def task_id(t) -> str:
+    return hashlib.sha1(f"{t.program}\0{t.inputs[0]}".encode()).hexdigest()[:12]
+
+
+def draw(seed: int, setting: dict):
+    """(train templates, held-out templates, training tasks, held-out tasks, overlap counts) of ``seed``."""
+    from lorapop.tasks.easy import easy_tasks, split_templates
+
+    train_t, held_t = split_templates(seed, setting["heldout_solvable"], setting["heldout_other"])
+    train = easy_tasks(setting["n_train"], seed, templates=train_t)
+    held = easy_tasks(setting["n_heldout"], seed + 1_000_003, templates=held_t)
+    programs = {t.program for t in train}
+    overlap = {"program": sum(t.program in programs for t in held),
+               "program_and_input": len({task_id(t) for t in train} & {task_id(t) for t in held}),
+               "output_in_training_outputs": sum(t.outputs[0] in {u.outputs[0] for u in train} for t in held)}
+    return train_t, held_t, train, held, overlap
+
+
+def answer_rows(seed: int, arm: str, phase: str, step: int, jobs) -> list[dict]:
+    from lorapop.tasks.easy import family_of
+
+    return [{"seed": seed, "arm": arm, "phase": phase, "step": step, "template": family_of(j.task.program),
+             "task_id": task_id(j.task), "program": j.task.program, "input": j.task.inputs[0],
+             "expected": j.task.outputs[0], "answer": r.prefill + r.completion.text, "status": r.status,
+             "reward": r.reward} for j in jobs for r in j.rollouts]
+
+
+def by_template(rows: list[dict]) -> dict[str, dict]:
+    """Held-out counts per template family: n, correct, format_error, wrong."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["phase"] == "heldout":
+            c = out.setdefault(r["template"], {"n": 0, "correct": 0, "wrong": 0, "format_error": 0})
+            c["n"] += 1
+            c[r["status"]] += 1
+    return out
+
+
+def run_unit(engine, executor, seed: int, arm: str, setting: dict, out: Path, flip: bool = False) -> dict:
+    """One (seed, arm): trains and scores it, writes its answers and unit file, returns the unit."""
+    from lorapop.rundir import write_json_atomic
+    from lorapop.tasks.easy import copyable, family_of
+    from lorapop.train.student import StudentLoopConfig, run_arm
+
+    t0 = time.perf_counter()
+    train_t, held_t, train, held, overlap = draw(seed, setting)
+    cfg = StudentLoopConfig(steps=setting["steps"], tasks_per_step=setting["tasks_per_step"],
+                            n_samples=setting["n_samples"], lr=setting["lr"], max_new_tokens=setting["tokens"],
+                            temperature=setting["temperature"], eval_temperature=setting["temperature"],
+                            eval_samples=setting["eval_samples"], seed=seed, response_prefill=True)
+    rows: list[dict] = []
+
+    def log(step, row):
+        print(f"seed {seed} {arm} step {step + 1:2d}: train reward {row['reward']:+.3f} format_error "
+              f"{row['format_error']:.3f} solve {row['solve_rate']:.3f}", flush=True)
+
+    r = run_arm(engine, executor, cfg, arm, train_tasks=train, heldout=held, log=log, flip=flip,
+                sink=lambda phase, step, jobs: rows.extend(answer_rows(seed, arm, phase, step, jobs)))
+    answers = out / "answers" / f"seed{seed}-{arm}.jsonl"
+    answers.parent.mkdir(parents=True, exist_ok=True)
+    tmp = answers.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
+    tmp.replace(answers)
+    unit = {"seed": seed, "arm": arm, "setting": setting, "flip": flip, "train_templates": train_t,
+            "heldout_templates": held_t, "overlap": overlap, "heldout": r.heldout.to_json(), "curve": r.curve,
+            "per_template": by_template(rows),
+            "copyable": {f: round(statistics.mean(copyable(t) for t in held if family_of(t.program) == f), 3)
+                         for f in {family_of(t.program) for t in held}},
+            "seconds": round(time.perf_counter() - t0, 1)}
+    (out / "units").mkdir(exist_ok=True)
+    write_json_atomic(out / "units" / f"seed{seed}-{arm}.json", unit)
+    return unit
+
+
+def load_unit(out: Path, seed: int, arm: str, setting: dict) -> dict | None:
+    path = out / "units" / f"seed{seed}-{arm}.json"
+    if not path.exists():
+        return None
+    unit = json.loads(path.read_text(encoding="utf-8"))
+    if unit["setting"] != setting or unit.get("flip"):
+        raise SystemExit(f"{path} was measured under {unit['setting']} (flip {unit.get('flip')}), not {setting}; "
+                         f"use another --out or delete it")
+    return unit
+
+
+def _mean(xs):
+    return round(statistics.mean(xs), 4) if xs else None
+
+
+def _sd(xs):
+    return round(statistics.stdev(xs), 4) if len(xs) > 1 else 0.0
+
+
+def summarise(units: list[dict]) -> dict:
+    """The JSON line: per arm (means over seeds, per-seed lists) of solve_rate, format_error, accuracy; margins
+    (mean, sd over seeds) of trained - control, trained - shuffled, shuffled - control; per held-out family pooled
+    counts and rates per arm; the share of each family's held-out tasks whose output is written in the prompt
+    (``copyable``); overlap counts per seed; seconds (the units' own)."""
+    seeds = sorted({u["seed"] for u in units})
+    arms = [a for a in ("trained", "shuffled", "control") if any(u["arm"] == a for u in units)]
+    get = {(u["seed"], u["arm"]): u for u in units}
+    out: dict = {"seeds": seeds, "arms": {}, "margins": {}, "per_template": {}}
+    for a in arms:
+        out["arms"][a] = {m: {"mean": _mean(v := [get[s, a]["heldout"][m] for s in seeds if (s, a) in get]),
+                              "per_seed": v} for m in ("solve_rate", "format_error", "accuracy")}
+    for x, y in (("trained", "control"), ("trained", "shuffled"), ("shuffled", "control")):
+        both = [s for s in seeds if (s, x) in get and (s, y) in get]
+        if both:
+            out["margins"][f"{x}-{y}"] = {m: {"mean": _mean(d := [get[s, x]["heldout"][m] - get[s, y]["heldout"][m]
+                                                                 for s in both]), "sd": _sd(d)}
+                                          for m in ("solve_rate", "format_error", "accuracy")}
+    for u in units:
+        for fam, c in u["per_template"].items():
+            p = out["per_template"].setdefault(fam, {}).setdefault(u["arm"], {"n": 0, "correct": 0, "wrong": 0,
+                                                                             "format_error": 0, "seeds": []})
+            for k in ("n", "correct", "wrong", "format_error"):
+                p[k] += c[k]
+            p["seeds"].append(u["seed"])
+    for fam, per_arm in out["per_template"].items():
+        for p in per_arm.values():
+            p["solve_rate"] = round(p["correct"] / p["n"], 4)
+            p["format_error_rate"] = round(p["format_error"] / p["n"], 4)
+            p["accuracy"] = round(p["correct"] / max(p["correct"] + p["wrong"], 1), 4)
+    one = {u["seed"]: u for u in units}
+    out["heldout_templates"] = {s: one[s]["heldout_templates"] for s in seeds}
+    out["overlap"] = {s: one[s]["overlap"] for s in seeds}
+    out["copyable"] = {f: c for u in units for f, c in u["copyable"].items()}
+    out["n_heldout"], out["eval_samples"] = units[0]["setting"]["n_heldout"], units[0]["setting"]["eval_samples"]
+    out["steps"] = units[0]["setting"]["steps"]
+    out["seconds"] = round(sum(u["seconds"] for u in units), 1)
+    return out
+
+
+def table(s: dict) -> str:
+    lines = ["arm       solve_rate (per seed)            format_error (per seed)          accuracy|well-formed"]
+    for a, v in s["arms"].items():
+        lines.append(f"{a:9s} " + "  ".join(f"{v[m]['mean']:.3f} {v[m]['per_seed']}" for m in
+                                             ("solve_rate", "format_error", "accuracy")))
+    for k, v in s["margins"].items():
+        lines.append(f"{k:17s} " + "  ".join(f"{m} {v[m]['mean']:+.3f} (sd {v[m]['sd']:.3f})" for m in v))
+    lines.append("held-out family   arm: solve / format_error / accuracy (n answers, seeds)")
+    for fam, per_arm in sorted(s["per_template"].items()):
+        lines.append(f"{fam:11s} copyable {s['copyable'].get(fam, 0):.2f}  " + "  ".join(
+            f"{a}: {p['solve_rate']:.3f}/{p['format_error_rate']:.3f}/{p['accuracy']:.3f} (n {p['n']}, "
+            f"seeds {p['seeds']})" for a, p in per_arm.items()))
+    lines.append(f"held-out programs also in training, per seed: {s['overlap']}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="directory for answers/ and units/ (resumable)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--experiments", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
-    for name, setting in EXPERIMENTS.items():
-        for key, default in setting.items():
-            flag = f"--{name}-{key.replace('_', '-')}"
-            if isinstance(default, bool):
-                ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            else:
-                ap.add_argument(flag, type=type(default), default=default)
-    ap.add_argument("--n-train", type=int, default=64, help="distinct easy training tasks")
-    ap.add_argument("--heldout-easy", type=int, default=24)
-    ap.add_argument("--heldout-seed", type=int, default=8)
-    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--arms", nargs="+", choices=["trained", "shuffled", "control"],
+                    default=["trained", "shuffled", "control"])
+    for key, default in SETTING.items():
+        ap.add_argument(f"--{key.replace('_', '-')}", type=type(default), default=default)
+    ap.add_argument("--report", action="store_true", help="summarise the units already in --out and run nothing "
+                                                            "(several processes, e.g. one per arm, share one --out)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (on a CPU shared with other jobs, 1 can "
                                                              "be several times faster than 2)")
     args = ap.parse_args(argv)
+    setting = {k: getattr(args, k) for k in SETTING}
     import torch
 
     torch.set_num_threads(args.threads)
@@ -70,78 +212,33 @@ def main(argv=None) -> None:
     from lorapop.engine.base import EngineConfig
     from lorapop.engine.torch_engine import TorchEngine
     from lorapop.eval.harness import make_executor
-    from lorapop.tasks.easy import split_tasks
-    from lorapop.train.student import StudentLoopConfig, heldout_seed_tasks, sanity_experiment
 
-    t0 = time.perf_counter()
-    engine = TorchEngine.from_config("embedded", 2, EngineConfig(device="cpu", rank=args.rank,
-                                                                  lora_alpha=2 * args.rank, gen_batch_size=64))
-    executor = make_executor()
-    train, held = split_tasks(args.n_train, args.heldout_easy, seed=0)
-    heldout = {"solve": ("easy", held), "format": ("seed", heldout_seed_tasks(args.heldout_seed))}
-    results: dict[str, list] = {e: [] for e in args.experiments}
-
-    def log(step, row):
-        cells = "  ".join(f"{arm}: reward {v['reward']:+.3f} format_error {v['format_error']:.3f} "
-                          f"solve {v['solve_rate']:.3f}" for arm, v in row.items())
-        print(f"step {step + 1:3d}  {cells}", flush=True)
-
-    def setting(exp: str, key: str):
-        return getattr(args, f"{exp}_{key}")
-
-    try:
-        for seed in args.seeds:
-            for exp in args.experiments:
-                cfg = StudentLoopConfig(steps=setting(exp, "steps"), tasks_per_step=setting(exp, "tasks_per_step"),
-                                        n_samples=setting(exp, "n_samples"), lr=setting(exp, "lr"),
-                                        max_new_tokens=setting(exp, "tokens"),
-                                        eval_samples=setting(exp, "eval_samples"), seed=seed,
-                                        response_prefill=setting(exp, "prefill"),
-                                        temperature=setting(exp, "temperature"),
-                                        eval_temperature=setting(exp, "temperature"))
-                key, tasks = heldout[exp]
-                print(f"seed {seed}, experiment {exp}", flush=True)
-                r = sanity_experiment(engine, executor, cfg, train_tasks=train, heldout={key: tasks}, log=log)
-                results[exp].append(r)
-                b, t, c = r.before[key], r.trained[key], r.control[key]
-                print(f"seed {seed} {exp}: held-out {key} solve {b.solve_rate:.3f} -> trained {t.solve_rate:.3f} / "
-                      f"control {c.solve_rate:.3f}; format error {b.format_error:.3f} -> trained "
-                      f"{t.format_error:.3f} / control {c.format_error:.3f}", flush=True)
-    finally:
-        executor.close()
-    seconds = time.perf_counter() - t0
-
-    def per(exp: str, arm: str, attr: str) -> list[float]:
-        key = heldout[exp][0]
-        return [round(getattr(getattr(r, arm)[key], attr), 4) for r in results.get(exp, [])]
-
-    def mean(xs):
-        return statistics.mean(xs) if xs else None
-
-    def sd(xs):
-        return statistics.stdev(xs) if len(xs) > 1 else 0.0
-
-    margins = [t - c for t, c in zip(per("solve", "trained", "solve_rate"), per("solve", "control", "solve_rate"))]
-    fmargins = [c - t for t, c in zip(per("format", "trained", "format_error"),
-                                      per("format", "control", "format_error"))]
-    out = {
-        "solve_rate_before": mean(per("solve", "before", "solve_rate")),
-        "solve_rate_after": mean(per("solve", "trained", "solve_rate")),
-        "control_after": mean(per("solve", "control", "solve_rate")),
-        "format_error_before": mean(per("format", "before", "format_error")),
-        "format_error_after": mean(per("format", "trained", "format_error")),
-        "control_format_error_after": mean(per("format", "control", "format_error")),
-        "margin": mean(margins), "margin_sd": sd(margins),
-        "format_margin": mean(fmargins), "format_margin_sd": sd(fmargins),
-        "solve_rate_before_per_seed": per("solve", "before", "solve_rate"),
-        "solve_rate_after_per_seed": per("solve", "trained", "solve_rate"),
-        "control_after_per_seed": per("solve", "control", "solve_rate"),
-        "format_error_after_per_seed": per("format", "trained", "format_error"),
-        "control_format_error_after_per_seed": per("format", "control", "format_error"),
-        "seeds": args.seeds, "steps": {e: setting(e, "steps") for e in args.experiments},
-        "seconds": round(seconds, 1),
-    }
-    print(json.dumps(out))
+    todo = [(s, a) for s in args.seeds for a in args.arms]
+    units = {k: u for k in todo if (u := load_unit(args.out, *k, setting)) is not None}
+    if args.report:
+        todo = [k for k in todo if k in units]
+        if not todo:
+            raise SystemExit(f"no units of this setting in {args.out}")
+    elif len(units) < len(todo):
+        engine = TorchEngine.from_config("embedded", 1, EngineConfig(device="cpu", rank=setting["rank"],
+                                                                      lora_alpha=2 * setting["rank"],
+                                                                      gen_batch_size=64))
+        executor = make_executor()
+        try:
+            for seed, arm in todo:
+                if (seed, arm) in units:
+                    continue
+                print(f"seed {seed}, arm {arm}", flush=True)
+                u = units[seed, arm] = run_unit(engine, executor, seed, arm, setting, args.out)
+                h = u["heldout"]
+                print(f"seed {seed} {arm}: held-out solve {h['solve_rate']:.3f} format_error {h['format_error']:.3f}"
+                      f" accuracy {h['accuracy']:.3f} ({u['seconds']:.0f} s)", flush=True)
+        finally:
+            executor.close()
+            engine.close()
+    s = summarise([units[k] for k in todo])
+    print(table(s))
+    print(json.dumps(s))
 
 
 if __name__ == "__main__":

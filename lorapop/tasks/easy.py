@@ -11,7 +11,8 @@ How it is made: ``easy_tasks(n, seed)`` draws, with ``random.Random(f"easy:{seed
 output as ``repr(f(arg))`` by running the template's own (trusted, generated here, never model-written) source in a
 fresh namespace; duplicates (same program and input) are skipped. The same tasks serve as ``code_o`` (predict the
 output) or ``code_i`` (find an input) by their ``type``. Disjoint train / held-out sets come from different seeds
-plus a dedup against the training set (:func:`split_tasks`).
+plus a dedup against the training set (:func:`split_tasks`: same templates, for retention's mini-eval); held-out
+sets that share no template with training come from :func:`split_templates` (bench/learns.py).
 
 What the base measured on it (code_o, 6 tasks per template, 4 answers each, 16 tokens, the reply prefilled with
 the ```output fence): 69/312 = 22% correct at temperature 0.3 (the student prompt without an example value; with
@@ -90,6 +91,58 @@ def split_tasks(n_train: int, n_heldout: int, seed: int, task_type: str = "code_
     train = easy_tasks(n_train, seed, task_type)
     held = easy_tasks(n_heldout, seed + 1_000_003, task_type, exclude={(t.program, t.inputs[0]) for t in train})
     return train, held
+
+
+# Held-out templates (bench/learns.py, issue 22): a skeptic's held-out set shares no template with training. Two
+# templates that can render the same program text (``first`` is ``index`` with i = 0) form one family and are held
+# out together, so no held-out program can appear word for word in training.
+BASE_SOLVES = ("identity", "const", "first", "index", "mul", "max")  # the base solves >= 25% of these (docstring)
+
+
+def _programs(name: str) -> set[str]:
+    template = TEMPLATES[name][0]
+    return {template.format(k=k, i=i, c=c) for k in range(1, 10) for i in range(3) for c in "xyz"}
+
+
+def template_families() -> dict[str, tuple[str, ...]]:
+    """Family name ("first/index") -> its templates: the connected groups of templates whose program sets meet."""
+    families: list[set[str]] = []
+    for name in TEMPLATES:
+        progs = _programs(name)
+        touching = [f for f in families if any(progs & _programs(t) for t in f)]
+        merged = {name}.union(*touching)
+        families = [f for f in families if f not in touching] + [merged]
+    ordered = [tuple(t for t in TEMPLATES if t in f) for f in families]
+    return {"/".join(f): f for f in sorted(ordered, key=lambda f: list(TEMPLATES).index(f[0]))}
+
+
+def family_of(program: str) -> str:
+    """The family whose templates render ``program``; a ValueError for a program no template makes."""
+    for family, names in template_families().items():
+        if any(program in _programs(t) for t in names):
+            return family
+    raise ValueError(f"not an easy-template program: {program!r}")
+
+
+def split_templates(seed: int, n_solvable: int = 2, n_other: int = 2) -> tuple[list[str], list[str]]:
+    """(training templates, held-out templates) for ``seed``: ``n_solvable`` families drawn from those the base
+    solves some of the time (:data:`BASE_SOLVES`) and ``n_other`` from the rest are held out, so the held-out set is
+    neither all-copyable nor all-unsolved and training keeps templates of both kinds."""
+    fams = template_families()
+    solvable = [f for f, ts in fams.items() if any(t in BASE_SOLVES for t in ts)]
+    other = [f for f in fams if f not in solvable]
+    if not (0 <= n_solvable < len(solvable) and 0 <= n_other < len(other)) or n_solvable + n_other == 0:
+        raise ValueError(f"hold out 0..{len(solvable) - 1} of {solvable} and 0..{len(other) - 1} of {other}, "
+                         f"at least one in all; got {n_solvable} and {n_other}")
+    rng = random.Random(f"easy-split:{seed}")
+    held_f = rng.sample(solvable, n_solvable) + rng.sample(other, n_other)
+    held = [t for f in held_f for t in fams[f]]
+    return [t for t in TEMPLATES if t not in held], [t for t in TEMPLATES if t in held]
+
+
+def copyable(task: Task) -> bool:
+    """Whether the expected output is written in the prompt (program or input): solvable by copying a literal."""
+    return task.outputs[0] in task.program or task.outputs[0] in task.inputs[0]
 
 
 SEED_FILE = "seeds/easy_seed_io.jsonl"  # under lorapop/data; selfplay.seed_files names it like AZR's files

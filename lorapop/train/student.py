@@ -1,5 +1,5 @@
-"""A small student-training loop through the project's own update path, for the RL sanity experiment
-(bench/learns.py, tests/test_learns.py) and the retention protocol (``lorapop retention``).
+"""A small student-training loop through the project's own update path, for the learning evidence
+(bench/learns.py, tests/test_learns.py: :func:`run_arm`) and the retention protocol (``lorapop retention``).
 
 Every piece is production's: answers are generated, parsed and checked by :func:`lorapop.train.stages.solve` (the
 task types' prompt builders and parsers, the sandbox executor), rewarded by :func:`lorapop.train.stages.reward`
@@ -16,14 +16,14 @@ would have seen had it not learned. Unlike self-play's compute-matched batch (on
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lorapop.configlib import doc
 from lorapop.rundir import Member
 from lorapop.tasks.base import Task
-from lorapop.train.stages import SolveJob, StepContext, reward, solve, update
+from lorapop.train.stages import Rollout, SolveJob, StepContext, reward, solve, trr_groups, update
 
 if TYPE_CHECKING:
     from lorapop.engine.base import Engine
@@ -39,8 +39,8 @@ class StudentLoopConfig:
                            "~1e-6: it has a handful of steps and a 135M base, and must show movement, not a schedule")
     max_new_tokens: int = doc(96, "answer length cap (training and evaluation)")
     temperature: float = doc(0.7, "sampling temperature of training answers. For the 135M base with response_prefill: "
-                                  "0.3 solves most easy tasks (22%; bench/learns.py 'solve'), 1.0 leaves about half "
-                                  "the replies unclosed (its 'format' experiment)")
+                                  "0.3 solves most easy tasks (22%; bench/learns.py), 1.0 leaves about half the "
+                                  "replies unclosed")
     eval_temperature: float = doc(0.7, "sampling temperature of held-out evaluation answers")
     eval_samples: int = doc(2, "answers per held-out task")
     seed: int = doc(0, "seed of task draws and sampling; arms share it, so they see the same tasks and seeds")
@@ -79,21 +79,25 @@ def answer(engine: Engine, executor: Executor, member: Member, tasks: Sequence[T
 
 @dataclass(frozen=True)
 class Score:
-    """Held-out figures of one arm: rates and the mean student reward over all answers."""
+    """Held-out figures of one arm: rates and the mean student reward over all answers. ``accuracy`` is the solve
+    rate among well-formed answers (correct / (correct + wrong)): a gain there is not a formatting gain."""
     solve_rate: float
     format_error: float
     reward: float
     n: int
+    accuracy: float = 0.0
 
     def to_json(self) -> dict[str, float]:
-        return {"solve_rate": self.solve_rate, "format_error": self.format_error, "reward": self.reward, "n": self.n}
+        return {"solve_rate": self.solve_rate, "format_error": self.format_error, "accuracy": self.accuracy,
+                "reward": self.reward, "n": self.n}
 
 
 def score(jobs: Sequence[SolveJob]) -> Score:
     rolls = [r for j in jobs for r in j.rollouts]
     n = max(len(rolls), 1)
-    return Score(sum(r.status == "correct" for r in rolls) / n, sum(r.status == "format_error" for r in rolls) / n,
-                 sum(r.reward for r in rolls) / n, len(rolls))
+    correct, bad = sum(r.status == "correct" for r in rolls), sum(r.status == "format_error" for r in rolls)
+    return Score(correct / n, bad / n, sum(r.reward for r in rolls) / n, len(rolls),
+                 correct / max(len(rolls) - bad, 1))
 
 
 def evaluate(engine: Engine, executor: Executor, member: Member, tasks: Sequence[Task], cfg: StudentLoopConfig,
@@ -104,11 +108,34 @@ def evaluate(engine: Engine, executor: Executor, member: Member, tasks: Sequence
                         response_prefill=cfg.response_prefill))
 
 
+REWARD_TRANSFORMS = ("shuffle", "flip")
+
+
+def transform_rewards(rolls: Sequence[Rollout], how: str, rng: random.Random) -> list[Rollout]:
+    """The rollouts with their rewards changed before TRR++ sees them. ``shuffle``: permuted within each TRR++ group
+    (member, task type, role), so the update has the same advantages in number and size but none tied to what was
+    answered (the shuffled-reward control). ``flip``: negated, which flips the sign of every TRR++ advantage
+    ((-r - mean(-r)) / std = -adv): learning deliberately broken, for checking that a test catches it."""
+    if how == "flip":
+        return [replace(r, reward=-r.reward) for r in rolls]
+    if how != "shuffle":
+        raise ValueError(f"unknown reward transform {how!r}; known: {', '.join(REWARD_TRANSFORMS)}")
+    out = list(rolls)
+    for idx in trr_groups(rolls).values():
+        rewards = [rolls[i].reward for i in idx]
+        rng.shuffle(rewards)
+        for i, v in zip(idx, rewards):
+            out[i] = replace(rolls[i], reward=v)
+    return out
+
+
 def train_step(engine: Engine, executor: Executor, arms: Sequence[Member], pool: Sequence[Task], step: int,
-               cfg: StudentLoopConfig) -> dict[str, dict[str, float]]:
+               cfg: StudentLoopConfig, *, transforms: Mapping[str, str] | None = None,
+               sink: Callable[[Member, list[SolveJob]], None] | None = None) -> dict[str, dict[str, float]]:
     """One step for every arm on the same ``tasks_per_step`` tasks (drawn from ``pool``) and seeds; one
-    engine.train_step for all arms together. Returns per arm id: train reward, solve rate, format error, loss,
-    grad norm."""
+    engine.train_step for all arms together. ``transforms``: arm id -> :func:`transform_rewards` mode applied to
+    that arm's rewards before the update (the logged reward stays the true one); ``sink`` gets each arm's answered
+    jobs. Returns per arm id: train reward, solve rate, format error, loss, grad norm."""
     rng = random.Random(f"{cfg.seed}:{step}:student-tasks")
     tasks = [pool[rng.randrange(len(pool))] for _ in range(cfg.tasks_per_step)]
     batch, out = [], {}
@@ -116,8 +143,11 @@ def train_step(engine: Engine, executor: Executor, arms: Sequence[Member], pool:
         jobs = answer(engine, executor, m, tasks, step=step, seed=cfg.seed, n_samples=cfg.n_samples,
                       temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                       response_prefill=cfg.response_prefill)
+        if sink is not None:
+            sink(m, jobs)
         rolls = [r for j in jobs for r in j.rollouts]
-        batch += rolls
+        how = (transforms or {}).get(m.id)
+        batch += transform_rewards(rolls, how, random.Random(f"{cfg.seed}:{step}:{m.id}:{how}")) if how else rolls
         s = score(jobs)
         out[m.id] = {"reward": sum(r.reward for r in rolls) / max(len(rolls), 1), "solve_rate": s.solve_rate,
                      "format_error": s.format_error}
@@ -133,52 +163,52 @@ def set_lr(engine: Engine, slot: int, lr: float) -> None:
     engine.optimizer.lr[slot] = float(lr)  # type: ignore[attr-defined]
 
 
+ARMS = ("trained", "shuffled", "control")  # bench/learns.py's arms; see run_arm
+
+
 @dataclass
-class SanityResult:
-    """One seed of the sanity experiment: held-out scores before (the base: every adapter starts with B = 0) and
-    after, for the trained arm and the lr-0 control, plus the per-step training curve of each arm."""
+class ArmResult:
+    """One arm of one seed of the learning experiment: its held-out score and its per-step training curve."""
     seed: int
-    before: dict[str, Score]
-    trained: dict[str, Score]
-    control: dict[str, Score]
-    curve: list[dict[str, dict[str, float]]]
+    arm: str
+    heldout: Score
+    curve: list[dict[str, float]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "curve": self.curve,
-                **{k: {name: s.to_json() for name, s in v.items()}
-                   for k, v in (("before", self.before), ("trained", self.trained), ("control", self.control))}}
+        return {"seed": self.seed, "arm": self.arm, "heldout": self.heldout.to_json(), "curve": self.curve}
 
 
-def heldout_seed_tasks(n: int) -> list[Task]:
-    """The ``n`` shortest code_o tasks of the AZR seed file shipped in lorapop/data (short prompts keep CPU
-    evaluation cheap; training never sees seed tasks, so all of them are held out)."""
-    from lorapop.data import PACKAGE_DATA_DIR
-    from lorapop.tasks.buffer import read_seed_file
+def run_arm(engine: Engine, executor: Executor, cfg: StudentLoopConfig, arm: str, *, train_tasks: Sequence[Task],
+            heldout: Sequence[Task], slot: int = 0, sink: Callable[[str, int, list[SolveJob]], None] | None = None,
+            log: Callable[[int, dict[str, float]], None] | None = None, flip: bool = False) -> ArmResult:
+    """One arm of the learning experiment (bench/learns.py) in engine slot ``slot``, then its held-out score.
 
-    tasks = read_seed_file(PACKAGE_DATA_DIR / "seeds" / "azr_7b_coder_seed_io.jsonl", "code_o")
-    return sorted(tasks, key=lambda t: (len(t.program) + len(t.inputs[0]), t.program))[:n]
-
-
-def sanity_experiment(engine: Engine, executor: Executor, cfg: StudentLoopConfig, *, train_tasks: Sequence[Task],
-                      heldout: dict[str, Sequence[Task]], trained_slot: int = 0, control_slot: int = 1,
-                      log=None) -> SanityResult:
-    """Trains ``trained_slot`` at ``cfg.lr`` and ``control_slot`` at lr 0 on the same tasks and seeds for
-    ``cfg.steps`` steps; scores both on every held-out set (name -> tasks) before and after."""
+    ``trained``: ``cfg.steps`` steps at ``cfg.lr``. ``shuffled``: the same steps with the rewards permuted within
+    each TRR++ group before the advantages (:func:`transform_rewards`), so a gain from updating at all is told apart
+    from a gain from the reward. ``control``: no step, which is what lr 0 gives (an AdamW step at lr 0 moves
+    nothing, and every adapter starts with B = 0), i.e. the base. Every arm starts from the same adapter draw and
+    answers the held-out tasks with the same sampling seeds; the trained and shuffled arms draw the same training
+    tasks and sampling seeds per step. ``sink(phase, step, jobs)`` gets every answered job ("train" per step,
+    "heldout" at step -1). ``flip`` negates the trained arm's rewards (learning broken on purpose, for checking
+    that a test notices)."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     cfg.validate()
-    for slot, i in ((trained_slot, 0), (control_slot, 1)):
-        engine.reset_adapter(slot, seed=cfg.seed * 1_000_003 + i)
-        engine.reset_optimizer(slot)
-    set_lr(engine, trained_slot, cfg.lr)
-    set_lr(engine, control_slot, 0.0)
-    arm = Member("trained", trained_slot, "student")
-    ctl = Member("control", control_slot, "student")
-    before = {k: evaluate(engine, executor, arm, ts, cfg) for k, ts in heldout.items()}
+    engine.reset_adapter(slot, seed=cfg.seed * 1_000_003)
+    engine.reset_optimizer(slot)
+    set_lr(engine, slot, 0.0 if arm == "control" else cfg.lr)
+    member = Member(arm, slot, "student")
+    how = {"shuffled": "shuffle", "trained": "flip" if flip else None}.get(arm)
     curve = []
-    for step in range(cfg.steps):
-        row = train_step(engine, executor, [arm, ctl], train_tasks, step, cfg)
-        curve.append(row)
+    for step in range(cfg.steps if arm != "control" else 0):
+        row = train_step(engine, executor, [member], train_tasks, step, cfg, transforms={arm: how} if how else None,
+                         sink=None if sink is None else (lambda m, jobs, step=step: sink("train", step, jobs)))
+        curve.append(row[arm])
         if log is not None:
-            log(step, row)
-    trained = {k: evaluate(engine, executor, arm, ts, cfg) for k, ts in heldout.items()}
-    control = {k: evaluate(engine, executor, ctl, ts, cfg) for k, ts in heldout.items()}
-    return SanityResult(cfg.seed, before, trained, control, curve)
+            log(step, row[arm])
+    jobs = answer(engine, executor, member, heldout, step=-1, seed=cfg.seed, n_samples=cfg.eval_samples,
+                  temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
+                  response_prefill=cfg.response_prefill)
+    if sink is not None:
+        sink("heldout", -1, jobs)
+    return ArmResult(cfg.seed, arm, score(jobs), curve)
