@@ -10,7 +10,8 @@ from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.easy import TEMPLATES, easy_tasks, split_tasks
 
-LEARN_STEPS, LEARN_LR, LEARN_TASKS = 4, 1e-3, 8  # bench/learns.py's "solve" setting, smaller (README, Evidence)
+# bench/learns.py's "solve" setting, smaller (docs/RESULTS.md, "Evidence that it learns")
+LEARN_STEPS, LEARN_LR, LEARN_TASKS = 4, 1e-3, 8
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,8 @@ def test_student_loop_learns_where_the_lr0_control_does_not(executor):
     re-answered with fresh sampling seeds. The trained adapter solves more of them than the lr-0 control; the
     control stays exactly the base (same seeds, same answers); the trained adapter's deltas moved and the control's
     did not. Fails if the advantage sign, the loss mask or the learning rate reaching the adapter were wrong (each
-    leaves the trained arm at or below the control). Generalisation to unseen tasks is the bench's job (README)."""
+    leaves the trained arm at or below the control). Generalisation to unseen tasks is the bench's job
+    (docs/RESULTS.md)."""
     from lorapop.engine import EngineConfig, TorchEngine
     from lorapop.model import load_base_model
     import torch
