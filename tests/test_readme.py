@@ -113,7 +113,7 @@ def test_documented_command(doc, argv, capsys):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
         if argv[1] == "scripts/demo.sh" and argv[2:]:  # its arguments are train overrides
             _dry_lorapop(["train", "cpu_demo", *argv[2:]], capsys)
-    elif argv[:3] == ["pip", "install", "-e"]:
+    elif exe == "pip" and argv[1:3] == ["install", "-e"]:
         extras = re.fullmatch(r"\.\[([\w,]+)\]", argv[3])
         assert extras, argv
         pyproject = (REPO / "pyproject.toml").read_text()
