@@ -120,7 +120,7 @@ class SelfPlayConfig:
         "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
                "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
                "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
-               "(the CPU configs; README). code_f proposals (inputs and a message) are the same in both")
+               "(the CPU configs; docs/RESULTS.md). code_f proposals (inputs and a message) are the same in both")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 

@@ -97,10 +97,10 @@ def test_missing_data_never_waits_on_the_hub(monkeypatch, tmp_path):
     assert time.monotonic() - t < 10
 
 
-def test_readme_documents_the_exact_templates():
+def test_usage_documents_the_exact_templates():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "USAGE.md").read_text()
     for text in (P.EVALPLUS_INSTRUCTION_PREFIX, P.EVALPLUS_RESPONSE_PREFIX, P.AZR_CODE_INSTRUCTION_PREFIX,
                  P.AZR_CODE_RESPONSE_PREFIX, P.AZR_MATH_TEMPLATE.replace("{input}\n", "{task}⏎"),
                  P.PLAIN_CODE_INSTRUCTION, P.PLAIN_MATH_INSTRUCTION):

@@ -10,7 +10,7 @@ from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.easy import TEMPLATES, easy_tasks, split_tasks
 
-LEARN_STEPS, LEARN_TASKS, LEARN_HELDOUT = 4, 8, 24  # bench/learns.py's seed 0, smaller (README, Evidence)
+LEARN_STEPS, LEARN_TASKS, LEARN_HELDOUT = 4, 8, 24  # bench/learns.py's seed 0, smaller (docs/RESULTS.md, Evidence)
 
 
 @pytest.fixture(scope="module")

@@ -227,3 +227,17 @@ def test_min_rated_matches_skips_a_role_left_with_fewer_than_two():
     only_students = with_matches(POP, {"t0": 0, "t1": 0, "t2": 0})
     plan = plan_replacements(only_students, 40, cfg, gen())
     assert {r.role for r in plan} == {"student"} and {r.old_id for r in plan} == {"s0"}
+
+
+def test_the_cpu_demo_ends_on_a_pbt_round_where_its_members_can_take_part():
+    """The demo shows evolution (issue 25): its last step is a PBT round, and members with the rated matches the
+    demo gives them by then (3-5 each in the 2026-11-23 runs, docs/RESULTS.md) are judged, not left out."""
+    from lorapop.cli import resolve_config_path
+    from lorapop.config import load_config
+
+    cfg = load_config(resolve_config_path("cpu_demo"))
+    assert is_evolve_step(cfg.run.steps, cfg.evolve)
+    members = [{"id": i, "slot": k, "role": "teacher" if i[0] == "t" else "student", "fitness": f, "n_matches": 3}
+               for k, (i, f) in enumerate([("t0", 1.0), ("t1", 0.0), ("s0", 1.0), ("s1", 0.0)])]
+    plan = plan_replacements(members, cfg.run.steps, cfg.evolve, gen())
+    assert sorted(r.old_id for r in plan) == ["s1", "t1"]

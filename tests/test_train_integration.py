@@ -31,6 +31,8 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
                                     f"--run.output_dir={tmp_path}", "--run.name=pop"])
     run = tmp_path / "pop"
     with Trainer(cfg, run) as trainer:
+        said: list[str] = []
+        trainer.progress.message = said.append  # what the console shows (run.progress=none prints nothing)
         trainer.train_step(1)
         before = {m.slot: trainer.engine.get_adapter(m.slot) for m in trainer.population.members}
         steps_before = trainer.engine.optimizer.step_count.clone()
@@ -55,6 +57,10 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
             # and its weights differ from what the slot held before (a real mutation happened)
             now = trainer.engine.get_adapter(child.slot)
             assert any(not torch.equal(now[k][0], before[child.slot][k][0]) for k in now)
+            # the console names the replaced member, the child, its parent(s) and the operator
+            line = (f"{rec['role']} {rec['replaced']} replaced by {rec['child']}, child of "
+                    f"{' and '.join(rec['parents'])} by full_gaussian (M4)")
+            assert any(line in m for m in said), (line, said)
         survivors = [m for m in trainer.population.members if m.born_step == 0]
         assert all(int(trainer.engine.optimizer.step_count[m.slot]) == 2 for m in survivors)
         # with too few rated matches (the children have none) the next round replaces nobody and says who sat out

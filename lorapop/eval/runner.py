@@ -40,7 +40,7 @@ class EvalConfig:
                 "'available' (default): every benchmark whose data is present, naming the ones it skips"})
     prompt: str = field(default="auto", metadata={
         "help": "prompt template: auto (evalplus for code, azr for math), evalplus, azr or plain; see "
-                "lorapop/eval/prompts.py and the README for the exact text"})
+                "lorapop/eval/prompts.py and docs/USAGE.md for the exact text"})
     limit: int | None = field(default=None, metadata={"help": "evaluate only the first N problems of each benchmark"})
     step: int | None = field(default=None, metadata={"help": "checkpoint step to evaluate (default: latest complete)"})
     max_new_tokens_code: int = field(default=512, metadata={"help": "generation budget for code benchmarks"})

@@ -178,7 +178,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-samples", type=int, default=3, help="answers per training task")
     p.add_argument("--heldout", type=int, default=12, help="held-out easy tasks of the mini-eval")
     # The defaults are bench/learns.py's "solve" experiment, where the embedded base solves ~15-25% of held-out easy
-    # tasks and training moves that rate (README, Evidence): a mini-eval that reads 0 for every arm measures nothing.
+    # tasks and training moves that rate (docs/RESULTS.md, "Evidence that it learns"): a mini-eval that reads 0 for
+    # every arm measures nothing.
     p.add_argument("--max-new-tokens", type=int, default=16, help="answer length cap")
     p.add_argument("--temperature", type=float, default=0.3, help="sampling temperature (training and mini-eval)")
     p.add_argument("--prefill", action=argparse.BooleanOptionalAction, default=True,

@@ -100,8 +100,8 @@ class ProgramInputTask:
         AZR's order (program, then input). ``input_first``: the reply's input block first, the references in that
         order without their outputs, and no format example. The 135M base, shown the first, writes the program and
         then an ```output block (or more programs) where the input belongs, and copies the example's two-argument
-        f onto its own one-argument input; shown the second, it writes the input, then a program for it (README,
-        "What the embedded model can and cannot show")."""
+        f onto its own one-argument input; shown the second, it writes the input, then a program for it
+        (docs/RESULTS.md, "The CPU demo step by step")."""
         if style == "input_first":
             refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
                                                                   fence("python", t.program)])

@@ -340,8 +340,9 @@ class Trainer:
             # the replaced member's rating stays on record (logs, report); matchmaking only sees live members
             self.ratings.add(child.id, mu=parent_mu[rep.slot])
             born.append(record)
-            self.progress.message(f"[step {step}] evolve: {rep.old_id} -> {child.id} ({rep.operator} of "
-                                  f"{', '.join(rep.parents)})")
+            self.progress.message(f"[step {step}] evolve: {rep.role} {rep.old_id} replaced by {child.id}, child of "
+                                  f"{' and '.join(rep.parents)} by {rep.operator} ({rep.operator_id})"
+                                  + (f"; {rep.note}" if rep.note else ""))
         return born
 
     def write_population(self) -> None:
