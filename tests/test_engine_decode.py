@@ -164,21 +164,6 @@ def test_operators_on_cuda_adapters_in_the_thread_pool():
         assert all(a.is_cuda and b.is_cuda for a, b in child.values())
 
 
-@pytest.mark.slow
-def test_compiled_decode_equals_eager_decode_token_for_token():
-    """The compiled step (dense LoRA path, inductor on CPU) against the eager step (grouped LoRA path), greedy and
-    seeded sampling, on mixed adapters and a base row. On the tiny Llama: compiling the embedded model's 30 layers
-    takes several minutes on a shared 2-core CPU, the tiny one ~1-2 min; both are the same code path."""
-    prompts = [[1, 5, 9, 13, 17, 21], [1, 7, 8], [1, 40, 41, 42, 43, 44], [1, 3]]
-    ids = [0, 1, -1, 2]
-    eager, compiled = tiny_engine(gen_batch_size=4), tiny_engine(gen_batch_size=4, compile=True)
-    for p, seeds in ((SamplingParams(max_new_tokens=6, greedy=True), None),
-                     (SamplingParams(max_new_tokens=6, temperature=1.0), [1, 2, 3, 4])):
-        want = [c.token_ids for c in eager.generate(prompts, ids, p, seeds)]
-        assert [c.token_ids for c in compiled.generate(prompts, ids, p, seeds)] == want
-    assert compiled._compiled_step is not None and eager._compiled_step is None
-
-
 def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size(monkeypatch):
     """Issue 28.2: six calls of varied row counts and prompt lengths under a budget of 3 slots (gen_batch_size 8)
     allocate one cache, whose shape (a compiled step's guard) never changes."""
