@@ -185,7 +185,7 @@ class TorchEngine:
             raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
         prompts = [[int(t) for t in p] for p in prompts]
         dec = self._decoder()
-        cache = self._kv_cache(len(prompts), max(len(p) for p in prompts) + params.max_new_tokens)
+        cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)
         dense = bool(self.cfg.compile)
         if dense:
             dec.refresh_dense()
@@ -252,7 +252,7 @@ class TorchEngine:
             return int(self.cfg.kv_cache_memory_fraction * free)
         return int(self.cfg.kv_cache_gib * 2**30)
 
-    def _kv_cache(self, n_rows: int, max_len: int) -> StaticKVCache:
+    def _kv_cache(self, max_len: int) -> StaticKVCache:
         """The run's static cache. Sized once, on the first call: ``gen_batch_size`` slots, or as many as the budget
         holds, whatever this call's row count, since continuous batching streams any number of rows through any
         number of slots; its capacity is ``engine.max_model_len`` (or this call's longest row, rounded up to 256).
