@@ -22,6 +22,13 @@ Figures (all measured in this one run):
   step_population_over_single  an engine-level loop step (teachers propose, students answer n_solve times each
                          task, one train_step on every row) with 4 teachers + 4 students over 1 + 1, the same work
                          per adapter; no sandbox and no rewards, so this is the engine's share of the step
+  compile_s, graphs      with --compile: seconds dynamo + inductor spent compiling the decode step, and the graphs
+                         made, over every generate call above (issue 24: at most one per batch bucket)
+  decode_capacity_ratio  time of the compiled decode step (always compiled here) with a cache 8x longer, at the
+                         same rows and attention length, over the time with the shorter cache (issue 28: <= 1.2, a
+                         step reads what it attends to, not the whole cache)
+  kv_cache_allocations   caches allocated over 6 generate calls of varied row counts and prompt lengths under a
+                         budget of fewer than --rows slots (issue 28: 1, one cache per run)
 The last line is one JSON object.
 """
 
@@ -79,6 +86,75 @@ def build_engine(args):
     with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, cfg.dtype))
     return TorchEngine(model, tok, args.adapters, cfg, seed=0)
+
+
+def _compile_stats() -> tuple[int, float]:
+    """(dynamo's unique graphs, seconds spent compiling) so far in this process."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    return int(counters["stats"]["unique_graphs"]), float(sum(compilation_time_metrics.get("_compile.compile_inner",
+                                                                                         [])))
+
+
+def decode_capacity_ratio(eng, args) -> float:
+    """The compiled decode step's time with a cache of 8x the capacity over its time with the smaller cache, same
+    rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length."""
+    from lorapop.engine.decode import StaticKVCache
+
+    dev, dec = eng.device, eng._decoder()
+    eng.release_kv_cache()
+    dec.refresh_dense()
+    rows = min(args.rows, 64)
+    small = 512 if dev.type == "cuda" else 256
+    kv = small // 2
+    mode = "reduce-overhead" if dev.type == "cuda" else None
+    step = torch.compile(dec.decode_step, mode=mode, dynamic=False)
+    dtype = next(iter(eng.layers.values())).base.weight.dtype
+    n = 50 if dev.type == "cuda" else 10
+    times = []
+    for capacity in (small, 8 * small):
+        cache = StaticKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, dtype, dev)
+
+        def col(v, dt=torch.long):
+            return torch.full((rows,), v, dtype=dt, device=dev)
+
+        ids = torch.arange(rows, device=dev) % eng.n_adapters
+        args_ = (cache, col(0), col(kv - 1), ids, torch.arange(rows, device=dev), col(0), cache.span(kv),
+                 eng._vocab_key, None, col(0), col(1.0, torch.float32), col(1.0, torch.float32), True, (True, True))
+        for _ in range(3):  # compiles (a new cache shape), then warms up
+            step(*args_)
+        t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
+        times.append(t / n)
+        del cache, args_
+    return times[1] / times[0]
+
+
+def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
+    """Caches allocated over six generate calls of varied row counts (1 to 2 x rows) and prompt lengths, under a
+    budget of rows // 2 + 1/2 slots (fewer than gen_batch_size). Run eagerly: the count does not depend on the
+    compiled step, and a new cache shape would cost a compile per bucket."""
+    from lorapop.engine import SamplingParams
+    from lorapop.engine.decode import StaticKVCache
+
+    dec = eng._decoder()
+    saved = eng.cfg.compile, eng.cfg.max_model_len
+    eng.release_kv_cache()
+    eng._kv_shape, before = None, eng.kv_cache_allocations
+    eng.cfg.compile, eng.cfg.max_model_len = False, len(prompt) + 64
+    dtype = next(iter(eng.layers.values())).base.weight.dtype
+    per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, -(-(len(prompt) + 64) // 256) * 256,
+                                        dtype)
+    eng.kv_budget_bytes = lambda: int((max(1, rows // 2) + 0.5) * per_slot)
+    try:
+        sp = SamplingParams(max_new_tokens=4, temperature=1.0)
+        for k, n in enumerate((1, rows, 2 * rows, 3, rows // 2 + 1, 5)):
+            ps = [prompt[: len(prompt) - 3 * ((j + k) % 5)] + prompt[:((j + k) % 7) * 8] for j in range(n)]
+            eng.generate(ps, [j % eng.n_adapters for j in range(n)], sp)
+        return eng.kv_cache_allocations - before
+    finally:
+        del eng.kv_budget_bytes
+        eng.cfg.compile, eng.cfg.max_model_len = saved
+        eng.release_kv_cache()
 
 
 def main() -> None:
@@ -213,6 +289,12 @@ def main() -> None:
     print(f"loop step (engine share): 1T+1S {t_single:.1f}s, 4T+4S {t_pop:.1f}s; "
           f"step_population_over_single = {step_ratio:.2f}", file=sys.stderr)
 
+    graphs, compile_s = _compile_stats()
+    capacity_ratio = decode_capacity_ratio(eng, args)
+    allocations = kv_cache_allocations(eng, prompt, rows)
+    print(f"compile {compile_s:.1f}s, {graphs} graphs; decode_capacity_ratio {capacity_ratio:.3f}; "
+          f"kv_cache_allocations {allocations}", file=sys.stderr)
+
     print(json.dumps({
         "device": str(dev), "shape": args.shape, "rows": rows, "new_tokens": new, "compile": bool(eng.cfg.compile),
         "lora_compute_dtype": eng.cfg.lora_compute_dtype,
@@ -222,6 +304,8 @@ def main() -> None:
         "variable_over_equal": round(variable_over_equal, 3),
         "train_tok_s": round(train_tok_s, 1), "train_peak_gib": round(train_peak_gib, 2),
         "step_population_over_single": round(step_ratio, 3),
+        "compile_s": round(compile_s, 1), "graphs": graphs, "decode_capacity_ratio": round(capacity_ratio, 3),
+        "kv_cache_allocations": allocations,
     }))
 
 

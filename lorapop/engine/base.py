@@ -90,6 +90,11 @@ class EngineConfig:
         "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
                 "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
                 "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory)."})
+    max_model_len: int = field(default=0, metadata={
+        "help": "Tokens (prompt + max_new_tokens) the KV cache holds per row, fixed for the run (vLLM's name): the "
+                "cache is allocated once, with this capacity and gen_batch_size slots (fewer where the budget holds "
+                "fewer), and reused by every generate call. 0: the first call's longest row, rounded up to 256. "
+                "A longer row later allocates a longer cache (and on a compiled engine compiles its step again)."})
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
@@ -98,8 +103,9 @@ class EngineConfig:
                 "lorapop/engine/cudamem.py) the static KV cache may take; the rest is left for "
                 "activations, logits and the prefill."})
     compile: bool = field(default=False, metadata={
-        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs, one "
-                "per batch-size x cache-length bucket; the first call of each bucket compiles, tens of seconds). Off by "
+        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs): one "
+                "graph per batch-size bucket for the run, whatever the lengths and sampling settings; the first call "
+                "of each bucket compiles (tens of seconds; CUDA graphs record once per attention length). Off by "
                 "default: on CPU the first compile of the embedded model takes minutes and no speed-up over the "
                 "eager path was measured there (bench/gpu.py --compile measures it); the 7B configs turn it on."})
     stop_check_interval: int = field(default=1, metadata={
@@ -133,6 +139,9 @@ class EngineConfig:
         if self.lora_compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"engine.lora_compute_dtype: {self.lora_compute_dtype!r} is not one of auto, float32, "
                              "bfloat16, float16")
+        if self.max_model_len < 0:
+            raise ValueError(f"engine.max_model_len: must be >= 0 (0: from the first generate), got "
+                             f"{self.max_model_len}")
         if self.replicas < 1:
             raise ValueError(f"engine.replicas: must be >= 1, got {self.replicas}")
         if self.collective_timeout_s <= 0:

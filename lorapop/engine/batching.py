@@ -13,8 +13,9 @@ slot holds copies those cache rows instead of recomputing them, so the n_solve a
 same adapter) prefill once. Requests are queued longest prompt first with equal keys adjacent.
 
 When no request is waiting and at most half the decoded slots are live, the live slots are moved to the front of
-the cache (compaction), so the tail of a generation decodes a smaller batch. Decoded batches and attention lengths
-are rounded up to buckets so a compiled step sees few distinct shapes.
+the cache (compaction), so the tail of a generation decodes a smaller batch. Decoded batches are rounded up to powers
+of two (the batch buckets: one compiled graph each) and attention lengths to multiples of 64 (to powers of two
+under CUDA graphs, which record one graph per length; the compiled code itself treats the length as symbolic).
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ class ContinuousBatcher:
         self.seeds = torch.zeros(n, dtype=torch.long, device=dev)
         self.steps = torch.zeros(n, dtype=torch.long, device=dev)
         self.out = torch.zeros(n, self.interval, dtype=torch.long, device=dev)
+        # Sampling settings as per-slot tensors, so a compiled step never specialises on their values.
+        min_new, greedy, temperature, top_p = sampling
+        temperature = 0.0 if greedy else max(0.0, float(temperature))
+        self.min_new_t = torch.full((n,), int(min_new), dtype=torch.long, device=dev)
+        self.temp = torch.full((n,), temperature, dtype=torch.float32, device=dev)
+        self.top_p = torch.full((n,), float(top_p), dtype=torch.float32, device=dev)
+        # Eager: skip the noise / the vocabulary sort when no row needs them; compiled: one graph for all settings.
+        self.branches = (True, True) if compiled else (temperature > 0, temperature > 0 and top_p < 1.0)
         # Host state: request in the slot (-1 free), prefix key it holds, position of its next input.
         self.req = [-1] * n
         self.key: list[tuple | None] = [None] * n
@@ -194,7 +203,7 @@ class ContinuousBatcher:
         live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
         nb = min(pow2_at_least(max(live) + 1), self.cache.n_slots)
         need = max(self.hpos[s] for s in live) + k
-        if self.compiled:  # few distinct shapes, each one compiled graph
+        if self.compiled and self.dev.type == "cuda":  # few lengths: a CUDA graph is recorded per length
             kv = min(pow2_at_least(need, 128), self.cache.max_len)
         else:
             kv = min(-(-need // 64) * 64, self.cache.max_len)
@@ -207,12 +216,14 @@ class ContinuousBatcher:
             return
         k = min(self.interval, max(self.row_max[self.req[s]] - len(self.tokens[self.req[s]]) for s in live))
         nb, kv = self._buckets(k)
+        span = self.cache.span(kv)
         if not self.dense and self._ctx_for != (nb, self._ids_version):
             self.ctx.set(self.ids[:nb])
             self._ctx_for = (nb, self._ids_version)
         for i in range(k):
             nxt = self.step(self.cache, self.tok[:nb], self.pos[:nb], self.ids[:nb], self.seeds[:nb],
-                            self.steps[:nb], kv, self.vocab_key, self.eos_mask, self.sampling, self.dense)
+                            self.steps[:nb], span, self.vocab_key, self.eos_mask, self.min_new_t[:nb],
+                            self.temp[:nb], self.top_p[:nb], self.dense, self.branches)
             self.out[:nb, i] = nxt  # a copy: a CUDA-graph output buffer is overwritten by the next replay
             self.tok[:nb] = nxt
             self.pos[:nb] = (self.pos[:nb] + 1).clamp(max=self.cache.trash)

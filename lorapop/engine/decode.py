@@ -18,6 +18,13 @@ graph) at the cost of N times the LoRA FLOPs (~7% of a 7B layer's at N = 8, r = 
 Sampling is whole-batch and counter-based: each row's Gumbel noise is a hash of (its seed, its step, the token id),
 so a row's sample depends only on its seed and how many tokens it has produced, never on the batch around it or
 its slot, and costs no per-row kernel launch.
+
+The compiled step (issue 24) is one graph per batch bucket for a whole run, as in gpt-fast (one compiled decode
+over a fixed-size cache) and vLLM (a CUDA graph per batch size): the cache keeps one shape for the run, the number
+of positions attention reads travels as the length of ``cache.span(kv_len)``, a dimension dynamo treats as
+symbolic (so a step still reads only what it needs, not the whole capacity), and the sampling settings are per-row
+tensors. The K/V write is one ``index_put_`` on the whole cache tensor (only the new positions are touched), and
+attention folds each query group into the query length so the fused CUDA kernels accept it (see ``attend``).
 """
 
 from __future__ import annotations
@@ -53,22 +60,52 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_key: torch.Tens
 
 
 def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, vocab_key: torch.Tensor,
-                  eos_mask: torch.Tensor | None, min_new_tokens: int, greedy: bool, temperature: float,
-                  top_p: float) -> torch.Tensor:
-    """Next token per row from float32 ``logits [b, V]``. EOS is masked while a row's ``steps < min_new_tokens``.
+                  eos_mask: torch.Tensor | None, min_new: torch.Tensor, temperature: torch.Tensor,
+                  top_p: torch.Tensor, branches: tuple[bool, bool] = (True, True)) -> torch.Tensor:
+    """Next token per row from float32 ``logits [b, V]``. Per-row settings: ``min_new [b]`` (EOS is masked while a
+    row's ``steps < min_new``), ``temperature [b]`` (<= 0: greedy), ``top_p [b]`` (>= 1: no nucleus cut).
+
+    The settings are tensors so a compiled step never specialises on their values (one graph serves every
+    temperature). ``branches`` = (some row samples, some row cuts a nucleus): the eager path passes what the host
+    knows and skips the noise or the vocabulary sort when no row needs it; the compiled step passes (True, True) and
+    computes both, selecting per row, which gives the same tokens.
 
     Gumbel-max rather than inverse-CDF: the pick only flips if the top two perturbed scores are within float
     noise, so batch composition (which perturbs logits by ~1e-6) does not change a row's sample."""
-    if eos_mask is not None and min_new_tokens > 0:
-        logits = logits.masked_fill(eos_mask[None, :] & (steps < min_new_tokens)[:, None], float("-inf"))
-    if greedy or temperature <= 0:
-        return logits.argmax(-1)
-    logits = logits / temperature
-    if top_p < 1.0:
-        sp, si = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        drop_sorted = (sp.cumsum(-1) - sp) >= top_p  # the token that crosses top_p stays in
-        logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, si, drop_sorted), float("-inf"))
-    return (logits + gumbel_noise(seeds, steps, vocab_key)).argmax(-1)
+    if eos_mask is not None:
+        logits = logits.masked_fill(eos_mask[None, :] & (steps < min_new)[:, None], float("-inf"))
+    greedy = logits.argmax(-1)
+    sample, nucleus = branches
+    if not sample:
+        return greedy
+    hot = temperature > 0
+    scaled = logits / torch.where(hot, temperature, torch.ones_like(temperature))[:, None]
+    if nucleus:
+        sp, si = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True)
+        drop_sorted = ((sp.cumsum(-1) - sp) >= top_p[:, None]) & (top_p < 1.0)[:, None]  # the crossing token stays
+        scaled = scaled.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, si, drop_sorted), float("-inf"))
+    picked = (scaled + gumbel_noise(seeds, steps, vocab_key)).argmax(-1)
+    return torch.where(hot, picked, greedy)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, allowed: torch.Tensor,
+           scale: float | None) -> torch.Tensor:
+    """Grouped-query attention ``q [b, H, t, d]`` over ``keys, vals [b, n_kv, L, d]`` where ``allowed [b, 1, t, L]``
+    (bool), returning ``[b, H, t, d]``.
+
+    Each group's ``H / n_kv`` query heads are folded into the query length, so K/V keep ``n_kv`` heads and the
+    call needs no ``enable_gqa``: on CUDA the memory-efficient kernel takes an explicit mask but not
+    ``enable_gqa``, and without it SDPA falls back to the math path, which repeats K/V to ``H`` heads and
+    materialises the float32 score matrix. Decoding (``t == 1``) folds by views only; the mask broadcasts over
+    the group (stride 0). In a prefill chunk the folded mask is materialised, ``b * H / n_kv * t * L`` bools."""
+    b, h, t, d = q.shape
+    n_kv, length = keys.shape[1], keys.shape[2]
+    g = h // n_kv
+    if g > 1:
+        q = q.reshape(b, n_kv, g * t, d)
+        allowed = allowed[:, :, None].expand(b, 1, g, t, length).reshape(b, 1, g * t, length)
+    o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=allowed, scale=scale)
+    return o.reshape(b, h, t, d)
 
 
 class StaticKVCache:
@@ -79,6 +116,7 @@ class StaticKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.n_slots, self.max_len, self.trash = n_slots, max_len, max_len
+        self.index = torch.arange(max_len + 1, device=device)  # cache indices; span() hands out its prefixes
         if device.type == "cuda":  # CUDA graphs may then read and write them in place without copies
             for t in self.k + self.v:
                 torch._dynamo.mark_static_address(t)
@@ -86,6 +124,13 @@ class StaticKVCache:
     @staticmethod
     def slot_bytes(n_layers: int, n_kv: int, head_dim: int, max_len: int, dtype) -> int:
         return 2 * n_layers * n_kv * (max_len + 1) * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def span(self, kv_len: int) -> torch.Tensor:
+        """Cache indices ``0..kv_len-1`` as a tensor whose length a compiled step treats as symbolic: attention
+        reads only the first ``kv_len`` positions, yet one graph serves every length (see LlamaFamilyDecoder)."""
+        out = self.index[:kv_len]
+        torch._dynamo.maybe_mark_dynamic(out, 0)
+        return out
 
     def copy_slot(self, src: int, dst: int, n: int | None = None) -> None:
         """Copy the first ``n`` cache positions (all when None) of slot ``src`` into slot ``dst``."""
@@ -153,17 +198,26 @@ class LlamaFamilyDecoder:
 
     # ---------------------------------------------------------------- the forward
     def forward(self, cache: StaticKVCache, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
-                kv_len: int, slots: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+                kv: int | torch.Tensor, slots: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``tokens [b, T]`` at positions ``pos [b, T]``, writing their K/V at cache index ``write [b, T]``
         (= pos, or ``cache.trash`` for padding), and return the final hidden states ``[b, T, d]``.
 
-        ``slots``: the cache slot of each row (prefill), or None when the rows are slots ``0..b-1`` (decode: the
-        cache is then read through views, no copy). Queries attend to cache indices ``<= pos`` below ``kv_len``.
-        ``mask``: the dense LoRA row mask (compiled path), else the layers' own LoRA path (LoRAContext)."""
+        ``kv``: the cache positions attention reads, as a length or as ``cache.span(length)``; queries attend to
+        cache indices ``<= pos`` below it. ``slots``: the cache slot of each row (prefill), or None when the rows
+        are slots ``0..b-1`` (decode: the cache is then read through views, no copy). ``mask``: the dense LoRA row
+        mask (compiled path), else the layers' own LoRA path (LoRAContext).
+
+        The new K/V are written with one ``index_put_`` on the whole cache tensor, touching ``b x T`` positions: a
+        write into a slice of it (``kc[:b].scatter_``) is functionalised under inductor into a copy of the whole
+        slice and a copy back, every step (issue 28)."""
         b, t = tokens.shape
+        span = cache.span(kv) if isinstance(kv, int) else kv
+        kv_len = span.shape[0]
+        rows = (torch.arange(b, device=tokens.device) if slots is None else slots)[:, None]
         x = self.inner.embed_tokens(tokens)
         cos, sin = self.inner.rotary_emb(x, pos)
-        allowed = (torch.arange(kv_len, device=tokens.device)[None, None, None, :] <= pos[:, None, :, None])
+        allowed = span[None, None, None, :] <= pos[:, None, :, None]
         for li, layer in enumerate(self.inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = layer.input_layernorm(x)
@@ -172,17 +226,13 @@ class LlamaFamilyDecoder:
             v = self._proj(attn.v_proj, h, mask).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = self.apply_rope(q, k, cos, sin)
             kc, vc = cache.k[li], cache.v[li]
+            kc[rows, :, write] = k.transpose(1, 2).to(kc.dtype)
+            vc[rows, :, write] = v.transpose(1, 2).to(vc.dtype)
             if slots is None:
-                idx = write[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
-                kc[:b].scatter_(2, idx, k.to(kc.dtype))
-                vc[:b].scatter_(2, idx, v.to(vc.dtype))
                 keys, vals = kc[:b, :, :kv_len], vc[:b, :, :kv_len]
             else:
-                kc[slots[:, None], :, write] = k.transpose(1, 2).to(kc.dtype)
-                vc[slots[:, None], :, write] = v.transpose(1, 2).to(vc.dtype)
                 keys, vals = kc[slots, :, :kv_len], vc[slots, :, :kv_len]
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=allowed, scale=attn.scaling,
-                                               enable_gqa=self.n_kv != self.n_heads)
+            o = attend(q, keys, vals, allowed, attn.scaling)
             x = x + self._proj(attn.o_proj, o.transpose(1, 2).reshape(b, t, -1), mask)
             h = layer.post_attention_layernorm(x)
             gate = mlp.act_fn(self._proj(mlp.gate_proj, h, mask)) * self._proj(mlp.up_proj, h, mask)
@@ -193,10 +243,14 @@ class LlamaFamilyDecoder:
         return self.head(hidden).float()
 
     def decode_step(self, cache: StaticKVCache, tokens: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor,
-                    seeds: torch.Tensor, steps: torch.Tensor, kv_len: int, vocab_key: torch.Tensor,
-                    eos_mask: torch.Tensor | None, sampling: tuple, dense: bool) -> torch.Tensor:
+                    seeds: torch.Tensor, steps: torch.Tensor, span: torch.Tensor, vocab_key: torch.Tensor,
+                    eos_mask: torch.Tensor | None, min_new: torch.Tensor, temperature: torch.Tensor,
+                    top_p: torch.Tensor, dense: bool, branches: tuple[bool, bool]) -> torch.Tensor:
         """One token for rows = slots ``0..b-1``: forward their input ``tokens [b]`` at ``pos [b]`` (writing K/V
-        there; pos == trash for free slots) and sample. This is the function ``torch.compile`` wraps."""
+        there; pos == trash for free slots), attending over ``span`` (``cache.span(kv_len)``), and sample with the
+        per-row settings (see sample_tokens). This is the function ``torch.compile`` wraps: its only shape that
+        varies within a run is the batch bucket ``b`` (``span``'s length is symbolic; the settings are tensors)."""
         mask = self.row_mask(ids, cache.k[0].dtype) if dense else None
-        hidden = self.forward(cache, tokens[:, None], pos[:, None], pos[:, None], kv_len, None, mask)
-        return sample_tokens(self.logits(hidden[:, -1]), seeds, steps, vocab_key, eos_mask, *sampling)
+        hidden = self.forward(cache, tokens[:, None], pos[:, None], pos[:, None], span, None, mask)
+        return sample_tokens(self.logits(hidden[:, -1]), seeds, steps, vocab_key, eos_mask, min_new, temperature,
+                             top_p, branches)

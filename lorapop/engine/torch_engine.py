@@ -121,6 +121,8 @@ class TorchEngine:
         self.pad_id = int(pad if pad is not None else 0)
         self._dec: LlamaFamilyDecoder | None = None  # built on the first generate
         self._cache: StaticKVCache | None = None
+        self._kv_shape: tuple[int, int] | None = None  # (slots, capacity) of the run's cache
+        self.kv_cache_allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
         self._compiled_step = None
         self._vocab_key: torch.Tensor | None = None
         for i in range(n_adapters):
@@ -190,7 +192,7 @@ class TorchEngine:
             raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
         prompts = [[int(t) for t in p] for p in prompts]
         dec = self._decoder()
-        cache = self._kv_cache(len(prompts), max(len(p) for p in prompts) + params.max_new_tokens)
+        cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)
         dense = bool(self.cfg.compile)
         if dense:
             dec.refresh_dense()
@@ -238,7 +240,7 @@ class TorchEngine:
         if self._compiled_step is None:
             import torch._dynamo
 
-            # One graph per (batch bucket, cache-length bucket, sampling settings): allow that many.
+            # One graph per batch bucket (decode.py): the limit only matters if a cache must grow (a new shape).
             for name in ("recompile_limit", "cache_size_limit"):
                 if hasattr(torch._dynamo.config, name):
                     setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
@@ -257,28 +259,42 @@ class TorchEngine:
             return int(self.cfg.kv_cache_memory_fraction * free)
         return int(self.cfg.kv_cache_gib * 2**30)
 
-    def _kv_cache(self, n_rows: int, max_len: int) -> StaticKVCache:
-        """The static cache for rows of at most ``max_len`` tokens: reused while big enough (CUDA graphs keep its
-        addresses), else rebuilt with as many slots as the budget allows, at most ``gen_batch_size``."""
+    def _kv_cache(self, max_len: int) -> StaticKVCache:
+        """The run's static cache. Sized once, on the first call: ``gen_batch_size`` slots, or as many as the budget
+        holds, whatever this call's row count, since continuous batching streams any number of rows through any
+        number of slots; its capacity is ``engine.max_model_len`` (or this call's longest row, rounded up to 256).
+        Every later call reuses it, so the compiled step sees one cache shape (and, on CUDA, one address) per run;
+        only a row longer than the capacity makes a new, longer one (a cache allocated again after
+        ``release_kv_cache`` keeps the run's shape)."""
         dec = self._dec
-        capacity = -(-max_len // 256) * 256  # few distinct capacities: a compiled step sees few cache shapes
-        dtype = next(iter(self.layers.values())).base.weight.dtype
-        want = max(1, min(self.cfg.gen_batch_size, n_rows))
         cur = self._cache
-        if cur is not None and cur.max_len >= max_len and cur.n_slots >= want:
+        if cur is not None and cur.max_len >= max_len:
             return cur
-        capacity = max(capacity, cur.max_len if cur is not None else 0)
+        dtype = next(iter(self.layers.values())).base.weight.dtype
+        shape = self._kv_shape
+        if shape is not None and shape[1] >= max_len and cur is None:  # re-made after a release: same shape
+            n_slots, capacity = shape
+            per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
+            if n_slots * per_slot <= self.kv_budget_bytes():
+                return self._new_kv_cache(n_slots, capacity, dtype)
+        capacity = -(-max(max_len, int(self.cfg.max_model_len)) // 256) * 256
+        capacity = max(capacity, shape[1] if shape is not None else 0)
         per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
         budget = self.kv_budget_bytes()
         fit = budget // per_slot
         if fit < 1:
             raise RuntimeError(
-                f"the KV cache budget ({budget / 2**30:.2f} GiB) cannot hold one row of {max_len} tokens "
+                f"the KV cache budget ({budget / 2**30:.2f} GiB) cannot hold one row of {capacity} tokens "
                 f"({per_slot / 2**30:.2f} GiB): raise engine.kv_cache_gib / engine.kv_cache_memory_fraction or "
-                "shorten the prompts / max_new_tokens")
+                "shorten engine.max_model_len / the prompts / max_new_tokens")
+        return self._new_kv_cache(int(min(max(1, self.cfg.gen_batch_size), fit)), capacity, dtype)
+
+    def _new_kv_cache(self, n_slots: int, capacity: int, dtype) -> StaticKVCache:
+        dec = self._dec
         self._cache = None  # free the old cache before allocating the new one
-        self._cache = StaticKVCache(dec.n_layers, int(min(want, fit)), dec.n_kv, dec.head_dim, capacity, dtype,
-                                    self.device)
+        self._cache = StaticKVCache(dec.n_layers, n_slots, dec.n_kv, dec.head_dim, capacity, dtype, self.device)
+        self._kv_shape = (n_slots, capacity)
+        self.kv_cache_allocations += 1
         return self._cache
 
     def release_kv_cache(self) -> None:
