@@ -46,7 +46,7 @@ def test_kv_budget_counts_the_current_cache_as_free(monkeypatch):
     eng = tiny_engine()
     eng.cfg.kv_cache_memory_fraction = 1.0
     dec = eng._decoder()
-    eng._kv_cache(2, 40)
+    eng._kv_cache(40)
     held = sum(t.numel() * t.element_size() for t in eng._cache.k + eng._cache.v)
     segments = [{"device": 0, "segment_pool_id": (0, 0), "total_size": 4 * GIB, "allocated_size": 4 * GIB}]
     _fake_cuda(monkeypatch, free=GIB, segments=segments)
