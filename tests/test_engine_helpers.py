@@ -3,7 +3,10 @@ milliseconds; the real embedded model is exercised by the slow integration tests
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
+import tempfile
 
 import torch
 
@@ -20,6 +23,18 @@ def tokenizer():
     return tok
 
 
+@functools.lru_cache(maxsize=None)
+def _config_dir(cfg_json: str) -> str:
+    """A local directory holding the tiny model's config.json, as its ``name_or_path``: peft's save_pretrained looks
+    up the base model's config there (to see whether the vocabulary changed) and, given a bare name instead, asks
+    the hub for it."""
+    path = tempfile.mkdtemp(prefix="tiny-llama-test-")
+    atexit.register(shutil.rmtree, path, True)
+    with open(f"{path}/config.json", "w") as f:
+        f.write(cfg_json)
+    return path
+
+
 def tiny_llama(seed: int = 0, tie: bool = True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -29,7 +44,7 @@ def tiny_llama(seed: int = 0, tie: bool = True):
                       tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
-    model.name_or_path = "tiny-llama-test"
+    model.name_or_path = _config_dir(cfg.to_json_string())
     return model, tok
 
 

@@ -29,7 +29,7 @@ def test_engine_adapter_loads_in_peft_with_equal_logits(tmp_path):
     cfg = json.loads((path / "adapter_config.json").read_text())
     assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM" and cfg["r"] == 4
     assert cfg["lora_alpha"] == 8 and sorted(cfg["target_modules"]) == sorted(DEFAULT_TARGET_MODULES)
-    assert cfg["base_model_name_or_path"] == "tiny-llama-test" and cfg["lora_dropout"] == 0 and cfg["bias"] == "none"
+    assert cfg["base_model_name_or_path"] == eng.base_model_name and cfg["lora_dropout"] == 0 and cfg["bias"] == "none"
     weights, _ = load_peft_adapter(path)
     assert "model.layers.0.self_attn.q_proj" in weights
     from safetensors.torch import load_file
