@@ -10,6 +10,8 @@ import tempfile
 
 import torch
 
+from floattol import sum_tol
+
 
 @functools.lru_cache(maxsize=1)
 def tokenizer():
@@ -48,6 +50,35 @@ def tiny_llama(seed: int = 0, tie: bool = True):
     return model, tok
 
 
+def llama_reduction_length(hidden: int, intermediate: int, layers: int, head_dim: int, rank: int, seq: int) -> int:
+    """The longest chain of summed terms to one logit of a Llama with LoRA on every projection (the k of
+    tests/floattol.py): per layer RMSNorm (hidden), q/k/v with their LoRA (hidden + hidden + rank), the attention
+    scores (head_dim) and their weighted sum (seq), o_proj with LoRA, RMSNorm, gate/up with LoRA, down with LoRA
+    (intermediate + intermediate + rank); then the final RMSNorm and lm_head (hidden each)."""
+    def lora(k):
+        return k + k + rank
+
+    return layers * (hidden + lora(hidden) + head_dim + seq + lora(hidden) + hidden + lora(hidden)
+                     + lora(intermediate)) + 2 * hidden
+
+
+VOCAB = 49152  # SmolLM2's tokenizer, which the tiny Llama shares
+K_TINY = llama_reduction_length(32, 48, 2, 8, 4, seq=128)  # tiny_llama below, prompts under 128 tokens
+# A LoRA gradient: the forward path, back through it, the softmax over the vocabulary and the sum over tokens.
+K_TINY_GRAD = 2 * K_TINY + VOCAB + 128
+
+
+def logit_atol(k: int = K_TINY, scale: float = 1.0) -> float:
+    """Two computations of one float32 logit (the tiny Llama's logits are under 1: scale 1)."""
+    return sum_tol(torch.float32, k, scale)
+
+
+def logprob_atol(k: int = K_TINY, scale: float = 1.0) -> float:
+    """Two computations of one log-probability: the logit's, plus log-sum-exp over the vocabulary (the sum's
+    relative error is the log's absolute error)."""
+    return logit_atol(k, scale) + sum_tol(torch.float32, VOCAB)
+
+
 def randomize_adapters(engine, seed: int = 0, scale: float = 0.5, slots=None) -> None:
     """Non-zero B (and random A) so the LoRA path changes outputs."""
     g = torch.Generator().manual_seed(seed)
@@ -77,6 +108,19 @@ def engine_logits(engine, input_ids: list[int], adapter: int) -> torch.Tensor:
             return engine.model(input_ids=torch.tensor([input_ids], device=engine.device)).logits[0].float().cpu()
     finally:
         engine._ctx.set(None)
+
+
+def assert_greedy_agrees(got: list[int], ref: list[int], engine, prompt: list[int], adapter: int) -> None:
+    """Greedy tokens of two computations (batched vs alone, engine vs Hugging Face) agree up to the first step whose
+    two best logits are within rounding of each other (2 x logit_atol: either may come out on top depending on the
+    processor's summation order); after such a near-tie the continuations may differ legitimately."""
+    logits = engine_logits(engine, prompt + ref, adapter)[len(prompt) - 1:-1]  # the logits each ref token won
+    top2 = logits.topk(2, dim=-1).values
+    ties = [i for i, (a, b) in enumerate(top2.tolist()) if a - b <= 2 * logit_atol()]
+    if ties:  # the tied step itself may go either way: compare what precedes it
+        assert got[:ties[0]] == ref[:ties[0]], (got, ref, ties)
+    else:
+        assert got == ref
 
 
 def randomize_peft_model(peft_model, seed: int = 0, scale: float = 0.3) -> None:

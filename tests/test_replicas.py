@@ -20,6 +20,8 @@ except ImportError as e:  # part of the test setup (scripts/setup.sh --test), so
     raise ImportError("tests/test_replicas.py needs the ray extra: scripts/setup.sh --test "
                       "(or pip install -e '.[test,ray]')") from e
 
+from floattol import assert_close_sums, sum_tol
+from test_engine_helpers import VOCAB, llama_reduction_length
 from lorapop.engine.base import Engine, EngineConfig, SamplingParams, TrainSample
 from lorapop.engine.replicas import ReplicaError, ReplicatedEngine, deal, split_rows
 from lorapop.executor.ray_executor import RayExecutor, cut
@@ -28,6 +30,12 @@ from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
 pytestmark = pytest.mark.slow
 
 N_ADAPTERS = 3
+# Replicas sum each adapter's gradient over their share of the rows, then across replicas: another order than the one
+# engine's. Reduction length (tests/floattol.py): SmolLM2-135M's path to a logit (30 layers, hidden 576, intermediate
+# 1536, head_dim 64, rank 16, prompts under 128 tokens), back through it, the vocabulary's softmax, the batch's tokens.
+K_PATH = llama_reduction_length(576, 1536, 30, 64, 16, seq=128)
+K_GRAD = 2 * K_PATH + VOCAB + 7 * 128
+GRAD_REL = sum_tol(torch.float32, K_GRAD)  # relative to the largest entry
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +104,10 @@ def _assert_same_state(one, two, steps: int):
                                                                 s2["lora_A"] + s2["lora_B"])])
     assert diffs.max() <= lr * steps and (diffs > 1e-6).float().mean() < 1e-4, (diffs.max(), (diffs > 1e-6).sum())
     o1, o2 = s1["optimizer"], s2["optimizer"]
-    for a, b in zip(o1["exp_avg"], o2["exp_avg"]):
-        torch.testing.assert_close(b, a, atol=1e-7, rtol=1e-3)
-    for a, b in zip(o1["exp_avg_sq"], o2["exp_avg_sq"]):
-        torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-3)
+    for a, b in zip(o1["exp_avg"], o2["exp_avg"]):  # sums of gradients
+        assert_close_sums(b, a, K_GRAD, scale=float(a.abs().max()))
+    for a, b in zip(o1["exp_avg_sq"], o2["exp_avg_sq"]):  # of squares: twice the relative error
+        assert_close_sums(b, a, K_GRAD, scale=2 * float(a.abs().max()))
     assert torch.equal(o1["step"], o2["step"])
 
 
@@ -116,8 +124,10 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
         assert s1.keys() == s2.keys() == {0, 1, 2}
         for a in s1:
             assert s2[a]["n_tokens"] == s1[a]["n_tokens"] and s2[a]["n_samples"] == s1[a]["n_samples"]
-            assert s2[a]["loss"] == pytest.approx(s1[a]["loss"], rel=1e-4, abs=1e-6)
-            assert s2[a]["grad_norm"] == pytest.approx(s1[a]["grad_norm"], rel=1e-4), (k, s1, s2)
+            # the loss: a mean of log-probabilities times advantages up to 1.3; the norm: of the gradient
+            lp_tol = sum_tol(torch.float32, K_PATH, scale=30.0) + sum_tol(torch.float32, VOCAB)  # logits < 30
+            assert s2[a]["loss"] == pytest.approx(s1[a]["loss"], rel=0, abs=1.3 * lp_tol)
+            assert s2[a]["grad_norm"] == pytest.approx(s1[a]["grad_norm"], rel=GRAD_REL), (k, s1, s2)
         if k == 0:
             _assert_same_state(one, two, 1)  # one step: equal within float tolerance
         digests = two.replica_digests()
