@@ -14,8 +14,9 @@ total reduction length along the path (the first-order errors of successive redu
 of the compared values. ``SAFETY`` covers the tail of that rule and the amplification by the nonlinear layers
 between reductions (a LayerNorm divides by its input's std); it was set from a measurement, not guessed: the largest
 ratio |difference| / (eps·sqrt(k)·S) seen for the tiny two-MLP model of test_engine_lora over 300 seeds, under MKL's
-AVX2 and AVX-512 SGEMM kernels (k = 84), is 9.2, and SAFETY = 16 is above it. For ``k < SAFETY**2 = 256`` the tolerance is
-above the proven worst-case bound ``k·eps·S``; for longer reductions it stays SAFETY times the typical error.
+AVX2 and AVX-512 SGEMM kernels (k = 84), is 9.2, and SAFETY = 16 is above it. For ``k < SAFETY**2 = 256`` the
+tolerance is above the proven worst-case bound ``k·eps·S``; for longer reductions it stays SAFETY times the typical
+error.
 """
 
 from __future__ import annotations

@@ -223,7 +223,8 @@ def test_loss_is_token_mean_of_minus_advantage_logp_per_adapter():
         want = sum(-s.advantage * sum(lp) for s, lp in mine) / n_tok
         assert stats[a]["n_tokens"] == n_tok and stats[a]["n_samples"] == len(mine)
         # a weighted mean of log-probabilities: each within logprob_atol, weights up to |advantage|
-        assert stats[a]["loss"] == pytest.approx(want, rel=0, abs=logprob_atol() * max(abs(s.advantage) for s, _ in mine))
+        tol = logprob_atol() * max(abs(s.advantage) for s, _ in mine)
+        assert stats[a]["loss"] == pytest.approx(want, rel=0, abs=tol)
         assert stats[a]["grad_norm"] > 0
     assert set(stats[0]) == {"loss", "grad_norm", "n_tokens", "n_samples"}
 

