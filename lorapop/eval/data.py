@@ -33,8 +33,8 @@ class BenchmarkSpec:
     local_file: str  # relative to EvalConfig.data_dir
     hub_id: str | None = None
     hub_files: tuple[str, ...] = ()
-    # ("module", "path inside it"): an installed Python package that ships the data, read when the data dir has no
-    # file (found with importlib.util.find_spec, nothing of the package is imported)
+    # ("module", "path inside it"): an installed Python package that ships the data, read when the default data dir
+    # has no file (found with importlib.util.find_spec, nothing of the package is imported)
     package_file: tuple[str, str] | None = None
 
 
@@ -102,8 +102,11 @@ def local_path(spec: BenchmarkSpec, data_dir: str | Path | None) -> Path:
     return (Path(data_dir) if data_dir else default_data_dir()) / spec.local_file
 
 
-def package_path(spec: BenchmarkSpec) -> Path | None:
-    """The data file an installed package ships for ``spec`` (``package_file``), when that package is installed."""
+def package_path(spec: BenchmarkSpec, data_dir: str | Path | None = None) -> Path | None:
+    """The data file an installed package ships for ``spec`` (``package_file``), when that package is installed and
+    ``data_dir`` is the default one (another data dir given is the whole data set)."""
+    if data_dir and Path(data_dir).resolve() != default_data_dir().resolve():
+        return None
     if not spec.package_file:
         return None
     module, rel = spec.package_file
@@ -115,11 +118,11 @@ def package_path(spec: BenchmarkSpec) -> Path | None:
 
 
 def is_available(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> bool:
-    """True when a run can read ``spec`` without the network: an existing ``--data`` file, the data dir's file or
-    the file a package ships."""
+    """True when a run can read ``spec`` without the network: an existing ``--data`` file, the data dir's file or,
+    with the default data dir, the file a package ships."""
     if source:
         return Path(source).expanduser().is_file()
-    return local_path(spec, data_dir).is_file() or package_path(spec) is not None
+    return local_path(spec, data_dir).is_file() or package_path(spec, data_dir) is not None
 
 
 def _looks_like_path(source: str) -> bool:
@@ -140,12 +143,13 @@ def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path
     path = local_path(spec, data_dir)
     if path.is_file():
         return [path]
-    shipped = package_path(spec)
+    shipped = package_path(spec, data_dir)
     if shipped is not None:
         return [shipped]
     hub = f" or a hub dataset id (--data {spec.name}={spec.hub_id} downloads it)" if spec.hub_id else ""
     if spec.package_file:
-        hub += f", or install the package that ships it ({_PACKAGES[spec.package_file[0]]})"
+        hub += (f", or install the package that ships it ({_PACKAGES[spec.package_file[0]]}; read from the default "
+                "data dir)")
     raise BenchmarkError(f"{spec.name}: no data file at {path}; pass a local JSONL file with --data {spec.name}=PATH"
                          f"{hub}, or set --data-dir")
 
