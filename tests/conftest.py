@@ -3,11 +3,19 @@ costs seconds on this CPU; tests that use it are marked ``slow`` but still run i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# No test may touch the network (the model and dataset hubs are unreachable where the suite runs, and a test that
+# passes only online is a bug). Set before any test module imports huggingface_hub, which reads these at import;
+# os.environ so that subprocesses (CLI smoke runs, the sandbox, Ray workers) inherit them. Forced, not setdefault:
+# a developer's HF_HUB_OFFLINE=0 must not make the suite reach out either.
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ[_var] = "1"
 
 
 @pytest.fixture(scope="session")

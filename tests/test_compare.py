@@ -14,9 +14,8 @@ TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=1", 
 
 
 def test_shipped_cpu_single_is_cpu_demo_as_a_single_agent():
-    from lorapop.cli import resolve_config_path
     from lorapop.compare import compare_configs
-    from lorapop.config import load_config
+    from lorapop.config import load_config, resolve_config_path
     from lorapop.configlib import to_dict
 
     demo, single = (to_dict(load_config(resolve_config_path(n))) for n in ("cpu_demo", "cpu_single"))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_engine_helpers import randomize_adapters, tiny_engine
+from floattol import sum_tol
+from test_engine_helpers import K_TINY_GRAD, assert_greedy_agrees, logprob_atol, randomize_adapters, tiny_engine
 from lorapop.engine import Engine, EngineConfig, SamplingParams, TorchEngine, TrainSample
 from lorapop.engine.torch_engine import resolve_device
 
@@ -55,7 +56,7 @@ def test_greedy_batch_with_left_padding_equals_each_row_alone(eng):
     batch = eng.generate(prompts, ids, p)
     for k in range(3):
         alone = eng.generate([prompts[k]], [ids[k]], p)[0]
-        assert batch[k].token_ids == alone.token_ids
+        assert_greedy_agrees(batch[k].token_ids, alone.token_ids, eng, prompts[k], ids[k])
         assert batch[k].prompt_ids == prompts[k]
     # adapters really change the output (same prompt, different slots)
     outs = eng.generate([prompts[1]] * 3, [0, 1, -1], SamplingParams(max_new_tokens=6, greedy=True))
@@ -68,7 +69,7 @@ def test_base_rows_match_hf_generate_on_the_plain_model(eng):
     eng._ctx.set(None)
     ref = eng.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              max_new_tokens=6, do_sample=False, min_new_tokens=6)
-    assert got.token_ids == ref[0, len(prompt):].tolist()
+    assert_greedy_agrees(got.token_ids, ref[0, len(prompt):].tolist(), eng, prompt, -1)
 
 
 def test_greedy_matches_argmax_of_token_logprobs(eng):
@@ -76,7 +77,7 @@ def test_greedy_matches_argmax_of_token_logprobs(eng):
     c = eng.generate([prompt], [2], SamplingParams(max_new_tokens=5, greedy=True))[0]
     ref = _full_logprobs(eng, prompt, c.token_ids, 2)
     got = eng.token_logprobs([prompt], [c.token_ids], [2])[0]
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=0, atol=logprob_atol())
 
 
 def test_per_row_seeds_reproduce_regardless_of_batch_partners(eng):
@@ -155,7 +156,7 @@ def test_token_logprobs_chunked_equals_full_logits():
     got = eng.token_logprobs(prompts, comps, ids)
     for k in range(3):
         ref = _full_logprobs(eng, prompts[k], comps[k], ids[k])
-        torch.testing.assert_close(torch.tensor(got[k]), torch.tensor(ref), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(torch.tensor(got[k]), torch.tensor(ref), rtol=0, atol=logprob_atol())
     assert eng.token_logprobs([[1, 2]], [[]], [0]) == [[]]
 
 
@@ -170,8 +171,9 @@ def _samples():
     ]
 
 
-def _assert_grad_close(a, b, rel=1e-4, scale=None):
-    """Equal up to float summation order, judged against ``scale`` (default: the gradient's own largest entry).
+def _assert_grad_close(a, b, rel=sum_tol(torch.float32, K_TINY_GRAD), scale=None):
+    """Equal up to float summation order (tests/floattol.py, over a gradient's reduction length), judged against
+    ``scale`` (default: the gradient's own largest entry).
 
     Pass the adapter's largest gradient entry over all its parameters when one parameter's gradient is tiny next
     to the others: float32 rounding follows the activations' scale, not that parameter's."""
@@ -220,7 +222,9 @@ def test_loss_is_token_mean_of_minus_advantage_logp_per_adapter():
         n_tok = sum(len(s.completion_ids) for s, _ in mine)
         want = sum(-s.advantage * sum(lp) for s, lp in mine) / n_tok
         assert stats[a]["n_tokens"] == n_tok and stats[a]["n_samples"] == len(mine)
-        assert stats[a]["loss"] == pytest.approx(want, rel=1e-4, abs=1e-6)
+        # a weighted mean of log-probabilities: each within logprob_atol, weights up to |advantage|
+        tol = logprob_atol() * max(abs(s.advantage) for s, _ in mine)
+        assert stats[a]["loss"] == pytest.approx(want, rel=0, abs=tol)
         assert stats[a]["grad_norm"] > 0
     assert set(stats[0]) == {"loss", "grad_norm", "n_tokens", "n_samples"}
 
@@ -341,7 +345,7 @@ def test_close_restores_the_plain_model():
     with torch.no_grad():
         lp = eng.model(input_ids=torch.tensor([prompt + [5, 6]])).logits[0].log_softmax(-1)
     ref = [float(lp[len(prompt) - 1, 5]), float(lp[len(prompt), 6])]
-    torch.testing.assert_close(torch.tensor(base), torch.tensor(ref), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(base), torch.tensor(ref), rtol=0, atol=logprob_atol())
     assert not any(type(m).__name__ == "MultiLoRALinear" for m in eng.model.modules())
 
 

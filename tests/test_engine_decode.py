@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_engine_helpers import engine_logits, tiny_engine
+from floattol import assert_close_sums
+from test_engine_helpers import K_TINY, K_TINY_GRAD, assert_greedy_agrees, engine_logits, logit_atol, tiny_engine
 from lorapop.engine import SamplingParams, TrainSample
 from lorapop.engine.decode import StaticKVCache
 
@@ -37,11 +38,11 @@ def test_chunked_prefill_gives_the_logits_of_one_prefill_and_of_hf():
     one, c1 = _hidden(eng, prompt, 64)
     chunked, c3 = _hidden(eng, prompt, 3)
     dec = eng._dec
-    torch.testing.assert_close(dec.logits(chunked), dec.logits(one), atol=1e-5, rtol=1e-5)
-    for a, b in zip(c1.k + c1.v, c3.k + c3.v):
-        torch.testing.assert_close(a[1, :, :len(prompt)], b[1, :, :len(prompt)], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dec.logits(chunked), dec.logits(one), atol=logit_atol(), rtol=0)
+    for a, b in zip(c1.k + c1.v, c3.k + c3.v):  # a layer's keys and values: at most a logit's path
+        assert_close_sums(a[1, :, :len(prompt)], b[1, :, :len(prompt)], K_TINY)
         assert torch.count_nonzero(a[0]) == 0  # slot 0 untouched: rows write only their own slot
-    torch.testing.assert_close(dec.logits(one), engine_logits(eng, prompt, 1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dec.logits(one), engine_logits(eng, prompt, 1), atol=logit_atol(), rtol=0)
 
 
 def test_greedy_matches_hf_generate_per_adapter():
@@ -53,7 +54,7 @@ def test_greedy_matches_hf_generate_per_adapter():
             ref = eng.model.generate(torch.tensor([prompt]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
         finally:
             eng._ctx.set(None)
-        assert c.token_ids == ref[0, len(prompt):].tolist()
+        assert_greedy_agrees(c.token_ids, ref[0, len(prompt):].tolist(), eng, prompt, a)
 
 
 def test_a_rows_sample_depends_only_on_its_seed():
@@ -146,7 +147,7 @@ def test_activation_checkpointing_gives_the_same_gradients(monkeypatch):
         grads.append([p.grad.clone() for p in eng._params])
         assert not any(m.training for m in eng.model.modules())  # flags restored
     for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        assert_close_sums(a, b, K_TINY_GRAD, scale=float(b.abs().max()))
     assert calls[True] == 2 * calls[False]  # every layer recomputed in backward: checkpointing really ran
 
 

