@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 # Per-step curves written to compare.json and printed at the end: the dynamics the paper's claims are about.
-CURVES = ("valid_rate", "student/solve_rate", "matched_solve_rate", "teacher/zero_adv_group_frac",
+CURVES = ("valid_rate", "student/matched_solve_rate", "student/topup_solve_rate", "teacher/zero_adv_group_frac",
           "student/zero_adv_group_frac", "coverage", "complexity/cyclomatic", "complexity/ast_depth",
           "format_error_rate", "evolve/replacements")
 
@@ -94,9 +94,8 @@ def curves(run_dir: Path) -> dict[str, list[float | None]]:
 
     run = load_run(run_dir)
     out: dict[str, list[float | None]] = {"step": [float(s) for s in run.steps]}
-    for key in CURVES:
-        if run.has(key):
-            out[key] = [v for _, v in run.series(key)]
+    for key in CURVES:  # every curve, None on steps without it (no valid task: no matched solve rate)
+        out[key] = [v for _, v in run.series(key)]
     return out
 
 
@@ -143,7 +142,7 @@ def summary_lines(result: dict) -> list[str]:
     lines = []
     for run, cs in result["curves"].items():
         for key, vals in cs.items():
-            if key == "step" or not vals:
+            if key == "step" or all(v is None for v in vals):
                 continue
             shown = ", ".join("-" if v is None else f"{v:.3g}" for v in vals)
             lines.append(f"{run:<10} {key:<30} {shown}")

@@ -379,10 +379,14 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
            for role in ("teacher", "student")]
         + [per_member(r, "member", "loss", "Policy-gradient loss per member") for r in runs
            if any(k.startswith("member/") and k.endswith("/loss") for k in r.keys())])
-    S["solve"] = _grid([overlay(runs, [("student/solve_rate", "solve rate")], "Student solve rate", y_range=RATE)]
-                       + [per_member(r, "student", "solve_rate", "Solve rate per student", y_range=RATE)
-                          for r in runs]
-                       + _by_task_type(runs, "solve_rate", "Solve rate by task type"))
+    # matched: this step's valid tasks, answered by their teacher's matched student (the single agent's own); the
+    # top-ups from the buffer are another distribution, drawn apart (docs/METHOD.md, Diagnostics)
+    S["solve"] = _grid([overlay(runs, [("student/matched_solve_rate", "matched"),
+                                       ("student/topup_solve_rate", "top-up (buffer tasks)")],
+                                "Student solve rate: matched (this step's valid tasks) and top-ups", y_range=RATE)]
+                       + [per_member(r, "student", "matched_solve_rate",
+                                     "Matched solve rate per student", y_range=RATE) for r in runs]
+                       + _by_task_type(runs, "matched_solve_rate", "Matched solve rate by task type"))
     S["validity"] = _grid(
         [overlay(runs, [("valid_rate", "valid")], "Valid-task rate", y_range=RATE),
          overlay(runs, [("format_error_rate", "all"), ("teacher/format_error_rate", "teacher"),

@@ -69,7 +69,11 @@ def test_compare_trains_both_evaluates_and_reports(tmp_path, capsys):
     assert summary["compute_per_adapter"]["samples_per_update"] == 4
     assert summary["compute_per_adapter"]["agent_samples_per_update"] == 8
     assert set(summary["curves"]) == {"population", "single"}
-    assert len(summary["curves"]["single"]["student/solve_rate"]) == 1
+    assert len(summary["curves"]["single"]["student/matched_solve_rate"]) == 1
+    # the solve-rate curve is the matched one, top-ups apart: every answer of the step is one of the two kinds
+    m = lines["single"][0]
+    assert "student/matched_solve_rate" in m or "student/topup_solve_rate" in m
+    assert "student/topup_frac" in m and "matched_solve_rate" not in m
     assert "mbppplus" in out and f"report: {root / 'report.html'}" in out
     # run again with the same name: both runs are complete, nothing is retrained, the report is rewritten
     assert main(["compare", "cpu_demo", "--name=tiny", f"--output-dir={tmp_path}", "--skip-eval", *TINY]) == 0

@@ -291,3 +291,34 @@ def test_population_replace_keeps_slot_and_role_and_records_lineage():
     assert again.state_dict() == pop.state_dict()
     single = Population.create("single", 4, 4)
     assert single.single and single.teachers == single.students == single.members
+
+
+def test_matched_solve_rate_is_the_curve_and_top_ups_are_apart(tmp_path):
+    import io
+
+    from lorapop.diagnostics.coverage import CoverageConfig, CoverageTracker
+    from lorapop.train.logger import Progress
+    from lorapop.train.metrics import step_metrics
+
+    t0, _, s0, _ = make_pop()
+
+    def job(task, teacher, statuses):
+        return stages.SolveJob(task, "code_o", s0, teacher, tuple(
+            stages.Rollout(s0, "student", "code_o", [1], completion(), status=s, task=task) for s in statuses))
+    jobs = (job("mine", t0, ("correct", "wrong")), job("buf1", None, ("correct", "correct")),
+            job("buf2", None, ("correct", "correct")))
+    ratings = Ratings()
+    for m in (t0, s0):
+        ratings.add(m.id)
+    result = stages.StepResult(1, (t0, s0), (valid_rollout(t0, "code_o", "mine"),), jobs, (), {}, (), {})
+    m = step_metrics(result, [], ratings, CoverageTracker(CoverageConfig(), run_dir=tmp_path), ["code_o"])
+    assert m["student/matched_solve_rate"] == 0.5 and m["student/topup_solve_rate"] == 1.0
+    assert m["student/solve_rate"] == 5 / 6 and m["student/topup_frac"] == 4 / 6
+    assert m["member/s0/matched_solve_rate"] == 0.5 and m["code_o/matched_solve_rate"] == 0.5
+    out = io.StringIO()
+    Progress("plain", 1, stream=out).end_step(1, m, {})
+    assert "student/matched_solve_rate=0.500 student/topup_solve_rate=1.000" in out.getvalue()
+    # a step without valid tasks has no matched solve rate (absent, not 0)
+    result = stages.StepResult(1, (t0, s0), (), jobs[1:], (), {}, (), {})
+    m = step_metrics(result, [], ratings, CoverageTracker(CoverageConfig(), run_dir=tmp_path), ["code_o"])
+    assert "student/matched_solve_rate" not in m and m["student/topup_frac"] == 1.0

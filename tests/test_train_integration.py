@@ -66,7 +66,7 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         for key in ("reward", "reward_std", "completions/mean_length", "valid_rate", "format_error_rate",
-                    "student/solve_rate", "teacher/reward", "coverage", "time/propose", "time/update",
+                    "student/solve_rate", "student/topup_frac", "teacher/reward", "coverage", "time/propose", "time/update",
                     "teacher/zero_adv_group_frac", "student/zero_adv_group_frac", "evolve/too_few_matches"):
             assert key in m, key
         counts = {k: v for k, v in m.items() if k.endswith("/n_samples")}
