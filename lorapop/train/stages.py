@@ -8,10 +8,11 @@ with ``T = tasks_per_type`` and ``n_types`` task types, every adapter makes exac
 its TRR++ groups (task type, role) holds exactly ``T`` samples.
 
 * a teacher proposes ``T`` tasks per type and trains on all of them;
-* a student answers ``T`` tasks per type ``n_solve`` times each: its matched teacher's valid tasks of this step
-  first, topped up from that type's buffer when fewer were valid, so its work does not depend on the teacher's
-  validity rate. All ``n_solve`` samples set solve rates, ratings and teacher rewards; one sample per task (drawn
-  with the step's seed) enters the update;
+* a student answers, ``n_solve`` times each, the valid tasks of this step of every teacher that drew it (PFSP
+  draws with replacement: none, one or several), topped up from that type's buffer to ``T`` per type when fewer, so
+  what it trains on depends neither on validity rates nor on the draw. All ``n_solve`` samples set solve rates,
+  ratings and teacher rewards; one sample of each of ``T`` answered tasks per type (drawn with the step's seed)
+  enters the update;
 * the single agent proposes ``T`` per type and answers its own ``T`` per type the same way, and, as AZR does, trains
   on both: ``T`` proposals and ``T`` answers per type, ``2 * n_types * T`` samples, one teacher's plus one student's
   work. So every TRR++ group (member, task type, role) holds ``T`` samples in both modes, and the agent's update
