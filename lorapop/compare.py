@@ -4,16 +4,16 @@ It trains a population and the single-agent baseline from the same base model an
 compute, evaluates both with ``lorapop eval`` and writes one report overlaying the two runs, with the evaluation
 table in the paper's layout (mean / min / max over members vs the baseline).
 
-**Same per-adapter compute**, precisely: the baseline's config *is* the population's config (the YAML and every
-override) with only ``population.mode`` set to ``single``, so base model, seed, task types, ``tasks_per_type`` (T),
-``n_solve``, ``n_references``, sampling lengths and temperatures, LoRA shape, optimiser and ``run.steps`` are equal.
-Per step, every adapter (each teacher, each student, the single agent) then makes exactly one optimiser update from
-exactly ``n_types x T`` samples (lorapop/train/stages.py: a teacher trains on its T proposals per type, a student on
-one sampled answer per task it solved, the agent on ceil(T/2) proposals and floor(T/2) answers per type); a teacher
-generates T proposals per type, a student ``T x n_solve`` answers per type, and the agent both, i.e. the generation
-of one teacher plus one student. So every adapter sees the same number of steps, updates and samples per update; the
-population as a whole spends ``n_teachers + n_students`` adapters' worth of that. ``member/<id>/n_samples`` and
-``member/<id>/n_tokens`` in both runs' metrics.jsonl show it held.
+**Same per-adapter compute**, precisely (docs/METHOD.md, "The step", Update): the baseline's config *is* the
+population's config (the YAML and every override) with ``population.mode`` set to ``single`` and
+``selfplay.teacher_reward`` to ``auto`` (AZR's learnability for the agent; a command-line override wins), so base
+model, seed, task types, ``tasks_per_type`` (T), ``n_solve``, ``n_references``, sampling lengths and temperatures,
+LoRA shape, optimiser and ``run.steps`` are equal. Per step every adapter makes exactly one optimiser update, and
+every TRR++ group (member, task type, role) holds exactly T samples: a teacher trains on its T proposals per type
+(``n_types x T`` samples), a student on T answers per type (``n_types x T``), and the agent, as AZR does, on both its
+T proposals and T answers per type (``2 x n_types x T``: one teacher's plus one student's work, the generation and
+the samples of one teacher plus one student). ``member/<id>/n_samples`` and ``member/<id>/n_tokens`` in both runs'
+metrics.jsonl show it held.
 
 Outputs, under ``<output_dir>/<name>/``: ``population/`` and ``single/`` (ordinary run directories, each with its
 ``eval.json``), ``eval.json`` (both runs, as ``lorapop eval --out`` writes it), ``report.html`` (both runs overlaid)
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 # Per-step curves written to compare.json and printed at the end: the dynamics the paper's claims are about.
-CURVES = ("valid_rate", "student/solve_rate", "matched_solve_rate", "teacher/zero_adv_group_frac",
+CURVES = ("valid_rate", "student/matched_solve_rate", "student/topup_solve_rate", "teacher/zero_adv_group_frac",
           "student/zero_adv_group_frac", "coverage", "complexity/cyclomatic", "complexity/ast_depth",
           "format_error_rate", "evolve/replacements")
 
@@ -66,7 +66,11 @@ def compare_configs(config: str | None, overrides: list[str], name: str, output_
     if pop.population.mode != "population":
         raise ConfigError(f"{config}: lorapop compare needs a population config (population.mode: population); the "
                           "baseline is derived from it")
-    single = load_config(path, overrides + where + ["--run.name=single", "--population.mode=single"])
+    # The baseline is AZR: its proposer is paid AZR's learnability (teacher_reward auto), whatever reward the
+    # population's YAML names, unless the command line asks for one (then both runs get it, and a warning).
+    reward = [] if any(o.startswith("--selfplay.teacher_reward=") for o in overrides) else \
+        ["--selfplay.teacher_reward=auto"]
+    single = load_config(path, overrides + where + ["--run.name=single", "--population.mode=single"] + reward)
     return pop, single
 
 
@@ -89,9 +93,8 @@ def curves(run_dir: Path) -> dict[str, list[float | None]]:
 
     run = load_run(run_dir)
     out: dict[str, list[float | None]] = {"step": [float(s) for s in run.steps]}
-    for key in CURVES:
-        if run.has(key):
-            out[key] = [v for _, v in run.series(key)]
+    for key in CURVES:  # every curve, None on steps without it (no valid task: no matched solve rate)
+        out[key] = [v for _, v in run.series(key)]
     return out
 
 
@@ -108,7 +111,11 @@ def run_compare(config: str | None, overrides: list[str], ccfg: CompareConfig, n
                               "seed": pop_cfg.run.seed, "model": pop_cfg.model.name,
                               "compute_per_adapter": {
                                   "updates_per_step": 1,
+                                  "trr_group_size": pop_cfg.selfplay.tasks_per_type,
+                                  # a teacher's or a student's; the agent trains on both roles' groups: twice this
                                   "samples_per_update": len(pop_cfg.selfplay.task_types)
+                                  * pop_cfg.selfplay.tasks_per_type,
+                                  "agent_samples_per_update": 2 * len(pop_cfg.selfplay.task_types)
                                   * pop_cfg.selfplay.tasks_per_type,
                                   "n_solve": pop_cfg.selfplay.n_solve,
                                   "population_adapters": pop_cfg.population.n_members, "single_adapters": 1},
@@ -134,7 +141,7 @@ def summary_lines(result: dict) -> list[str]:
     lines = []
     for run, cs in result["curves"].items():
         for key, vals in cs.items():
-            if key == "step" or not vals:
+            if key == "step" or all(v is None for v in vals):
                 continue
             shown = ", ".join("-" if v is None else f"{v:.3g}" for v in vals)
             lines.append(f"{run:<10} {key:<30} {shown}")

@@ -8,6 +8,7 @@ saved as ``config.yaml`` in the run directory.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,8 +33,9 @@ class PopulationConfig:
                                                  "(the AZR baseline: one adapter plays both roles)")
     n_teachers: int = doc(2, "number of teacher adapters (population mode)")
     n_students: int = doc(2, "number of student adapters (population mode)")
-    require_equal: bool = doc(True, "demand n_teachers == n_students, so that matchmaking without replacement "
-                                    "gives every student the same amount of work")
+    require_equal: bool = doc(False, "demand n_teachers == n_students (a guard for runs that mean a symmetric "
+                                     "population; matchmaking draws with replacement either way and every student "
+                                     "answers tasks_per_type tasks per type, so unequal populations are fine)")
     init_from: str | list[str] = doc(
         [], "start members from existing LoRA adapters instead of fresh ones (at step 0 only; a resume reads its "
             "checkpoint). A source is a PEFT adapter directory or RUN_DIR:best / RUN_DIR:<member id> (best: the "
@@ -101,10 +103,12 @@ class SelfPlayConfig:
     n_solve: int = doc(2, "samples per task from the matched student (8 on GPU); they set solve rates, ratings and "
                           "teacher rewards")
     n_references: int = doc(6, "K reference tasks from the buffer shown to a proposing teacher")
-    teacher_reward: Literal["adversarial", "learnability"] = doc(
-        "adversarial", "'adversarial' (the paper's: 1 - s) or 'learnability' (AZR's: 1 - s if 0 < s < 1 else 0)")
-    pfsp_floor: float = doc(0.05, "added to TrueSkill match quality before sampling a student, so every student "
-                                  "keeps some chance of being matched")
+    teacher_reward: Literal["auto", "adversarial", "learnability"] = doc(
+        "auto", "'adversarial' (the paper's population reward: 1 - s), 'learnability' (AZR's: 1 - s if 0 < s < 1 "
+                "else 0) or 'auto': learnability in population.mode single (the baseline is AZR), adversarial in "
+                "population mode; resolved at load and saved resolved in config.yaml")
+    pfsp_floor: float = doc(0.05, "added to every student's PFSP weight 4 p (1 - p) (p: TrueSkill's probability "
+                                  "that the student beats the teacher) before sampling, so no student is starved")
     seed_files: list[str] = doc([], "optional JSONL seed files for the buffers (AZR layout: snippet/input/output or "
                                     "snippet/inputs/outputs/message); a path, or one relative to lorapop's data "
                                     "directory (seeds/azr_7b_coder_seed_io.jsonl, "
@@ -132,6 +136,11 @@ class SelfPlayConfig:
         for name in ("tasks_per_type", "n_solve", "n_references"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"selfplay.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.tasks_per_type < 2:
+            # every TRR++ group (member, task type, role) holds tasks_per_type samples; one sample is its own mean
+            raise ConfigError(f"selfplay.tasks_per_type: must be >= 2, got {self.tasks_per_type}: TRR++ normalises "
+                              "rewards within each (member, task type, role) group of tasks_per_type samples, and a "
+                              "group of one has advantage 0, so nobody would learn; set it to 2 or more")
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
         for name in ("propose", "solve"):
@@ -188,6 +197,23 @@ class Config:
     evolve: EvolveConfig = doc(EvolveConfig(), "population-based training: operators and schedule")
     coverage: CoverageConfig = doc(CoverageConfig(), "CVT archive for problem-space coverage")
     run: RunConfig = doc(RunConfig(), "run directory, length, checkpoints, logging")
+
+    def validate(self) -> None:
+        """Cross-section rules: ``selfplay.teacher_reward: auto`` resolved by ``population.mode`` (so config.yaml
+        records what ran); a single agent paid adversarially is warned about in one line (it is not AZR)."""
+        sp = self.selfplay
+        sp.teacher_reward = resolve_teacher_reward(self.population.mode, sp.teacher_reward)
+        if self.population.mode == "single" and sp.teacher_reward == "adversarial":
+            print("warning: selfplay.teacher_reward: adversarial in population.mode single is not AZR (AZR pays its "
+                  "proposer learnability: 1 - s when 0 < s < 1, else 0); use auto or learnability for the baseline",
+                  file=sys.stderr)
+
+
+def resolve_teacher_reward(mode: str, teacher_reward: str) -> str:
+    """``auto`` -> AZR's ``learnability`` for the single agent, the paper's ``adversarial`` for a population."""
+    if teacher_reward != "auto":
+        return teacher_reward
+    return "learnability" if mode == "single" else "adversarial"
 
 
 def resolve_config_path(name: str) -> str:

@@ -333,23 +333,41 @@ def eval_comparison(runs: list[RunData]) -> str:
 
 def retention_section(run: RunData) -> str:
     """retention.json (`lorapop retention`): held-out solve rate per arm over the steps after the operator (one curve
-    per operator, the parent's pre-operator rate as a dashed line), and the recovery table."""
+    per operator, the continuation arm, the reference, dashed black; the parent's pre-operator rate dotted), and the
+    recovery table. Files written before the continuation became the reference (issue 22) have no ``reference``
+    key: their recovery was against the parent's pre-operator rate, and the text says so."""
     ret = run.retention or {}
     arms = ret.get("arms") or {}
     pre = (ret.get("parent_heldout") or {}).get("solve_rate")
+    against_continuation = ret.get("reference") == "continuation"
     series = [Series(name, [(float(i), _num_or_none(v)) for i, v in enumerate(arm.get("heldout") or [])],
-                     color=color(i)) for i, (name, arm) in enumerate(arms.items())]
+                     color="#000000" if against_continuation and name == "continuation" else color(i),
+                     dash="6 3" if against_continuation and name == "continuation" else "")
+              for i, (name, arm) in enumerate(arms.items())]
     steps = max((len(a.get("heldout") or []) for a in arms.values()), default=1)
     if isinstance(pre, (int, float)):
         series.append(Series(f"parent before operator ({pre:.3f})", [(0.0, float(pre)), (float(steps - 1), float(pre))],
-                             color="#000000", dash="6 3"))
+                             color="#888888", dash="2 3"))
     rows = [{"arm": name, "operator id": (arm.get("record") or {}).get("id") or "",
              "after operator": (arm.get("heldout") or [None])[0], "final": (arm.get("heldout") or [None])[-1],
-             "recovered at step": arm.get("recovered_step") if arm.get("recovered_step") is not None
-             else "not recovered"} for name, arm in arms.items()]
-    head = (f"<p>parent <b>{escape(str(ret.get('parent')))}</b>, second parent "
-            f"{escape(str(ret.get('second_parent')))}, checkpoint {escape(str(ret.get('checkpoint')))}; recovered = "
-            f"held-out solve rate &ge; {escape(str(ret.get('threshold')))} &times; the parent's</p>")
+             "drop": arm.get("drop", ""), "final gap": arm.get("final_gap", ""),
+             "recovered at step": "reference" if against_continuation and name == "continuation"
+             else arm.get("recovered_step") if arm.get("recovered_step") is not None else "not recovered"}
+            for name, arm in arms.items()]
+    mini = ret.get("mini_eval") or {}
+    against = ("the continuation arm's at the same step" if against_continuation
+               else "the parent's before the operator (a file from before the continuation became the reference)")
+    head = (f"<p>parent <b>{escape(str(ret.get('parent')))}</b>"
+            + (f" ({escape(str(ret.get('parent_selfplay_steps')))} self-play steps)"
+               if ret.get("parent_selfplay_steps") is not None else "")
+            + f", second parent {escape(str(ret.get('second_parent')))}, checkpoint "
+            f"{escape(str(ret.get('checkpoint')))}; recovered = held-out solve rate &ge; "
+            f"{escape(str(ret.get('threshold')))} &times; {escape(against)}</p>"
+            + (f"<p>mini-eval: {escape(str(mini.get('n_tasks')))} held-out tasks &times; "
+               f"{escape(str(mini.get('samples_per_task')))} answer(s), resolution "
+               f"{escape(format(mini.get('resolution', 0), '.3f'))}; arms trained with the "
+               f"{escape(str(ret.get('training')))}</p>" if mini else "")
+            + (f"<p><b>note</b>: {escape(str(ret['note']))}</p>" if ret.get("note") else ""))
     return f"<h3>{escape(run.name)}</h3>" + head + _grid([line_chart(
         series, "Held-out solve rate after the operator", xlabel="steps after the operator", y_range=RATE)]) + table(rows)
 
@@ -379,10 +397,14 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
            for role in ("teacher", "student")]
         + [per_member(r, "member", "loss", "Policy-gradient loss per member") for r in runs
            if any(k.startswith("member/") and k.endswith("/loss") for k in r.keys())])
-    S["solve"] = _grid([overlay(runs, [("student/solve_rate", "solve rate")], "Student solve rate", y_range=RATE)]
-                       + [per_member(r, "student", "solve_rate", "Solve rate per student", y_range=RATE)
-                          for r in runs]
-                       + _by_task_type(runs, "solve_rate", "Solve rate by task type"))
+    # matched: this step's valid tasks, answered by their teacher's matched student (the single agent's own); the
+    # top-ups from the buffer are another distribution, drawn apart (docs/METHOD.md, Diagnostics)
+    S["solve"] = _grid([overlay(runs, [("student/matched_solve_rate", "matched"),
+                                       ("student/topup_solve_rate", "top-up (buffer tasks)")],
+                                "Student solve rate: matched (this step's valid tasks) and top-ups", y_range=RATE)]
+                       + [per_member(r, "student", "matched_solve_rate",
+                                     "Matched solve rate per student", y_range=RATE) for r in runs]
+                       + _by_task_type(runs, "matched_solve_rate", "Matched solve rate by task type"))
     S["validity"] = _grid(
         [overlay(runs, [("valid_rate", "valid")], "Valid-task rate", y_range=RATE),
          overlay(runs, [("format_error_rate", "all"), ("teacher/format_error_rate", "teacher"),

@@ -113,7 +113,7 @@ def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int
                                            status="correct" if rng.random() < p else "wrong")
                             for _ in range(sp.n_solve))))
             proposals, jobs = stages.reward(proposals, jobs, sp.teacher_reward)
-            batch = stages.update_batch(proposals, jobs, pop.single, sp.tasks_per_type, rng)
+            batch = stages.update_batch(proposals, jobs, sp.tasks_per_type, rng)
             train_stats = {m.slot: {"loss": rng.gauss(0, 0.05), "grad_norm": abs(rng.gauss(1, 0.2))}
                            for m in pop.members}
             for match in stages.matches(jobs):

@@ -8,7 +8,7 @@ import pytest
 
 from lorapop.cli import main
 
-TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=1", "--selfplay.n_solve=2",
+TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
         "--selfplay.propose.max_new_tokens=24", "--selfplay.solve.max_new_tokens=12", "--run.steps=1",
         "--selfplay.seed_files=[]", "--run.progress=none", "--run.tensorboard=false"]
 
@@ -23,6 +23,9 @@ def test_shipped_cpu_single_is_cpu_demo_as_a_single_agent():
     for d in (demo, single, derived):
         d.pop("evolve")  # a single agent has no PBT
         d["run"].pop("name"), d["run"].pop("output_dir")
+    # the one other difference: the baseline is AZR, its proposer paid learnability (the population adversarially)
+    assert demo["selfplay"].pop("teacher_reward") == "adversarial"
+    assert single["selfplay"].pop("teacher_reward") == derived["selfplay"].pop("teacher_reward") == "learnability"
     assert single["population"]["mode"] == derived["population"]["mode"] == "single"
     assert {k: v for k, v in single.items() if k != "population"} == \
         {k: v for k, v in demo.items() if k != "population"} == {k: v for k, v in derived.items() if k != "population"}
@@ -49,8 +52,9 @@ def test_compare_trains_both_evaluates_and_reports(tmp_path, capsys):
     assert [m["step"] for m in lines["population"]] == [m["step"] for m in lines["single"]] == [1]
     # same per-adapter compute: every adapter of both runs trained on the same number of samples
     counts = {k: v for run in lines.values() for k, v in run[0].items() if k.endswith("/n_samples")}
-    assert set(counts) == {"member/t0/n_samples", "member/t1/n_samples", "member/s0/n_samples",
-                           "member/s1/n_samples", "member/a0/n_samples"} and set(counts.values()) == {2}
+    # (2 task types x T = 2: 4 per teacher and per student; the agent trains on both roles' groups, 8)
+    assert counts == {"member/t0/n_samples": 4, "member/t1/n_samples": 4, "member/s0/n_samples": 4,
+                      "member/s1/n_samples": 4, "member/a0/n_samples": 8}
     for d in (pop, single):  # the same base, seed and amounts: only the mode differs
         assert (d / "eval.json").is_file()
     ev = json.loads((root / "eval.json").read_text())
@@ -61,9 +65,14 @@ def test_compare_trains_both_evaluates_and_reports(tmp_path, capsys):
                  "population", "single", "TRR++ groups whose rewards all tie"):
         assert text in html, text
     summary = json.loads((root / "compare.json").read_text())
-    assert summary["compute_per_adapter"]["samples_per_update"] == 2
+    assert summary["compute_per_adapter"]["samples_per_update"] == 4
+    assert summary["compute_per_adapter"]["agent_samples_per_update"] == 8
     assert set(summary["curves"]) == {"population", "single"}
-    assert len(summary["curves"]["single"]["student/solve_rate"]) == 1
+    assert len(summary["curves"]["single"]["student/matched_solve_rate"]) == 1
+    # the solve-rate curve is the matched one, top-ups apart: every answer of the step is one of the two kinds
+    m = lines["single"][0]
+    assert "student/matched_solve_rate" in m or "student/topup_solve_rate" in m
+    assert "student/topup_frac" in m and "matched_solve_rate" not in m
     assert "mbppplus" in out and f"report: {root / 'report.html'}" in out
     # run again with the same name: both runs are complete, nothing is retrained, the report is rewritten
     assert main(["compare", "cpu_demo", "--name=tiny", f"--output-dir={tmp_path}", "--skip-eval", *TINY]) == 0

@@ -40,8 +40,11 @@ def test_every_shipped_config_loads_and_roundtrips(path, tmp_path):
     (["--selfplay.n_solve=abc"], "selfplay.n_solve: expected int, got str 'abc'"),
     (["--engine.lr=fast"], "engine.lr: expected float"),
     (["--population.n_teachers=0", "--population.n_students=0"], "population.n_teachers: must be at least 1"),
-    (["--population.n_teachers=2", "--population.n_students=3"], "population.n_students: must equal"),
-    (["--selfplay.teacher_reward=nice"], "selfplay.teacher_reward: expected one of 'adversarial', 'learnability'"),
+    (["--population.n_teachers=2", "--population.n_students=3", "--population.require_equal=true"],
+     "population.n_students: must equal"),
+    (["--selfplay.teacher_reward=nice"],
+     "selfplay.teacher_reward: expected one of 'auto', 'adversarial', 'learnability'"),
+    (["--selfplay.tasks_per_type=1"], "selfplay.tasks_per_type: must be >= 2, got 1: TRR++ normalises rewards"),
     (["--selfplay.task_types=[code_x]"], "selfplay.task_types: allowed values are code_o, code_i, code_f"),
     (["--run.steps=0"], "run.steps: must be >= 1"),
     (["--selfplay.solve.stop=['```']"], "selfplay.solve.stop: '```' needs selfplay.response_prefill: true"),
@@ -58,9 +61,35 @@ def test_bad_config_gives_one_line_naming_the_field(overrides, fragment):
 
 
 def test_unequal_population_allowed_when_not_required():
-    cfg = load_config(None, ["--population.n_teachers=2", "--population.n_students=3",
-                             "--population.require_equal=false"])
+    cfg = load_config(None, ["--population.n_teachers=2", "--population.n_students=3"])  # PFSP draws with replacement
     assert cfg.population.n_members == 5
+    cfg = load_config(None, ["--population.require_equal=true"])  # an old config.yaml's key still loads
+    assert cfg.population.require_equal
+
+
+@pytest.mark.parametrize("mode, asked, resolved, warns", [
+    ("single", None, "learnability", False), ("population", None, "adversarial", False),
+    ("single", "auto", "learnability", False), ("population", "auto", "adversarial", False),
+    ("single", "adversarial", "adversarial", True), ("population", "learnability", "learnability", False),
+    ("single", "learnability", "learnability", False), ("population", "adversarial", "adversarial", False),
+])
+def test_teacher_reward_resolves_per_population_mode_and_warns_when_the_agent_is_not_azr(
+        mode, asked, resolved, warns, capsys, tmp_path):
+    over = [f"--population.mode={mode}"] + ([f"--selfplay.teacher_reward={asked}"] if asked else [])
+    cfg = load_config(None, over)
+    assert cfg.selfplay.teacher_reward == resolved
+    err = capsys.readouterr().err
+    assert ("is not AZR" in err) == warns and err.count("\n") == int(warns)  # one line, only when it applies
+    out = tmp_path / "config.yaml"
+    out.write_text(config_to_yaml(cfg))  # the saved config records the resolved mode, never 'auto'
+    assert yaml.safe_load(out.read_text())["selfplay"]["teacher_reward"] == resolved
+
+
+@pytest.mark.parametrize("name, resolved", [("single", "learnability"), ("cpu_single", "learnability"),
+                                            ("cpu_demo", "adversarial"), ("4T+4S", "adversarial")])
+def test_shipped_configs_pay_the_single_agent_as_azr_and_the_population_adversarially(name, resolved, capsys):
+    assert load_config(str(SHIPPED / f"{name}.yaml")).selfplay.teacher_reward == resolved
+    assert "not AZR" not in capsys.readouterr().err
 
 
 def test_malformed_yaml_file(tmp_path):

@@ -1,6 +1,8 @@
 """A run directory written by the trainer before the run-directory refactor (``tests/fixtures/run_v1``: a real
 ``lorapop train cpu_demo`` shrunk to 1T+1S, rank 1 on v_proj, 2 steps, one checkpoint) still resumes, reports and
-evaluates with today's code. If this fails, the run-directory format changed in a way old runs cannot follow."""
+evaluates with today's code. If this fails, the run-directory format changed in a way old runs cannot follow.
+Its config.yaml's ``tasks_per_type`` was raised from 1 to 2 when configs with one-sample TRR++ groups became refused
+at load (issue 22; such a run learns nothing); the checkpoint and logs are as written."""
 
 from __future__ import annotations
 

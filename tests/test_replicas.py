@@ -224,7 +224,7 @@ def test_executor_on_ray_actors_matches_the_local_sandbox(cluster):
 
 TINY = [
     "--population.n_teachers=2", "--population.n_students=2",
-    "--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=1", "--selfplay.n_solve=2",
+    "--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
     "--selfplay.n_references=1", "--selfplay.propose.max_new_tokens=24", "--selfplay.solve.max_new_tokens=12",
     "--engine.device=cpu", "--engine.gen_batch_size=8", "--evolve.perturbation_interval=2",
     "--evolve.burn_in_period=1", "--evolve.min_rated_matches=0",  # tiny steps rate almost nothing

@@ -59,7 +59,17 @@ def test_overlay_of_single_and_population(runs, tmp_path):
     chart = html[html.index("Reward by role"):html.index("</figure>", html.index("Reward by role"))]
     for label in ("pop4 · teacher", "pop4 · student", "single · teacher", "single · student"):
         assert f"<title>{label}</title>" in chart
-    assert "Solve rate per student — single" in html and "Solve rate per student — pop4" in html
+    assert "Matched solve rate per student — single" in html and "Matched solve rate per student — pop4" in html
+
+    def chart(title):
+        i = html.index(title)
+        return html[i:html.index("</figure>", i)]
+    # the solve-rate, complexity and coverage panels overlay both runs: the same keys exist for the single agent
+    assert "<title>pop4 · matched</title>" in chart("Student solve rate: matched") and \
+        "<title>single · matched</title>" in chart("Student solve rate: matched")
+    for title in ("ast_depth (mean over the step", "Coverage (fraction of CVT cells"):
+        assert "<title>pop4" in chart(title) and "<title>single" in chart(title), title
+    assert "<title>a0</title>" in chart("Coverage by teacher (tasks proposed) — single")
     assert "Population over steps — single" in html
     # default output for several runs: the first run's directory
     assert write_report([runs["single"], runs["pop"]]) == runs["single"] / "report.html"

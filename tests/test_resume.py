@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 TINY = [
     "--population.n_teachers=2", "--population.n_students=2",
-    "--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=1", "--selfplay.n_solve=1",
+    "--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=1",
     "--selfplay.n_references=1",
     "--selfplay.propose.max_new_tokens=24", "--selfplay.solve.max_new_tokens=12",
     "--engine.device=cpu", "--engine.gen_batch_size=8",

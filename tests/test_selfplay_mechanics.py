@@ -68,33 +68,53 @@ def test_ratings_count_rated_matches_per_member():
 
 
 # ---- matchmaking -----------------------------------------------------------------------------------------------------
-def test_pfsp_probabilities_follow_quality_plus_floor():
-    q = {("t", "a"): 0.8, ("t", "b"): 0.2, ("t", "c"): 0.0}
-    p = pfsp_probabilities("t", ["a", "b", "c"], lambda t, s: q[(t, s)], floor=0.05)
-    total = 0.85 + 0.25 + 0.05
-    assert p == pytest.approx([0.85 / total, 0.25 / total, 0.05 / total])
+def test_pfsp_probabilities_follow_win_probability_weight_plus_floor():
+    p_win = {("a", "t"): 0.5, ("b", "t"): 0.9, ("c", "t"): 1.0}  # P(student beats teacher)
+    p = pfsp_probabilities("t", ["a", "b", "c"], lambda s, t: p_win[(s, t)], floor=0.05)
+    w = [4 * 0.5 * 0.5 + 0.05, 4 * 0.9 * 0.1 + 0.05, 0.0 + 0.05]  # f_var scaled to 1 at a balanced match
+    assert p == pytest.approx([x / sum(w) for x in w], rel=1e-12)
 
 
-def test_matchmaking_without_replacement_gives_every_student_one_teacher():
-    teachers, students = [f"t{i}" for i in range(4)], [f"s{i}" for i in range(4)]
-    for seed in range(20):
-        pairs = matchmake(teachers, students, lambda t, s: 0.5, 0.05, random.Random(seed))
-        assert sorted(pairs) == teachers
-        assert sorted(pairs.values()) == students
+def test_trueskill_win_probability_is_the_1v1_model():
+    r = Ratings(mu=25.0, sigma=25 / 3, beta=25 / 6)
+    r.add("a", mu=30.0)
+    r.add("b", mu=25.0)
+    assert r.win_probability("a", "a") == 0.5
+    z = 5.0 / math.sqrt(2 * (25 / 6) ** 2 + 2 * (25 / 3) ** 2)
+    assert r.win_probability("a", "b") == pytest.approx(0.5 * (1 + math.erf(z / math.sqrt(2))), rel=1e-12)
+    assert r.win_probability("a", "b") + r.win_probability("b", "a") == pytest.approx(1.0, abs=1e-12)
 
 
-def test_matchmaking_prefers_high_quality_matches():
-    quality = lambda t, s: 0.9 if s == "s0" else 0.01  # noqa: E731
-    counts = collections.Counter()
-    for seed in range(400):
-        counts.update(matchmake(["t0"], ["s0", "s1", "s2"], quality, 0.05, random.Random(seed)).values())
-    # expected share of s0: 0.95 / (0.95 + 0.06 + 0.06) = 0.89
-    assert 0.8 < counts["s0"] / 400 < 0.97
-    assert counts["s1"] > 0 and counts["s2"] > 0  # the floor keeps everyone reachable
+def test_matchmaking_2t2s_follows_pfsp_weights_with_replacement_not_a_permutation():
+    """2 teachers, 2 students, s0 rated far above everyone: each teacher's draw follows the PFSP weights
+    independently. A permutation (the old draw without replacement) would give s0 exactly one teacher every step."""
+    r = Ratings()
+    for m in ("t0", "t1", "s1"):
+        r.add(m)
+    r.add("s0", mu=60.0)
+    r.ratings["s0"] = r.env.create_rating(mu=60.0, sigma=1.0)
+    expected = {t: pfsp_probabilities(t, ["s0", "s1"], r.win_probability, 0.05)[0] for t in ("t0", "t1")}
+    assert all(x < 0.1 for x in expected.values())  # s0 almost surely wins: only the floor keeps it drawable
+    n = 4000
+    got = collections.Counter()
+    n_s0_per_step = collections.Counter()
+    for step in range(n):
+        pairs = matchmake(["t0", "t1"], ["s0", "s1"], r.win_probability, 0.05,
+                          stages.step_rng(0, step, "matchmake"))
+        got.update(t for t, s in pairs.items() if s == "s0")
+        n_s0_per_step[sum(s == "s0" for s in pairs.values())] += 1
+    for t, p in expected.items():
+        # binomial: the count of s0 draws has sd sqrt(n p (1 - p)); 4 sd leaves a false failure at ~6e-5
+        assert abs(got[t] - n * p) < 4 * math.sqrt(n * p * (1 - p)), (t, got[t], n * p)
+    # independent draws: both teachers on s1 in most steps (about (1 - p)^2), which a permutation never does
+    p0 = expected["t0"]
+    assert abs(n_s0_per_step[0] - n * (1 - p0) ** 2) < 4 * math.sqrt(n * (1 - p0) ** 2 * (1 - (1 - p0) ** 2))
 
 
-def test_matchmaking_with_replacement_when_unequal():
-    pairs = matchmake(["t0", "t1", "t2"], ["s0"], lambda t, s: 0.5, 0.05, random.Random(0))
+def test_matchmaking_draws_from_the_stage_rng_only():
+    args = (["t0", "t1", "t2"], ["s0", "s1"], lambda s, t: 0.5, 0.05)
+    assert matchmake(*args, stages.step_rng(3, 7, "matchmake")) == matchmake(*args, stages.step_rng(3, 7, "matchmake"))
+    pairs = matchmake(["t0", "t1", "t2"], ["s0"], lambda s, t: 0.5, 0.05, random.Random(0))
     assert set(pairs.values()) == {"s0"}
 
 
@@ -128,7 +148,7 @@ def test_students_never_solve_their_teachers_other_or_own_tasks_and_get_equal_wo
     sp = SelfPlayConfig(task_types=["code_o", "code_i"], tasks_per_type=3)
     ctx = stages.StepContext(1, 0, None, None, sp, buffers)  # solve_jobs needs neither engine nor executor
     invalid = stages.Rollout(t1, "teacher", "code_o", [1], completion(), status="invalid", task=None)
-    jobs = stages.solve_jobs(ctx, {"t0": s1, "t1": s0}, {"t0": t0, "t1": t1}, valid + [invalid])
+    jobs = stages.solve_jobs(ctx, {"t0": s1, "t1": s0}, {"t0": t0, "t1": t1}, valid + [invalid], [s0, s1])
     per_student = collections.Counter((j.student.id, j.task_type) for j in jobs)
     assert per_student == {("s1", "code_o"): 3, ("s1", "code_i"): 3, ("s0", "code_o"): 3, ("s0", "code_i"): 3}
     matched = [(j.student.id, j.task) for j in jobs if j.teacher is not None]
@@ -137,6 +157,25 @@ def test_students_never_solve_their_teachers_other_or_own_tasks_and_get_equal_wo
         assert j.student.role == "student"
         if j.teacher is None:
             assert str(j.task).endswith(("seed0", "seed1", "seed2"))  # top-up from the buffer
+
+
+def test_a_student_drawn_by_two_teachers_answers_both_and_trains_on_t_per_type_one_drawn_by_none_on_top_ups():
+    t0, t1, s0, s1 = make_pop()
+    valid = [valid_rollout(t, "code_o", f"{t.id}-{k}") for t in (t0, t1) for k in range(3)]
+    buffers = {"code_o": FakeBuffer("code_o")}
+    sp = SelfPlayConfig(task_types=["code_o"], tasks_per_type=3)
+    ctx = stages.StepContext(1, 0, None, None, sp, buffers)
+    jobs = stages.solve_jobs(ctx, {"t0": s0, "t1": s0}, {"t0": t0, "t1": t1}, valid, [s0, s1])
+    # every valid task is answered by its teacher's matched student (its reward and match need the solve rate)
+    assert sorted((j.student.id, j.task) for j in jobs if j.teacher) == sorted(("s0", f"{t}-{k}") for t in ("t0", "t1")
+                                                                                for k in range(3))
+    assert [j.teacher for j in jobs if j.student.id == "s1"] == [None] * 3  # drawn by none: 3 top-ups
+    jobs = [stages.SolveJob(j.task, j.task_type, j.student, j.teacher, tuple(_rollouts_for(j.student, "student",
+                                                                                       "code_o", 2))) for j in jobs]
+    batch = stages.update_batch(valid, jobs, 3, random.Random(0))
+    groups = {k: len(v) for k, v in stages.trr_groups(batch).items()}
+    assert groups == {("t0", "code_o", "teacher"): 3, ("t1", "code_o", "teacher"): 3,
+                      ("s0", "code_o", "student"): 3, ("s1", "code_o", "student"): 3}
 
 
 def test_teacher_reward_modes_and_student_rewards():
@@ -187,8 +226,10 @@ def _rollouts_for(member, role, tt, n):
     return [stages.Rollout(member, role, tt, [1], completion()) for _ in range(n)]
 
 
-@pytest.mark.parametrize("tpt", [1, 2, 4, 5])
-def test_update_batch_is_compute_matched_between_population_and_single(tpt):
+@pytest.mark.parametrize("tpt", [2, 4, 5, 64])
+def test_update_batch_groups_are_t_samples_for_population_and_single(tpt):
+    """Every TRR++ group (member, task type, role) holds T samples: a teacher's, a student's, and both of the single
+    agent's (it trains, as AZR does, on T proposals and T answers per type: twice a population member's samples)."""
     types = ["code_o", "code_i", "code_f"]
     t0, _, s0, _ = make_pop()
     props = [r for tt in types for r in _rollouts_for(t0, "teacher", tt, tpt)]
@@ -196,9 +237,10 @@ def test_update_batch_is_compute_matched_between_population_and_single(tpt):
     for tt in types:
         for _ in range(tpt):
             jobs.append(stages.SolveJob("x", tt, s0, t0, tuple(_rollouts_for(s0, "student", tt, 3))))
-    batch = stages.update_batch(props, jobs, single=False, tasks_per_type=tpt, rng=random.Random(0))
-    counts = collections.Counter(r.member.id for r in batch)
-    assert counts == {"t0": 3 * tpt, "s0": 3 * tpt}
+    batch = stages.update_batch(props, jobs, tasks_per_type=tpt, rng=random.Random(0))
+    assert collections.Counter(r.member.id for r in batch) == {"t0": 3 * tpt, "s0": 3 * tpt}
+    assert {len(v) for v in stages.trr_groups(batch).values()} == {tpt}
+    assert len(stages.trr_groups(batch)) == 6
 
     agent = Member("a0", 0, "agent")
     props = [r for tt in types for r in _rollouts_for(agent, "teacher", tt, tpt)]
@@ -206,10 +248,11 @@ def test_update_batch_is_compute_matched_between_population_and_single(tpt):
     for tt in types:
         for _ in range(tpt):
             jobs.append(stages.SolveJob("x", tt, agent, agent, tuple(_rollouts_for(agent, "student", tt, 3))))
-    batch = stages.update_batch(props, jobs, single=True, tasks_per_type=tpt, rng=random.Random(0))
-    assert len(batch) == 3 * tpt  # the single agent's one adapter gets exactly what each population member gets
-    roles = collections.Counter(r.role for r in batch)
-    assert roles == collections.Counter({"teacher": 3 * math.ceil(tpt / 2), "student": 3 * (tpt // 2)}) - collections.Counter()
+    batch = stages.update_batch(props, jobs, tasks_per_type=tpt, rng=random.Random(0))
+    assert len(batch) == 2 * 3 * tpt  # one teacher's plus one student's samples
+    assert collections.Counter(r.role for r in batch) == {"teacher": 3 * tpt, "student": 3 * tpt}
+    assert {len(v) for v in stages.trr_groups(batch).values()} == {tpt}
+    assert len(stages.trr_groups(batch)) == 6
 
 
 def test_matches_only_for_this_steps_valid_tasks_and_half_solved_wins():
@@ -248,3 +291,34 @@ def test_population_replace_keeps_slot_and_role_and_records_lineage():
     assert again.state_dict() == pop.state_dict()
     single = Population.create("single", 4, 4)
     assert single.single and single.teachers == single.students == single.members
+
+
+def test_matched_solve_rate_is_the_curve_and_top_ups_are_apart(tmp_path):
+    import io
+
+    from lorapop.diagnostics.coverage import CoverageConfig, CoverageTracker
+    from lorapop.train.logger import Progress
+    from lorapop.train.metrics import step_metrics
+
+    t0, _, s0, _ = make_pop()
+
+    def job(task, teacher, statuses):
+        return stages.SolveJob(task, "code_o", s0, teacher, tuple(
+            stages.Rollout(s0, "student", "code_o", [1], completion(), status=s, task=task) for s in statuses))
+    jobs = (job("mine", t0, ("correct", "wrong")), job("buf1", None, ("correct", "correct")),
+            job("buf2", None, ("correct", "correct")))
+    ratings = Ratings()
+    for m in (t0, s0):
+        ratings.add(m.id)
+    result = stages.StepResult(1, (t0, s0), (valid_rollout(t0, "code_o", "mine"),), jobs, (), {}, (), {})
+    m = step_metrics(result, [], ratings, CoverageTracker(CoverageConfig(), run_dir=tmp_path), ["code_o"])
+    assert m["student/matched_solve_rate"] == 0.5 and m["student/topup_solve_rate"] == 1.0
+    assert m["student/solve_rate"] == 5 / 6 and m["student/topup_frac"] == 4 / 6
+    assert m["member/s0/matched_solve_rate"] == 0.5 and m["code_o/matched_solve_rate"] == 0.5
+    out = io.StringIO()
+    Progress("plain", 1, stream=out).end_step(1, m, {})
+    assert "student/matched_solve_rate=0.500 student/topup_solve_rate=1.000" in out.getvalue()
+    # a step without valid tasks has no matched solve rate (absent, not 0)
+    result = stages.StepResult(1, (t0, s0), (), jobs[1:], (), {}, (), {})
+    m = step_metrics(result, [], ratings, CoverageTracker(CoverageConfig(), run_dir=tmp_path), ["code_o"])
+    assert "student/matched_solve_rate" not in m and m["student/topup_frac"] == 1.0

@@ -14,7 +14,7 @@ from lorapop.train.loop import Trainer
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=1", "--selfplay.n_solve=2",
+TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
         "--selfplay.n_references=1", "--selfplay.propose.max_new_tokens=32", "--selfplay.solve.max_new_tokens=16",
         "--engine.device=cpu", "--run.progress=none", "--run.save_interval=2"]
 
@@ -72,11 +72,11 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         for key in ("reward", "reward_std", "completions/mean_length", "valid_rate", "format_error_rate",
-                    "student/solve_rate", "teacher/reward", "coverage", "time/propose", "time/update",
+                    "student/solve_rate", "student/topup_frac", "teacher/reward", "coverage", "time/propose", "time/update",
                     "teacher/zero_adv_group_frac", "student/zero_adv_group_frac", "evolve/too_few_matches"):
             assert key in m, key
         counts = {k: v for k, v in m.items() if k.endswith("/n_samples")}
-        assert len(counts) == 4 and set(counts.values()) == {2}  # 2 task types x 1: compute matched
+        assert len(counts) == 4 and set(counts.values()) == {4}  # 2 task types x T = 2: compute matched
     assert metrics[1]["evolve/replacements"] == 2
     assert all(0.0 <= m[f"{r}/zero_adv_group_frac"] <= 1.0 for m in metrics for r in ("teacher", "student"))
     pop = json.loads((run / "population.json").read_text())
@@ -99,7 +99,9 @@ def test_one_single_agent_step_matches_population_work(tmp_path):
                                     "--run.name=single"])
     with Trainer(cfg, tmp_path / "single") as trainer:
         m = trainer.train_step(1)
-        assert m["member/a0/n_samples"] == 2  # the same 2 samples per update as each population member
+        # as AZR: T = 2 proposals and T answers per type, 2 types: one teacher's plus one student's 4 samples
+        assert m["member/a0/n_samples"] == 8
+        assert trainer.cfg.selfplay.teacher_reward == "learnability"  # the baseline is AZR
         assert int(trainer.engine.optimizer.step_count[0]) == 1
         assert trainer.population.lineage == []
     assert trainer._owned == []  # the engine, executor, logs and display were closed on leaving the block

@@ -1,17 +1,28 @@
-"""`lorapop retention RUN_DIR`: how fast does a PBT child get back to its parent (the paper's Appendix J protocol as
-far as it is described)?
+"""`lorapop retention RUN_DIR`: how fast does a PBT child get back to where its parent would have been (the paper's
+Appendix J protocol)?
 
-From a trained parent (a member of the run's latest checkpoint; by default the student with the best TrueSkill
-expose ``mu - 3 sigma``) one child is made per operator through :func:`lorapop.evolve.operators.make_child`
-(crossovers take the second-best member of the same role as the other parent), plus a ``continuation`` arm that is
-the parent itself. Every arm is then trained for ``steps`` steps with the student loop of
-:mod:`lorapop.train.student` on the same easy tasks with the same seeds. Recorded per arm: the verifier (training)
-reward of each step's answers, and a held-out mini-eval (solve rate and reward on easy tasks never trained on) right
-after the operator (step 0) and after every step. An arm has *recovered* at the first step whose held-out solve
-rate is back within ``threshold`` (95%) of the parent's pre-operator solve rate; never within the budget is
-"not recovered" (``null`` in the JSON).
+From a parent trained in self-play (a member of the run's latest checkpoint, at least ``min_parent_steps`` = 20
+self-play steps in by default; by default the student with the best TrueSkill expose ``mu - 3 sigma``) one child is
+made per operator through :func:`lorapop.evolve.operators.make_child` (crossovers take the second-best member of the
+same role as the other parent), plus a ``continuation`` arm: the parent itself, trained on. Every arm is trained
+for ``steps`` steps on the same tasks with the same seeds. Recorded per arm: the verifier (training) reward of each
+step's answers, and a held-out mini-eval (solve rate and reward on easy tasks never trained on) right after the
+operator (step 0) and after every step. A child is compared at every step with the continuation arm *at the same
+step* (not with the parent's value before the operator: the parent keeps learning, and the question is whether the
+child keeps up): it has *recovered* at the first step whose held-out solve rate is within ``threshold`` of the
+continuation's, i.e. >= threshold x continuation (95%); never within the budget is "not recovered" (``null``).
+``gap`` is continuation minus child per step (``drop`` = the gap right after the operator, ``final_gap`` the last).
 
-Output: ``retention.json`` in the run directory, which ``lorapop report`` renders (one curve per operator).
+The mini-eval's resolution is one task in ``n_heldout x eval_samples`` answers (1/12 at the defaults): a gap
+smaller than that cannot be seen, and one task's difference is already more than 5% of a rate below 0.9.
+
+The arms are trained with the student loop of :mod:`lorapop.train.student` (answers to easy code_o tasks, TRR++,
+``lr``), not in self-play: every arm then sees the same tasks with the same seeds, so a child's gap to the
+continuation is the operator's doing, not a different draw of teachers and tasks. The output and ``retention.json``
+say so.
+
+Output: ``retention.json`` in the run directory, which ``lorapop report`` renders (one curve per operator, the
+continuation drawn as the reference).
 """
 
 from __future__ import annotations
@@ -35,10 +46,23 @@ class RetentionConfig:
     operators: list[str] = doc([], "operators to test (default: every registered one)")
     member: str | None = doc(None, "parent member id (default: the student with the best TrueSkill expose)")
     steps: int = doc(4, "training steps per arm after the operator")
-    threshold: float = doc(0.95, "recovered = held-out solve rate >= threshold * the parent's pre-operator rate")
+    threshold: float = doc(0.95, "recovered = held-out solve rate >= threshold * the continuation arm's at the "
+                                 "same step")
     n_train: int = doc(64, "distinct easy training tasks")
-    n_heldout: int = doc(12, "easy held-out tasks of the mini-eval")
+    n_heldout: int = doc(12, "easy held-out tasks of the mini-eval (its resolution is 1 / (n_heldout x the loop's "
+                             "eval_samples))")
     group_size: int = doc(4, "arms trained together in one engine (slots = group_size)")
+    min_parent_steps: int = doc(20, "refuse a checkpoint fewer self-play steps in than this: the protocol starts "
+                                    "from a parent trained in self-play")
+
+    def validate(self) -> None:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold: must be in (0, 1], got {self.threshold}")
+        if self.steps < 1 or self.n_heldout < 1 or self.min_parent_steps < 0:
+            raise ValueError("steps and heldout must be >= 1, min-parent-steps >= 0")
+
+TRAINING = ("student loop (lorapop/train/student.py: answers to easy code_o tasks, TRR++), not self-play: every arm "
+            "sees the same tasks and seeds, so a child's gap to the continuation is the operator's")
 
 
 def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]]:
@@ -61,12 +85,23 @@ def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]
     return sorted(((m, expose(m.id)) for m in members), key=lambda x: (-x[1], x[0].id))
 
 
-def recovered_step(curve: list[float], target: float, threshold: float) -> int | None:
-    """First step (0 = right after the operator) whose value is >= threshold * target, else None."""
-    for step, v in enumerate(curve):
-        if v >= threshold * target:
+def recovered_step(curve: list[float], reference: list[float], threshold: float) -> int | None:
+    """First step (0 = right after the operator) whose value is >= threshold * the reference's (the continuation
+    arm's) value at the same step, else None."""
+    for step, (v, ref) in enumerate(zip(curve, reference)):
+        if v >= threshold * ref:
             return step
     return None
+
+
+def parent_steps(rd: Any, ckpt: Path) -> int:
+    """Self-play steps behind the checkpoint (its trainer state's ``step``, else its directory's number)."""
+    from lorapop.rundir import RunDirError, checkpoint_step
+
+    try:
+        return int(rd.read_trainer_state(ckpt).get("step"))
+    except (RunDirError, TypeError, ValueError):
+        return checkpoint_step(ckpt)
 
 
 def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=print) -> dict[str, Any]:
@@ -81,6 +116,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
     from lorapop.train.student import StudentLoopConfig, evaluate, set_lr, train_step
 
     t0 = time.perf_counter()
+    cfg.validate()
     loop = loop or StudentLoopConfig(steps=cfg.steps)
     loop.steps = cfg.steps
     loop.validate()
@@ -90,6 +126,12 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
         raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(OPERATORS)}")
     rd = RunDir(run_dir)
     ckpt = rd.find_checkpoint()
+    trained = parent_steps(rd, ckpt)
+    if trained < cfg.min_parent_steps:
+        raise ValueError(f"{ckpt}: the parent has {trained} self-play step(s); the protocol (Appendix J) starts from "
+                         f"a parent trained in self-play, at least {cfg.min_parent_steps} steps: train the run longer "
+                         f"(lorapop train --resume {rd.path} --run.steps={cfg.min_parent_steps}) or lower "
+                         "--min-parent-steps")
     ranked = rank_members(rd.path, ckpt, "student")
     if cfg.member is not None:
         chosen = [x for x in ranked if x[0].id == cfg.member]
@@ -111,10 +153,19 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
     engine = TorchEngine.from_config(rd.model_name(), size, ecfg, seed=loop.seed)
     executor = make_executor()
     train, held = split_tasks(cfg.n_train, cfg.n_heldout, seed=loop.seed)
+    n_answers = len(held) * loop.eval_samples
     out: dict[str, Any] = {"run": str(rd.path), "checkpoint": ckpt.name, "parent": parent.id,
+                           "parent_selfplay_steps": trained,
                            "second_parent": second[0].id if second else None, "threshold": cfg.threshold,
+                           "reference": CONTINUATION, "training": TRAINING,
+                           "mini_eval": {"n_tasks": len(held), "samples_per_task": loop.eval_samples,
+                                         "resolution": 1.0 / n_answers},
                            "steps": cfg.steps, "loop": {k: getattr(loop, k) for k in loop.__dataclass_fields__},
                            "arms": {}}
+    log(f"retention: arms trained with the {TRAINING}")
+    log(f"retention: mini-eval {len(held)} held-out tasks x {loop.eval_samples} answer(s): resolution "
+        f"1/{n_answers} = {1.0 / n_answers:.3f}; recovered = held-out solve rate >= {cfg.threshold} x the "
+        f"continuation's at the same step")
     try:
         engine.load_adapter(0, parent.adapter_dir)
         w_parent = engine.get_adapter(0)
@@ -124,7 +175,8 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
             w_second = engine.get_adapter(1)
         pre = evaluate(engine, executor, Member(parent.id, 0, "student"), held, loop)
         out["parent_heldout"] = pre.to_json()
-        log(f"retention: parent {parent.id} (expose {p_fit:.2f}) held-out solve rate {pre.solve_rate:.3f}")
+        log(f"retention: parent {parent.id} ({trained} self-play steps, expose {p_fit:.2f}) held-out solve rate "
+            f"{pre.solve_rate:.3f}")
         gen = torch.Generator().manual_seed(loop.seed)
         for g in range(0, len(arms), size):
             group = arms[g:g + size]
@@ -162,8 +214,16 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
     finally:
         executor.close()
         engine.close()
-    for arm in out["arms"].values():
-        arm["recovered_step"] = recovered_step(arm["heldout"], pre.solve_rate, cfg.threshold)
+    ref = out["arms"][CONTINUATION]["heldout"]
+    for name, arm in out["arms"].items():
+        arm["gap"] = [c - v for c, v in zip(ref, arm["heldout"])]
+        arm["drop"], arm["final_gap"] = arm["gap"][0], arm["gap"][-1]
+        arm["recovered_step"] = None if name == CONTINUATION else recovered_step(arm["heldout"], ref, cfg.threshold)
+    if not any(ref):
+        out["note"] = ("the continuation arm solved no held-out task at any step: every child 'recovers' at step 0 "
+                       "and the comparison says nothing; use a stronger parent, more --heldout tasks or another "
+                       "--temperature")
+        log(f"retention: note: {out['note']}")
     out["seconds"] = round(time.perf_counter() - t0, 1)
     write_json_atomic(rd.path / RETENTION, out)
     return out
@@ -186,6 +246,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start answers inside their ```output block (selfplay.response_prefill)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate of every arm")
     p.add_argument("--group-size", type=int, default=4, help="arms trained together (engine slots)")
+    p.add_argument("--threshold", type=float, default=0.95,
+                   help="recovered = held-out solve rate >= threshold x the continuation arm's at the same step")
+    p.add_argument("--min-parent-steps", type=int, default=20,
+                   help="refuse a checkpoint fewer self-play steps in than this (the parent must be trained in "
+                        "self-play)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -194,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
     from lorapop.train.student import StudentLoopConfig
 
     cfg = RetentionConfig(operators=list(args.operators), member=args.member, steps=args.steps,
-                          n_heldout=args.heldout, group_size=args.group_size)
+                          n_heldout=args.heldout, group_size=args.group_size, threshold=args.threshold,
+                          min_parent_steps=args.min_parent_steps)
     loop = StudentLoopConfig(steps=args.steps, tasks_per_step=args.tasks_per_step, n_samples=args.n_samples,
                              lr=args.lr, max_new_tokens=args.max_new_tokens, eval_samples=1, seed=args.seed,
                              temperature=args.temperature, eval_temperature=args.temperature,
@@ -204,9 +270,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RunDirError) as e:
         print(f"lorapop retention: {e}", file=sys.stderr)
         return 2
+    print(f"arms trained with the {out['training']}; mini-eval resolution {out['mini_eval']['resolution']:.3f} "
+          f"({out['mini_eval']['n_tasks']} tasks x {out['mini_eval']['samples_per_task']}); recovered = within "
+          f"{out['threshold']} x the continuation at the same step")
     for name, arm in out["arms"].items():
         rec = arm["recovered_step"]
+        status = "reference" if name == CONTINUATION else "step " + str(rec) if rec is not None else "not recovered"
         print(f"{name:26s} after operator {arm['heldout'][0]:.3f}  final {arm['heldout'][-1]:.3f}  "
-              f"recovered: {'step ' + str(rec) if rec is not None else 'not recovered'}")
+              f"drop {arm['drop']:+.3f}  final gap {arm['final_gap']:+.3f}  recovered: {status}")
     print(json.dumps({"retention": str(Path(out["run"]) / RETENTION), "seconds": out["seconds"]}))
     return 0

@@ -11,9 +11,10 @@ from typing import Any, TextIO
 from lorapop.rundir import RunDir
 
 
-# What the live table and the plain lines show: the tie fractions say whether the rewards gave the update anything
-SHOWN = ("valid_rate", "format_error_rate", "student/solve_rate", "teacher/reward", "student/reward",
-         "teacher/zero_adv_group_frac", "student/zero_adv_group_frac")
+# What the live table and the plain lines show: the solve rate is the matched students' on this step's valid tasks
+# (top-ups from the buffer apart, named as such); the tie fractions say whether the rewards gave the update anything
+SHOWN = ("valid_rate", "format_error_rate", "student/matched_solve_rate", "student/topup_solve_rate",
+         "teacher/reward", "student/reward", "teacher/zero_adv_group_frac", "student/zero_adv_group_frac")
 
 
 class Progress:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lorapop.config import Config, config_to_yaml
+from lorapop.config import Config, config_to_yaml, resolve_teacher_reward
 from lorapop.configlib import ConfigError, to_dict
 from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
@@ -70,6 +70,7 @@ def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path,
     # Resolved before config.yaml is written, so the run records (and a resume keeps) the dtype it trained in.
     cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
     cfg.engine.lora_compute_dtype = resolve_lora_compute_dtype(cfg.engine.lora_compute_dtype, cfg.engine.dtype)
+    cfg.selfplay.teacher_reward = resolve_teacher_reward(cfg.population.mode, cfg.selfplay.teacher_reward)
     try:
         if not rd.is_empty():
             rd.clear()
@@ -111,6 +112,8 @@ class Trainer:
 
     def _open(self, resume: bool, engine: Engine | None, executor: Executor | None) -> None:
         cfg, run_dir = self.cfg, self.run_dir
+        # a Config built in code (not by load_config) may still say auto; config.yaml records what runs
+        cfg.selfplay.teacher_reward = resolve_teacher_reward(cfg.population.mode, cfg.selfplay.teacher_reward)
         self.rundir = RunDir(run_dir)
         if resume and self.rundir.latest_checkpoint() is None:
             raise RunDirError(f"{run_dir}: no complete checkpoint to resume from (prepare_run_dir restarts such a run)")
@@ -251,7 +254,8 @@ class Trainer:
         if pop.single:
             pairs = {pop.members[0].id: pop.members[0]}
         else:
-            ids = matchmake(list(teachers), list(students), self.ratings.quality, sp.pfsp_floor, ctx.rng("matchmake"))
+            ids = matchmake(list(teachers), list(students), self.ratings.win_probability, sp.pfsp_floor,
+                            ctx.rng("matchmake"))
             pairs = {t: students[s] for t, s in ids.items()}
         done("matchmake")
 
@@ -264,7 +268,7 @@ class Trainer:
         done("validate")
 
         stage("solve")
-        jobs = stages.solve(ctx, stages.solve_jobs(ctx, pairs, teachers, proposals))
+        jobs = stages.solve(ctx, stages.solve_jobs(ctx, pairs, teachers, proposals, list(students.values())))
         done("solve")
 
         stage("reward")
@@ -272,7 +276,7 @@ class Trainer:
         done("reward")
 
         stage("update")
-        batch = stages.update_batch(proposals, jobs, pop.single, sp.tasks_per_type, ctx.rng("update"))
+        batch = stages.update_batch(proposals, jobs, sp.tasks_per_type, ctx.rng("update"))
         train_stats = stages.update(self.engine, batch)
         done("update")
 

@@ -40,7 +40,18 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     m["completions/mean_length"] = _mean(lengths)
     m["teacher/reward"] = _mean([r.reward for r in proposals])
     m["student/reward"] = m["reward"]
+    # The arms-race curve: the matched students' rate on this step's valid tasks of their teachers (the single
+    # agent's own). Top-ups from the buffer train the student but are another distribution (old tasks, mostly the
+    # seeds and what was easy enough to be valid early): their rate is logged apart, and both are absent on a step
+    # without such tasks rather than 0. student/solve_rate is every answer of the step, both kinds mixed.
+    matched = [r for j in jobs if j.teacher is not None for r in j.rollouts]
+    topups = [r for j in jobs if j.teacher is None for r in j.rollouts]
     m["student/solve_rate"] = _mean([r.status == "correct" for r in answers])
+    if matched:
+        m["student/matched_solve_rate"] = _mean([r.status == "correct" for r in matched])
+    if topups:
+        m["student/topup_solve_rate"] = _mean([r.status == "correct" for r in topups])
+    m["student/topup_frac"] = len(topups) / len(answers) if answers else 0.0
     m["valid_rate"] = _mean([r.status == "valid" for r in proposals])
     m["format_error_rate"] = _mean([r.status == "format_error" for r in proposals + answers])
     m["teacher/format_error_rate"] = _mean([r.status == "format_error" for r in proposals])
@@ -48,13 +59,14 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     # TRL-style name: the share of TRR++ groups in the update whose rewards all tie (advantage 0, nothing learnt)
     for role, (n_tied, n) in sorted(zero_advantage_groups(batch).items()):
         m[f"{role}/zero_adv_group_frac"] = n_tied / n
-    own = [j for j in jobs if j.teacher is not None]
-    m["matched_solve_rate"] = _mean([j.solve_rate for j in own])
     m["n_valid_tasks"] = sum(r.status == "valid" for r in proposals)
     for tt in task_types:
         props = [r for r in proposals if r.task_type == tt]
         m[f"{tt}/valid_rate"] = _mean([r.status == "valid" for r in props])
         m[f"{tt}/solve_rate"] = _mean([r.status == "correct" for r in answers if r.task_type == tt])
+        mine = [r.status == "correct" for r in matched if r.task_type == tt]
+        if mine:
+            m[f"{tt}/matched_solve_rate"] = _mean(mine)
 
     # per member: a teacher's numbers come from its proposals, a student's from its answers, the agent has both
     by_member: dict[str, list[Rollout]] = defaultdict(list)
@@ -76,6 +88,9 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
             m[f"{key}/teacher_reward"] = _mean([r.reward for r in props])
         if ans:
             m[f"{key}/solve_rate"] = _mean([r.status == "correct" for r in ans])
+            mine = [r.status == "correct" for r in matched if r.member.id == mem.id]
+            if mine:
+                m[f"{key}/matched_solve_rate"] = _mean(mine)
             m[f"{key}/student_reward"] = _mean([r.reward for r in ans])
         trained = batch_by_member.get(mem.id, [])
         m[f"{key}/n_samples"] = len(trained)

@@ -7,6 +7,7 @@ within a role only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import trueskill
@@ -44,6 +45,12 @@ class Ratings:
 
     def quality(self, a: str, b: str) -> float:
         return trueskill.quality_1vs1(self.ratings[a], self.ratings[b], env=self.env)
+
+    def win_probability(self, a: str, b: str) -> float:
+        """P(a beats b) = Phi((mu_a - mu_b) / sqrt(2 beta^2 + sigma_a^2 + sigma_b^2)), TrueSkill's 1v1 model."""
+        ra, rb = self.ratings[a], self.ratings[b]
+        denom = math.sqrt(2 * self.env.beta ** 2 + ra.sigma ** 2 + rb.sigma ** 2)
+        return 0.5 * (1.0 + math.erf((ra.mu - rb.mu) / (denom * math.sqrt(2.0))))
 
     def record(self, match: MatchResult) -> None:
         t, s = self.ratings[match.teacher], self.ratings[match.student]

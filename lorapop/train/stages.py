@@ -4,16 +4,19 @@ and its inputs, and returns new frozen values: :class:`Rollout`, :class:`SolveJo
 :class:`StepResult`. Only the buffers (valid tasks enter them) and the engine's adapters change in place.
 
 Compute matching (what "every member gets the same number of samples and updates as the baseline" means here):
-with ``T = tasks_per_type`` and ``n_types`` task types, every adapter makes exactly one update per step from exactly
-``n_types * T`` samples, ``T`` per task type.
+with ``T = tasks_per_type`` and ``n_types`` task types, every adapter makes exactly one update per step, and each of
+its TRR++ groups (task type, role) holds exactly ``T`` samples.
 
 * a teacher proposes ``T`` tasks per type and trains on all of them;
-* a student answers ``T`` tasks per type ``n_solve`` times each: its matched teacher's valid tasks of this step
-  first, topped up from that type's buffer when fewer were valid, so its work does not depend on the teacher's
-  validity rate. All ``n_solve`` samples set solve rates, ratings and teacher rewards; one sample per task (drawn
-  with the step's seed) enters the update;
-* the single agent proposes ``T`` per type and answers its own ``T`` per type the same way; its update takes
-  ``ceil(T/2)`` proposals and ``floor(T/2)`` answers per type.
+* a student answers, ``n_solve`` times each, the valid tasks of this step of every teacher that drew it (PFSP
+  draws with replacement: none, one or several), topped up from that type's buffer to ``T`` per type when fewer, so
+  what it trains on depends neither on validity rates nor on the draw. All ``n_solve`` samples set solve rates,
+  ratings and teacher rewards; one sample of each of ``T`` answered tasks per type (drawn with the step's seed)
+  enters the update;
+* the single agent proposes ``T`` per type and answers its own ``T`` per type the same way, and, as AZR does, trains
+  on both: ``T`` proposals and ``T`` answers per type, ``2 * n_types * T`` samples, one teacher's plus one student's
+  work. So every TRR++ group (member, task type, role) holds ``T`` samples in both modes, and the agent's update
+  counts twice a population member's samples (docs/METHOD.md, "The step", Update, says why).
 
 Per-member sample and token counts are logged (``member/<id>/n_samples``, ``member/<id>/n_tokens``) so this can be
 checked on any run.
@@ -168,21 +171,27 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
 
 
 def solve_jobs(ctx: StepContext, pairs: Mapping[str, Member], teachers: Mapping[str, Member],
-               proposals: Sequence[Rollout]) -> list[SolveJob]:
-    """What each student answers: its teacher's valid tasks (never its own, except the single agent), topped up
-    from the buffer to exactly ``tasks_per_type`` per type."""
+               proposals: Sequence[Rollout], students: Sequence[Member]) -> list[SolveJob]:
+    """What each student answers: every valid task of this step of each teacher that drew it (never its own, except
+    the single agent; a teacher's reward and ratings need its matched student's solve rate on every valid task),
+    topped up from the buffer to ``tasks_per_type`` per type when fewer. A student no teacher drew answers
+    ``tasks_per_type`` buffer tasks per type; one drawn by several answers all their valid tasks, and its update
+    takes ``tasks_per_type`` of them per type (:func:`update_batch`)."""
     sp, rng = ctx.cfg, ctx.rng("jobs")
     own: dict[tuple[str, str], list[Task]] = defaultdict(list)
     for r in proposals:
         if r.status == "valid" and r.task is not None:
             own[(r.member.id, r.task_type)].append(r.task)
     jobs = []
-    for t_id, student in pairs.items():
-        teacher = teachers[t_id]
+    for student in students:
+        mine = [teachers[t_id] for t_id, s in pairs.items() if s.id == student.id]
         for tt in sp.task_types:
-            tasks = own[(t_id, tt)][:sp.tasks_per_type]
-            jobs += [SolveJob(task, tt, student, teacher) for task in tasks]
-            for _ in range(sp.tasks_per_type - len(tasks)):  # with replacement: the buffer may hold a single seed
+            n = 0
+            for teacher in mine:
+                tasks = own[(teacher.id, tt)][:sp.tasks_per_type]
+                jobs += [SolveJob(task, tt, student, teacher) for task in tasks]
+                n += len(tasks)
+            for _ in range(sp.tasks_per_type - n):  # with replacement: the buffer may hold a single seed
                 jobs.append(SolveJob(ctx.buffers[tt].sample(1, rng)[0], tt, student, None))
     return jobs
 
@@ -224,23 +233,24 @@ def reward(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], mode: str
     return proposals, jobs
 
 
-def update_batch(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], single: bool, tasks_per_type: int,
+def update_batch(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], tasks_per_type: int,
                  rng: random.Random) -> list[Rollout]:
-    """The compute-matched samples each member trains on this step (see the module docstring)."""
+    """The compute-matched samples each member trains on this step (see the module docstring): per member and task
+    type, its ``T`` proposals and ``T`` of its answered tasks (one sample each; drawn with ``rng`` when a student
+    answered more, i.e. when several teachers drew it), so every TRR++ group holds ``T`` samples. The single agent
+    gets both roles' groups, as AZR trains its proposer and solver together."""
     chosen: list[Rollout] = []
     by_type: dict[tuple[str, str], list[Rollout]] = defaultdict(list)
     for r in proposals:
         by_type[(r.member.id, r.task_type)].append(r)
-    n_prop = math.ceil(tasks_per_type / 2) if single else tasks_per_type
     for group in by_type.values():
-        chosen += group if len(group) <= n_prop else rng.sample(group, n_prop)
+        chosen += group if len(group) <= tasks_per_type else rng.sample(group, tasks_per_type)
     answers: dict[tuple[str, str], list[Rollout]] = defaultdict(list)
     for job in jobs:
         if job.rollouts:
             answers[(job.student.id, job.task_type)].append(job.rollouts[rng.randrange(len(job.rollouts))])
-    n_ans = tasks_per_type // 2 if single else tasks_per_type
     for group in answers.values():
-        chosen += group if len(group) <= n_ans else rng.sample(group, n_ans)
+        chosen += group if len(group) <= tasks_per_type else rng.sample(group, tasks_per_type)
     return chosen
 
 
