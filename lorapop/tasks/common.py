@@ -85,6 +85,11 @@ def render_reference(t: Task, with_output: bool = True) -> str:
     return "\n".join(parts)
 
 
+# selfplay.proposal_style "expression" (the dynamics configs): the reply starts inside the program, at its return, so
+# a proposal is one expression over an integer x plus an input; complexity moves with the expression's depth.
+EXPRESSION_PREFILL = "```python\ndef f(x):\n    return "
+
+
 class ProgramInputTask:
     """code_o and code_i: the teacher writes a program and one input; they differ in what the student sees."""
 
@@ -93,6 +98,8 @@ class ProgramInputTask:
     proposal_prefill = "```python\n"
 
     def proposal_prefill_for(self, style: str) -> str:
+        if style == "expression":
+            return EXPRESSION_PREFILL
         return "```input\n" if style == "input_first" else self.proposal_prefill
 
     def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr") -> str:
@@ -102,6 +109,13 @@ class ProgramInputTask:
         then an ```output block (or more programs) where the input belongs, and copies the example's two-argument
         f onto its own one-argument input; shown the second, it writes the input, then a program for it (README,
         "What the embedded model can and cannot show")."""
+        if style == "expression":
+            refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("python", t.program),
+                                                                  fence("input", t.inputs[0] if t.inputs else "")])
+                                for i, t in enumerate(references))
+            return (f"Write a new Python function f(x) on one integer x whose body is a single return expression, "
+                    f"then one integer input for it. {self.goal}\n{FORMAT_RULES}\n\n"
+                    f"{refs}\n\nNow finish your own ```python block, then write your own ```input block.")
         if style == "input_first":
             refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
                                                                   fence("python", t.program)])
