@@ -103,9 +103,8 @@ class SelfPlayConfig:
         "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
                "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
                "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
-               "(the CPU configs; README). 'expression': the reply starts inside ```python at 'def f(x):\\n    return ' "
-               "and a proposal is one return expression over an integer x plus an input (the cpu_dynamics "
-               "configs: a family the 135M base writes validly and solves part of the time). code_f proposals "
+               "(the CPU configs; README). 'expression': input_first's layout, asking for an integer input and an f(x) "
+               "whose body is one return expression, shown such references (the cpu_dynamics configs). code_f proposals "
                "(inputs and a message) are the same in all three")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
@@ -121,8 +120,8 @@ class SelfPlayConfig:
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
         if self.proposal_style == "expression" and not self.response_prefill:
-            raise ConfigError("selfplay.proposal_style: 'expression' starts the reply inside the program "
-                              "('def f(x): return ...'), which is a prefill: set selfplay.response_prefill: true")
+            raise ConfigError("selfplay.proposal_style: 'expression' starts the reply with its input block's "
+                              "fence, a prefill: set selfplay.response_prefill: true")
         for name in ("propose", "solve"):
             if "```" not in getattr(self, name).stop:
                 continue

@@ -26,10 +26,11 @@ def test_prompt_prefill_and_parse():
     ref = Task(type="code_o", program="def f(x):\n    return x * 2 + 1", inputs=["4"], outputs=["9"])
     prompt = code_o.teacher_prompt([ref], style="expression")
     assert "single return expression" in prompt and "return x * 2 + 1" in prompt and "```input\n4\n```" in prompt
+    assert prompt.index("```input\n4") < prompt.index("return x * 2 + 1")  # input first, as the reply
     assert "9" not in prompt.split("Reference 1:")[1]  # references go without their outputs
     prefill = code_o.proposal_prefill_for("expression")
     assert prefill == EXPRESSION_PREFILL
-    got = code_o.parse_proposal(prefill + "(x + 2) % 5\n```\n```input\n7\n```\nmore text")
+    got = code_o.parse_proposal(prefill + "7\n```\n```python\ndef f(x):\n    return (x + 2) % 5\n```\nmore text")
     assert isinstance(got, Proposal)
     assert got.program == "def f(x):\n    return (x + 2) % 5" and got.inputs == ["7"]
 

@@ -85,9 +85,10 @@ def render_reference(t: Task, with_output: bool = True) -> str:
     return "\n".join(parts)
 
 
-# selfplay.proposal_style "expression" (the dynamics configs): the reply starts inside the program, at its return, so
-# a proposal is one expression over an integer x plus an input; complexity moves with the expression's depth.
-EXPRESSION_PREFILL = "```python\ndef f(x):\n    return "
+# selfplay.proposal_style "expression" (the dynamics configs): input_first's layout with one-expression references on
+# integers. (Starting the reply inside the program, at 'def f(x): return ', the 135M base wrote good expressions but
+# then never an ```input block: 0 of 16 parsed; input first, 10 of 16 did.)
+EXPRESSION_PREFILL = "```input\n"
 
 
 class ProgramInputTask:
@@ -110,12 +111,12 @@ class ProgramInputTask:
         f onto its own one-argument input; shown the second, it writes the input, then a program for it (README,
         "What the embedded model can and cannot show")."""
         if style == "expression":
-            refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("python", t.program),
-                                                                  fence("input", t.inputs[0] if t.inputs else "")])
+            refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
+                                                                  fence("python", t.program)])
                                 for i, t in enumerate(references))
-            return (f"Write a new Python function f(x) on one integer x whose body is a single return expression, "
-                    f"then one integer input for it. {self.goal}\n{FORMAT_RULES}\n\n"
-                    f"{refs}\n\nNow finish your own ```python block, then write your own ```input block.")
+            return ("Write one integer input and a new Python function f(x) on an integer x whose body is a single "
+                    f"return expression. {self.goal}\n{FORMAT_RULES}\n\n"
+                    f"{refs}\n\nNow write your own ```input block, then your own ```python block.")
         if style == "input_first":
             refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
                                                                   fence("python", t.program)])
