@@ -120,11 +120,13 @@ class SelfPlayConfig:
                                         "the prefill is prompt, not trained. For small base models that rarely "
                                         "open the right block by themselves (the CPU demo); the paper's setting "
                                         "leaves it off")
-    proposal_style: Literal["azr", "input_first"] = doc(
+    proposal_style: Literal["azr", "input_first", "expression"] = doc(
         "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
                "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
                "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
-               "(the CPU configs; docs/RESULTS.md). code_f proposals (inputs and a message) are the same in both")
+               "(the CPU configs; docs/RESULTS.md). 'expression': input_first's layout, asking for an integer input and an f(x) "
+               "whose body is one return expression, shown such references (the cpu_dynamics configs). code_f proposals "
+               "(inputs and a message) are the same in all three")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 
@@ -143,6 +145,9 @@ class SelfPlayConfig:
                               "group of one has advantage 0, so nobody would learn; set it to 2 or more")
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
+        if self.proposal_style == "expression" and not self.response_prefill:
+            raise ConfigError("selfplay.proposal_style: 'expression' starts the reply with its input block's "
+                              "fence, a prefill: set selfplay.response_prefill: true")
         for name in ("propose", "solve"):
             if "```" not in getattr(self, name).stop:
                 continue

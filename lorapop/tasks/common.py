@@ -85,6 +85,12 @@ def render_reference(t: Task, with_output: bool = True) -> str:
     return "\n".join(parts)
 
 
+# selfplay.proposal_style "expression" (the dynamics configs): input_first's layout with one-expression references on
+# integers. (Starting the reply inside the program, at 'def f(x): return ', the 135M base wrote good expressions but
+# then never an ```input block: 0 of 16 parsed; input first, 10 of 16 did.)
+EXPRESSION_PREFILL = "```input\n"
+
+
 class ProgramInputTask:
     """code_o and code_i: the teacher writes a program and one input; they differ in what the student sees."""
 
@@ -93,6 +99,8 @@ class ProgramInputTask:
     proposal_prefill = "```python\n"
 
     def proposal_prefill_for(self, style: str) -> str:
+        if style == "expression":
+            return EXPRESSION_PREFILL
         return "```input\n" if style == "input_first" else self.proposal_prefill
 
     def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr") -> str:
@@ -102,6 +110,13 @@ class ProgramInputTask:
         then an ```output block (or more programs) where the input belongs, and copies the example's two-argument
         f onto its own one-argument input; shown the second, it writes the input, then a program for it
         (docs/RESULTS.md, "The CPU demo step by step")."""
+        if style == "expression":
+            refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
+                                                                  fence("python", t.program)])
+                                for i, t in enumerate(references))
+            return ("Write one integer input and a new Python function f(x) on an integer x whose body is a single "
+                    f"return expression. {self.goal}\n{FORMAT_RULES}\n\n"
+                    f"{refs}\n\nNow write your own ```input block, then your own ```python block.")
         if style == "input_first":
             refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
                                                                   fence("python", t.program)])

@@ -1,0 +1,238 @@
+"""The pre-registered criteria of the dynamics experiment (docs/RESULTS.md, "Dynamics: pre-registration"), computed
+from two run directories, a population run and its single-agent (AZR) baseline: ``criteria.json``.
+
+The paper's claim is a contrast: the single agent *self-calibrates* (its solve rate climbs toward 1 while the tasks
+it proposes get simpler), the population enters an *arms race* (student solve rates stay away from 0 and 1 and
+reverse, teachers' complexity and coverage keep rising). Each criterion is one number compared with one threshold,
+computed by this module only from ``metrics.jsonl`` and ``tasks.jsonl`` (and ``probe.jsonl`` for capability, when a
+run has one), so a user's own pair of runs is judged by the same code as ours.
+
+Windows scale with the run: ``head``/``tail`` are the first and last ``min(10, n // 3)`` steps, ``late`` is the last
+``min(30, n // 2)`` steps, ``last_third`` the last ``n // 3``. A run shorter than :data:`MIN_STEPS` steps gets
+``"held": null`` with the reason, never a verdict.
+
+| id | run | criterion |
+| --- | --- | --- |
+| ``self_calibration.solve`` | single | mean matched solve rate over ``tail`` >= 0.8 and >= its ``head`` mean + 0.3 |
+| ``self_calibration.trivial`` | single | share of trivial proposals over ``tail`` >= 0.6 (see :func:`is_trivial`) |
+| ``self_calibration.simpler`` | single | mean AST depth of valid proposals over ``tail`` < its ``head`` mean |
+| ``arms_race.band`` | population | mean matched solve rate over ``late`` in [0.15, 0.75] |
+| ``arms_race.reversals`` | population | >= 2 reversals of the 5-step moving average of matched solve rate over ``late`` |
+| ``arms_race.complexity`` | population | OLS slope of mean AST depth on step > 0, bootstrap 95% lower bound over steps |
+| ``arms_race.coverage`` | both | population coverage gain over ``last_third`` >= 0.02 and > 2x the single agent's |
+| ``arms_race.not_tied`` | population | mean ``student/zero_adv_group_frac`` over ``late`` < 0.5 |
+| ``capability`` | both | last probe: students' mean minus the agent's > 0, bootstrap 95% lower bound over tasks |
+
+A criterion holds for the experiment when it holds in at least 2 of 3 seeds (:func:`across_seeds`).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+MIN_STEPS = 15
+BOOTSTRAP = 2000
+# the matched solve-rate key: issue 22 renamed it under student/; older runs logged it at the top level
+SOLVE_KEYS = ("student/matched_solve_rate", "matched_solve_rate")
+COMPLEXITY_KEY = "complexity/ast_depth"
+
+
+def _read(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    from lorapop.rundir import iter_jsonl
+
+    notes: list[str] = []
+    return [row for _, row in iter_jsonl(Path(run_dir) / name, notes)]
+
+
+def series(rows: list[dict[str, Any]], *keys: str) -> list[tuple[int, float]]:
+    """(step, value) of the first of ``keys`` each row has, one per step (the last row of a step wins, as after a
+    resume that repeated none)."""
+    out: dict[int, float] = {}
+    for row in rows:
+        for k in keys:
+            if isinstance(row.get(k), (int, float)):
+                out[int(row["step"])] = float(row[k])
+                break
+    return sorted(out.items())
+
+
+def windows(n: int) -> dict[str, int]:
+    return {"head": min(10, n // 3), "tail": min(10, n // 3), "late": min(30, n // 2), "last_third": n // 3}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def moving_average(xs: list[float], w: int = 5) -> list[float]:
+    return [statistics.fmean(xs[i - w + 1:i + 1]) for i in range(w - 1, len(xs))]
+
+
+def reversals(xs: list[float]) -> int:
+    """Sign changes of the first difference, flat stretches skipped (a plateau between a rise and a fall counts once)."""
+    signs = [1 if b > a else -1 for a, b in zip(xs, xs[1:]) if b != a]
+    return sum(1 for a, b in zip(signs, signs[1:]) if a != b)
+
+
+def ols_slope(points: list[tuple[float, float]]) -> float:
+    mx = statistics.fmean(p[0] for p in points)
+    my = statistics.fmean(p[1] for p in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+
+
+def bootstrap_lower(stat, data: list, seed: int = 0, n: int = BOOTSTRAP) -> float:
+    """2.5th percentile of ``stat`` over ``n`` resamples of ``data`` with replacement (seeded: reruns agree)."""
+    rng = random.Random(seed)
+    vals = sorted(stat([rng.choice(data) for _ in data]) for _ in range(n))
+    return vals[int(0.025 * n)]
+
+
+def _constants(tree: ast.AST) -> set[str]:
+    return {repr(n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+
+
+def is_trivial(row: dict[str, Any]) -> bool:
+    """A task is trivial when its ``f`` reads none of its parameters (the output does not depend on the input), or,
+    for ``code_o``/``code_i``, when the answer is on the page: the output equals an input, or is a literal constant
+    of the program (``code_o``); an input equals the output or is a constant of the program (``code_i``). An
+    unparsable program is not trivial (it was valid, so this does not happen for logged tasks)."""
+    try:
+        tree = ast.parse(row["program"])
+    except (SyntaxError, ValueError, TypeError):
+        return False
+    fs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"]
+    if fs:
+        params = {a.arg for a in fs[0].args.args + fs[0].args.kwonlyargs + fs[0].args.posonlyargs}
+        used = {n.id for n in ast.walk(fs[0]) if isinstance(n, ast.Name)}
+        if fs[0].args.vararg:
+            params.add(fs[0].args.vararg.arg)
+        if params and not params & used:
+            return True
+    consts = _constants(tree)
+    inputs, outputs = [str(x) for x in row.get("inputs") or []], [str(x) for x in row.get("outputs") or []]
+    if row.get("type") == "code_o":
+        return any(o in consts or o in inputs for o in outputs)
+    if row.get("type") == "code_i":
+        return any(i in consts or i in outputs for i in inputs)
+    return False
+
+
+def _verdict(held: bool | None, value: Any, threshold: str, why: str | None = None) -> dict[str, Any]:
+    out = {"held": held, "value": value, "threshold": threshold}
+    if why:
+        out["why"] = why
+    return out
+
+
+def _too_short(n: int) -> dict[str, Any]:
+    return _verdict(None, None, "-", f"run has {n} steps; the criteria need at least {MIN_STEPS}")
+
+
+def self_calibration(single_dir: Path) -> dict[str, dict[str, Any]]:
+    rows = _read(single_dir, "metrics.jsonl")
+    solve = series(rows, *SOLVE_KEYS)
+    n = len(solve)
+    if n < MIN_STEPS:
+        return {k: _too_short(n) for k in ("solve", "trivial", "simpler")}
+    w = windows(n)
+    vals = [v for _, v in solve]
+    head, tail = statistics.fmean(vals[:w["head"]]), statistics.fmean(vals[-w["tail"]:])
+    out = {"solve": _verdict(tail >= 0.8 and tail >= head + 0.3, {"head": head, "tail": tail},
+                             "tail >= 0.8 and tail >= head + 0.3")}
+    tail_steps = {s for s, _ in solve[-w["tail"]:]}
+    tasks = [t for t in _read(single_dir, "tasks.jsonl") if t.get("step") in tail_steps]
+    share = _mean([float(is_trivial(t)) for t in tasks])
+    out["trivial"] = _verdict(None if share is None else share >= 0.6, share, "share >= 0.6",
+                              None if tasks else "no valid task in the tail")
+    cx = [v for _, v in series(rows, COMPLEXITY_KEY)]
+    if len(cx) >= 2 * w["head"] and w["head"]:
+        h, t = statistics.fmean(cx[:w["head"]]), statistics.fmean(cx[-w["tail"]:])
+        out["simpler"] = _verdict(t < h, {"head": h, "tail": t}, "tail < head")
+    else:
+        out["simpler"] = _verdict(None, None, "tail < head", "too few steps with valid tasks")
+    return out
+
+
+def _coverage_gain(rows: list[dict[str, Any]]) -> float | None:
+    cov = series(rows, "coverage")
+    k = len(cov) // 3
+    return cov[-1][1] - cov[-k - 1][1] if k else None
+
+
+def arms_race(pop_dir: Path, single_dir: Path) -> dict[str, dict[str, Any]]:
+    rows = _read(pop_dir, "metrics.jsonl")
+    solve = series(rows, *SOLVE_KEYS)
+    n = len(solve)
+    if n < MIN_STEPS:
+        return {k: _too_short(n) for k in ("band", "reversals", "complexity", "coverage", "not_tied")}
+    w = windows(n)
+    late = [v for _, v in solve[-w["late"]:]]
+    m = statistics.fmean(late)
+    out = {"band": _verdict(0.15 <= m <= 0.75, m, "0.15 <= mean <= 0.75")}
+    r = reversals(moving_average(late, 5))
+    out["reversals"] = _verdict(r >= 2, r, ">= 2")
+    cx = [(float(s), v) for s, v in series(rows, COMPLEXITY_KEY)]
+    if len(cx) >= 3:
+        slope, low = ols_slope(cx), bootstrap_lower(ols_slope, cx)
+        out["complexity"] = _verdict(low > 0, {"slope": slope, "ci_low": low}, "bootstrap 95% lower bound > 0")
+    else:
+        out["complexity"] = _verdict(None, None, "bootstrap 95% lower bound > 0", "fewer than 3 steps with tasks")
+    gp, gs = _coverage_gain(rows), _coverage_gain(_read(single_dir, "metrics.jsonl"))
+    if gp is None or gs is None:
+        out["coverage"] = _verdict(None, {"population": gp, "single": gs}, "pop >= 0.02 and pop > 2 x single",
+                                   "no coverage series")
+    else:
+        out["coverage"] = _verdict(gp >= 0.02 and gp > 2 * gs, {"population": gp, "single": gs},
+                                   "pop >= 0.02 and pop > 2 x single")
+    tied = [v for _, v in series(rows, "student/zero_adv_group_frac")][-w["late"]:]
+    t = _mean(tied)
+    out["not_tied"] = _verdict(None if t is None else t < 0.5, t, "< 0.5")
+    return out
+
+
+def capability(pop_dir: Path, single_dir: Path) -> dict[str, Any]:
+    """``probe.jsonl`` rows: ``{"step", "member", "role", "task", "level", "score"}`` (score: share of a task's
+    answers that were correct). The last probe step both runs share is compared, per task: the mean over the
+    population's students against the single agent's."""
+    pop, single = _read(pop_dir, "probe.jsonl"), _read(single_dir, "probe.jsonl")
+    steps = {r["step"] for r in pop} & {r["step"] for r in single}
+    if not steps:
+        return _verdict(None, None, "bootstrap 95% lower bound > 0", "no probe.jsonl in both runs")
+    last = max(steps)
+    per_task: dict[str, list[float]] = {}
+    for r in pop:
+        if r["step"] == last and r.get("role") == "student":
+            per_task.setdefault(r["task"], []).append(float(r["score"]))
+    agent = {r["task"]: float(r["score"]) for r in single if r["step"] == last}
+    diffs = [statistics.fmean(v) - agent[t] for t, v in sorted(per_task.items()) if t in agent]
+    if len(diffs) < 2:
+        return _verdict(None, None, "bootstrap 95% lower bound > 0", "fewer than 2 probe tasks in common")
+    d, low = statistics.fmean(diffs), bootstrap_lower(statistics.fmean, diffs)
+    return _verdict(low > 0, {"step": last, "diff": d, "ci_low": low, "n_tasks": len(diffs)},
+                    "bootstrap 95% lower bound > 0")
+
+
+def criteria(pop_dir: str | Path, single_dir: str | Path) -> dict[str, Any]:
+    """criteria.json's content for one pair of runs."""
+    out: dict[str, Any] = {"population": str(pop_dir), "single": str(single_dir)}
+    out.update({f"self_calibration.{k}": v for k, v in self_calibration(Path(single_dir)).items()})
+    out.update({f"arms_race.{k}": v for k, v in arms_race(Path(pop_dir), Path(single_dir)).items()})
+    out["capability"] = capability(Path(pop_dir), Path(single_dir))
+    return out
+
+
+def across_seeds(per_seed: list[dict[str, Any]], need: int = 2) -> dict[str, dict[str, Any]]:
+    """Per criterion: how many seeds held it, failed it or could not judge it, and whether it holds for the
+    experiment (held in at least ``need`` seeds)."""
+    keys = [k for k in per_seed[0] if isinstance(per_seed[0][k], dict)] if per_seed else []
+    out = {}
+    for k in keys:
+        vs = [s[k]["held"] for s in per_seed]
+        out[k] = {"held_in": sum(v is True for v in vs), "failed_in": sum(v is False for v in vs),
+                  "unjudged": sum(v is None for v in vs), "holds": sum(v is True for v in vs) >= need}
+    return out

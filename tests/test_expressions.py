@@ -1,0 +1,45 @@
+"""selfplay.proposal_style: expression (the cpu_dynamics configs): the shipped seed file, the prompt and prefill, the
+parse of a reply that starts inside the program, and the refusal without response_prefill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lorapop.tasks import TASK_TYPES
+from lorapop.tasks.base import Proposal
+from lorapop.tasks.common import EXPRESSION_PREFILL
+from lorapop.tasks.expressions import SEED_FILE, seed_rows
+
+
+def test_shipped_seed_file_is_the_generated_one(data_dir):
+    rows = [json.loads(line) for line in (data_dir / SEED_FILE).read_text().splitlines()]
+    assert rows == seed_rows()
+    assert len({r["snippet"] for r in rows}) == len(rows) == 24
+
+
+def test_prompt_prefill_and_parse():
+    code_o = TASK_TYPES["code_o"]
+    from lorapop.tasks.base import Task
+
+    ref = Task(type="code_o", program="def f(x):\n    return x * 2 + 1", inputs=["4"], outputs=["9"])
+    prompt = code_o.teacher_prompt([ref], style="expression")
+    assert "single return expression" in prompt and "return x * 2 + 1" in prompt and "```input\n4\n```" in prompt
+    assert prompt.index("```input\n4") < prompt.index("return x * 2 + 1")  # input first, as the reply
+    assert "9" not in prompt.split("Reference 1:")[1]  # references go without their outputs
+    prefill = code_o.proposal_prefill_for("expression")
+    assert prefill == EXPRESSION_PREFILL
+    got = code_o.parse_proposal(prefill + "7\n```\n```python\ndef f(x):\n    return (x + 2) % 5\n```\nmore text")
+    assert isinstance(got, Proposal)
+    assert got.program == "def f(x):\n    return (x + 2) % 5" and got.inputs == ["7"]
+
+
+def test_expression_style_needs_prefill():
+    from lorapop.config import load_config
+    from lorapop.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match="response_prefill"):
+        load_config(None, ["--selfplay.proposal_style=expression", "--selfplay.response_prefill=false"])
+    cfg = load_config("lorapop/configs/cpu_dynamics.yaml", [])
+    assert cfg.selfplay.proposal_style == "expression" and cfg.selfplay.task_types == ["code_o"]
