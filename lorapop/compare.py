@@ -17,7 +17,8 @@ metrics.jsonl show it held.
 
 Outputs, under ``<output_dir>/<name>/``: ``population/`` and ``single/`` (ordinary run directories, each with its
 ``eval.json``), ``eval.json`` (both runs, as ``lorapop eval --out`` writes it), ``report.html`` (both runs overlaid)
-and ``compare.json`` (the per-step curves the README quotes and the evaluation table). Run again with the same name
+``compare.json`` (the per-step curves the README quotes and the evaluation table) and ``criteria.json`` (the
+dynamics criteria of lorapop/criteria.py; runs shorter than its minimum get no verdict). Run again with the same name
 and a larger ``--run.steps`` to continue both runs from their checkpoints.
 """
 
@@ -133,6 +134,10 @@ def run_compare(config: str | None, overrides: list[str], ccfg: CompareConfig, n
                           "runs": {Path(r["run_dir"]).name: r["population"] for r in ev["runs"]}}
     result["report"] = str(write_report([pop_dir, single_dir], root / "report.html"))
     (root / "compare.json").write_text(json.dumps(result, indent=1))
+    # the pre-registered dynamics criteria (docs/RESULTS.md), so any run pair is judged by the same code
+    from lorapop.criteria import criteria
+
+    (root / "criteria.json").write_text(json.dumps(criteria(pop_dir, single_dir), indent=1))
     return result
 
 

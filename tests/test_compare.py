@@ -69,6 +69,8 @@ def test_compare_trains_both_evaluates_and_reports(tmp_path, capsys):
     assert summary["compute_per_adapter"]["agent_samples_per_update"] == 8
     assert set(summary["curves"]) == {"population", "single"}
     assert len(summary["curves"]["single"]["student/matched_solve_rate"]) == 1
+    crit = json.loads((root / "criteria.json").read_text())  # written for every pair; a 1-step run gets no verdict
+    assert crit["arms_race.band"]["held"] is None and "at least" in crit["arms_race.band"]["why"]
     # the solve-rate curve is the matched one, top-ups apart: every answer of the step is one of the two kinds
     m = lines["single"][0]
     assert "student/matched_solve_rate" in m or "student/topup_solve_rate" in m

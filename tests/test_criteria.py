@@ -97,3 +97,18 @@ def test_across_seeds_needs_two_of_three():
     assert C.across_seeds(seeds)["x"] == {"held_in": 2, "failed_in": 1, "unjudged": 0, "holds": True}
     seeds[2]["x"]["held"] = None
     assert C.across_seeds(seeds)["x"]["holds"] is False
+
+
+def test_probe_tasks_are_fixed_held_out_and_three_levels():
+    from lorapop.tasks.expressions import LEVELS, program
+    from lorapop.train.probe import probe_tasks
+
+    tasks = probe_tasks()
+    assert [t.program for _, t in tasks] == [t.program for _, t in probe_tasks()]  # the same in every run
+    assert {lvl: sum(1 for l, _ in tasks if l == lvl) for lvl in (1, 2, 3)} == {1: 30, 2: 30, 3: 30}
+    refs = {program(e) for exprs in LEVELS.values() for e in exprs}
+    assert not refs & {t.program for _, t in tasks}  # no reference task of the expression seed file
+    for _, t in tasks:
+        ns: dict = {}
+        exec(t.program, ns)
+        assert repr(ns["f"](int(t.inputs[0]))) == t.outputs[0]
