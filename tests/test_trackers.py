@@ -29,13 +29,29 @@ INSTALLED = [n for n in ("wandb", "trackio", "mlflow") if importlib.util.find_sp
 needs = {n: pytest.mark.skipif(n not in INSTALLED, reason=f"{n} is not installed (pip install 'lorapop[{n}]')")
          for n in ("wandb", "trackio", "mlflow")}
 
-# trackio reads TRACKIO_DIR once, when first imported: one directory for the session, a project per test.
-TRACKIO_DIR = Path(os.environ.setdefault("TRACKIO_DIR", str(Path(__import__("tempfile").mkdtemp()) / "trackio")))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def trackio_dir(tmp_path_factory):
+    """trackio reads TRACKIO_DIR once, at its first import: one directory for this module, a project per test."""
+    old = os.environ.get("TRACKIO_DIR")
+    os.environ["TRACKIO_DIR"] = str(tmp_path_factory.mktemp("trackio"))
+    yield
+    os.environ.pop("TRACKIO_DIR") if old is None else os.environ.update(TRACKIO_DIR=old)
+
+
+def trackio_store() -> Path:
+    """Where trackio writes in this process (its TRACKIO_DIR as read at import); subprocesses inherit the same."""
+    import trackio.utils
+
+    return Path(trackio.utils.TRACKIO_DIR)
 
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     """Every tracker on local storage under tmp_path; nothing reaches a network."""
+    if "trackio" in INSTALLED:
+        monkeypatch.setenv("TRACKIO_DIR", str(trackio_store()))
     (tmp_path / "wandb").mkdir()
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
@@ -89,7 +105,7 @@ def wandb_history(wandb_dir: Path) -> tuple[set[str], list[int], list[str]]:
 
 
 def trackio_history(project: str) -> tuple[set[str], list[int], str]:
-    db = sqlite3.connect(TRACKIO_DIR / f"{project}.db")
+    db = sqlite3.connect(trackio_store() / f"{project}.db")
     try:
         rows = db.execute("select run_id, step from metrics order by id").fetchall()
         configs = db.execute("select config from configs").fetchall()
@@ -225,9 +241,9 @@ def test_a_run_killed_after_step_1_and_resumed_is_one_tracker_run_with_each_step
     project = f"kill-{offline.name}"[:60]
     args = TINY + [f"--run.output_dir={offline / 'runs'}", "--run.name=k", f"--run.project={project}",
                    f"--run.report_to=[tensorboard,{','.join(INSTALLED)}]"]
-    env = dict(os.environ, LORAPOP_TEST_KILL_AT="step2:propose")
+    env = dict(os.environ, LORAPOP_TEST_KILL_AT="step2:matchmake")
     cmd = [sys.executable, "-m", "lorapop.cli", "train"]
-    p = subprocess.run(cmd + args, cwd=offline, env=env, capture_output=True, text=True, timeout=600,
+    p = subprocess.run(cmd + args, cwd=offline, env=env, capture_output=True, text=True, timeout=1800,
                        start_new_session=True)
     assert p.returncode == -signal.SIGKILL, p.stdout + p.stderr
     run = offline / "runs" / "k"
@@ -236,7 +252,7 @@ def test_a_run_killed_after_step_1_and_resumed_is_one_tracker_run_with_each_step
 
     env.pop("LORAPOP_TEST_KILL_AT")
     p = subprocess.run(cmd + ["--resume", str(run)], cwd=offline, env=env, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=1800)
     assert p.returncode == 0, p.stdout + p.stderr
     assert not any(f"lorapop: {n}:" in p.stderr for n in INSTALLED), p.stderr
     for name in INSTALLED:
