@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sqlite3
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from lorapop.config import load_config
 from lorapop.configlib import ConfigError
 from lorapop.rundir import RunDir
 from lorapop.train.logger import MetricsLogger
+from lorapop.train.trackers import wandb_records
 
 INSTALLED = [n for n in ("wandb", "trackio", "mlflow") if importlib.util.find_spec(n) is not None]
 needs = {n: pytest.mark.skipif(n not in INSTALLED, reason=f"{n} is not installed (pip install 'lorapop[{n}]')")
@@ -61,30 +61,6 @@ def offline(tmp_path, monkeypatch):
 
 
 # ---- reading back what each tracker stored -------------------------------------------------------------------------
-
-def wandb_records(path: Path):
-    """The protobuf records of a .wandb file: wandb's LevelDB-style log (a 7-byte file header ':W&B', magic,
-    version; then 32 KiB blocks of chunks: crc32c (4 bytes), length (2, little endian), type (1 full, 2 first,
-    3 middle, 4 last), data)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", path
-    pos, block, buf = 7, 32768, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7]) if left >= 7 else (0, 0)
-        if kind == 0:  # block trailer padding
-            pos += left
-            continue
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        buf = chunk if kind in (1, 2) else buf + chunk
-        if kind in (1, 4):
-            rec = pb.Record()
-            rec.ParseFromString(buf)
-            yield rec
-
 
 def wandb_history(wandb_dir: Path) -> tuple[set[str], list[int], list[str]]:
     """(run ids, history steps in file order, config keys) over every offline run directory."""
@@ -167,36 +143,48 @@ def _metrics(step: int) -> dict:
 @pytest.mark.parametrize("name", [pytest.param(n, marks=needs[n]) for n in ("wandb", "trackio", "mlflow")])
 def test_a_resumed_logger_continues_one_run_and_sends_each_step_once(name, offline):
     """Steps 1-3 logged, then a resume from checkpoint 1 (metrics.jsonl cut back to step 1, as Trainer._restore
-    does) repeats steps 2 and 3 and goes on to 4: the tracker must hold 1, 2, 3, 4 once each, in one run. A second
-    resume whose trackers.json says the tracker took only step 1 sends it steps 2-4 from metrics.jsonl."""
+    does) repeats steps 2 and 3 and goes on to 4: the tracker must hold 1, 2, 3, 4 once each, in one run. Then a
+    resume after the tracker lost steps it had been sent gets them again from metrics.jsonl."""
     project = f"t-{offline.name}"[:60]
     rd = RunDir(offline / "run")
     rd.create("run: {}\n")
     cfg = {"run": {"steps": 4, "report_to": [name]}}
-    lg = MetricsLogger(rd, [name], config=cfg, project=project)
-    for s in (1, 2, 3):
-        lg.log_step(s, _metrics(s))
-    lg.close()
+
+    def process(steps):  # one training process: its logger, and at its end wandb's service writes its file
+        lg = MetricsLogger(rd, [name], config=cfg, project=project)
+        for s in steps:
+            lg.log_step(s, _metrics(s))
+        lg.close()
+        if name == "wandb":
+            import wandb
+
+            wandb.teardown()
+
+    process((1, 2, 3))
     first = rd.read_trackers()[name]
     assert first["last_step"] == 3 and first["id"]
 
     rd.truncate_logs(1)
-    lg = MetricsLogger(rd, [name], config=cfg, project=project)
-    for s in (2, 3, 4):
-        lg.log_step(s, _metrics(s))
-    lg.close()
+    process((2, 3, 4))
     ids, steps = history(name, offline, project)
     assert sorted(steps) == [1, 2, 3, 4], steps
     assert ids == {first["id"]}
     assert rd.read_trackers()[name] == dict(first, last_step=4)
 
-    # the tracker lost steps 2-4 (say, still queued when the process was killed after checkpoint 4): a resume
-    # sends them again from metrics.jsonl, into the same run
-    rd.write_trackers({name: dict(first, last_step=1)})
-    MetricsLogger(rd, [name], config=cfg, project=project).close()
+    # The tracker lost steps it had been sent. mlflow and trackio: trackers.json says it took only step 1 (steps
+    # 2-4 still queued at a kill); wandb: the files of the process that logged step 4 are gone (its service died
+    # with that process before writing), and wandb's own record is what counts for it.
+    if name == "wandb":
+        last = max(glob.glob(str(offline / "wandb" / "wandb" / "offline-run-*")))
+        __import__("shutil").rmtree(last)
+        expect = [1, 2, 3, 4]
+    else:
+        rd.write_trackers({name: dict(first, last_step=1)})
+        expect = [1, 2, 2, 3, 3, 4, 4]
+    process(())
     ids, steps = history(name, offline, project)
     assert ids == {first["id"]}
-    assert sorted(steps) == [1, 2, 2, 3, 3, 4, 4]
+    assert sorted(steps) == expect, steps
 
 
 @needs["mlflow"]

@@ -18,8 +18,11 @@ lorapop/rundir.py), so that:
   process; the run goes on, metrics.jsonl stays the record, and a later ``--resume`` sends the tracker the
   checkpointed steps it missed.
 
-Known limit: a step a tracker had taken into its own buffer (wandb's service process, trackio's writer thread) but
-not yet written when the process was SIGKILLed is missing there; metrics.jsonl has it.
+Which steps a tracker "took" is what it says itself where it can: wandb's service process buffers its writes, and
+dies with the run when the whole process group is SIGKILLed, so for wandb the resumed run asks wandb (online: the
+resumed run's step; offline: the history in the killed process's .wandb files) instead of trusting trackers.json.
+mlflow writes before its call returns; trackio's writer thread flushes within about a second, so a kill in that
+second after a step could lose it there (metrics.jsonl has it).
 
 The config goes in as the run's config: wandb ``config``, trackio ``config``, mlflow params (dotted keys,
 ``run.steps``; params cannot change in mlflow, so a resume adds only the ones the run lacks).
@@ -31,10 +34,12 @@ import json
 import math
 import queue
 import secrets
+import struct
 import sys
 import threading
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from lorapop.rundir import METRICS, RunDir, iter_jsonl
 
@@ -81,6 +86,40 @@ class Backend:
     def close(self) -> None:
         self.run.finish()
 
+    def taken(self) -> int | None:
+        """After ``start``: the last step the tracker itself holds, where it can tell (None: trust trackers.json)."""
+        return None
+
+
+def wandb_records(path: Path) -> Iterator[Any]:
+    """The protobuf ``Record``s of a .wandb file: wandb's LevelDB-style log (a 7-byte header ':W&B', magic,
+    version; then 32 KiB blocks of chunks: crc32c (4 bytes), length (2, little endian), type (1 full, 2 first,
+    3 middle, 4 last), data). A torn or damaged tail (a killed writer) ends the reading."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    if data[:4] != b":W&B":
+        return
+    pos, block, buf = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7]) if left >= 7 else (0, 0)
+        if kind == 0:  # the rest of a block is padding
+            pos += left
+            continue
+        if pos + 7 + length > len(data):
+            return
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            rec = pb.Record()
+            try:
+                rec.ParseFromString(buf)
+            except Exception:
+                return
+            yield rec
+
 
 class Wandb(Backend):
     name = "wandb"
@@ -93,6 +132,14 @@ class Wandb(Backend):
         self.run = wandb.init(project=project, name=run_name, id=state["id"], resume="allow", config=config,
                               reinit="create_new")
         return state
+
+    def taken(self) -> int | None:
+        if not self.run.offline:
+            return max(0, self.run.step - 1)  # a resumed run's step is one past the last one wandb holds
+        here = Path(self.run.dir).parent  # <WANDB_DIR>/wandb/offline-run-<time>-<id>/files
+        earlier = [d for d in here.parent.glob(f"offline-run-*-{self.run.id}") if d != here]
+        return max((r.history.step.num for d in earlier for f in d.glob("*.wandb") for r in wandb_records(f)
+                    if r.WhichOneof("record_type") == "history"), default=0)
 
 
 class Trackio(Backend):
@@ -177,7 +224,8 @@ class TrackerThread:
         if self.name == "wandb":
             self.state.setdefault("id", secrets.token_hex(4))
         states.put(self.name, self.state)
-        self.skip_through = int(self.state["last_step"])  # steps the tracker already took (before a kill)
+        # steps the tracker already took (before a kill), as trackers.json says until the tracker says otherwise
+        self.skip_through = int(self.state["last_step"])
         self.failed = False
         self._pending = 0
         self._cond = threading.Condition()
@@ -187,7 +235,7 @@ class TrackerThread:
         self._thread.start()
 
     def put(self, step: int, values: dict[str, float]) -> None:
-        if step <= self.skip_through or self.failed:
+        if self.failed:
             return
         with self._cond:
             self._pending += 1
@@ -203,6 +251,9 @@ class TrackerThread:
     def _work(self, config: dict[str, Any], project: str, run_name: str) -> None:
         try:
             self.state = self.backend.start(self.state, config, project, run_name)
+            taken = self.backend.taken()
+            if taken is not None:
+                self.skip_through = self.state["last_step"] = taken
             self.states.put(self.name, self.state)
         except Exception as e:
             self._fail("starting its run", e)
@@ -211,7 +262,7 @@ class TrackerThread:
             if item is None:
                 break
             step, values = item
-            if not self.failed:
+            if not self.failed and step > self.skip_through:
                 try:
                     self.backend.log(step, values)
                     self.state["last_step"] = step
