@@ -21,8 +21,8 @@ lorapop/rundir.py), so that:
 Which steps a tracker "took" is what it says itself where it can: wandb's service process buffers its writes, and
 dies with the run when the whole process group is SIGKILLed, so for wandb the resumed run asks wandb (online: the
 resumed run's step; offline: the history in the killed process's .wandb files) instead of trusting trackers.json.
-mlflow writes before its call returns; trackio's writer thread flushes within about a second, so a kill in that
-second after a step could lose it there (metrics.jsonl has it).
+trackio's writer thread (every 0.5 s) dies with the process, so on local storage its database decides too. mlflow
+writes before its call returns, so trackers.json is exact for it (and for trackio on a Space or server).
 
 The config goes in as the run's config: wandb ``config``, trackio ``config``, mlflow params (dotted keys,
 ``run.steps``; params cannot change in mlflow, so a resume adds only the ones the run lacks).
@@ -156,6 +156,14 @@ class Trackio(Backend):
             return state
         self.run = trackio.init(project=project, name=run_name, resume="never", config=config, embed=False)
         return dict(state, id=self.run.id, name=self.run.name)
+
+    def taken(self) -> int | None:
+        if self.run.url is not None:  # a Space or a trackio server: trackers.json is what we know
+            return None
+        from trackio.sqlite_storage import SQLiteStorage
+
+        # its local database: what its writer thread had written when the last process ended
+        return SQLiteStorage.get_max_step_for_run(self.run.project, self.run.name, run_id=self.run.id) or 0
 
 
 class Mlflow(Backend):
