@@ -77,6 +77,10 @@ class Backend:
     name = ""
     run: Any = None
 
+    def prepare(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state to save before ``start`` (in the main thread, at once)."""
+        return state
+
     def start(self, state: dict[str, Any], config: dict[str, Any], project: str, run_name: str) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -124,11 +128,14 @@ def wandb_records(path: Path) -> Iterator[Any]:
 class Wandb(Backend):
     name = "wandb"
 
+    def prepare(self, state):
+        # The id is chosen by lorapop and saved before wandb starts, so even a run killed inside wandb.init resumes
+        # into the same wandb run. Offline runs (WANDB_MODE=offline) with one id sync into one run.
+        return dict(state, id=state.get("id") or secrets.token_hex(4))
+
     def start(self, state, config, project, run_name):
         import wandb
 
-        # The id is chosen by lorapop and saved before wandb starts, so even a run killed inside wandb.init resumes
-        # into the same wandb run. Offline runs (WANDB_MODE=offline) with one id sync into one run.
         self.run = wandb.init(project=project, name=run_name, id=state["id"], resume="allow", config=config,
                               reinit="create_new")
         return state
@@ -227,10 +234,8 @@ class TrackerThread:
                  report: Callable[[str], None]):
         self.backend, self.states, self.report = backend, states, report
         self.name = backend.name
-        self.state = states.get(self.name)
+        self.state = backend.prepare(states.get(self.name))
         self.state.setdefault("last_step", 0)
-        if self.name == "wandb":
-            self.state.setdefault("id", secrets.token_hex(4))
         states.put(self.name, self.state)
         # steps the tracker already took (before a kill), as trackers.json says until the tracker says otherwise
         self.skip_through = int(self.state["last_step"])
