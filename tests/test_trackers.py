@@ -242,7 +242,7 @@ def test_a_run_killed_after_step_1_and_resumed_is_one_tracker_run_with_each_step
     assert p.returncode == -signal.SIGKILL, p.stdout + p.stderr
     run = offline / "runs" / "k"
     state = RunDir(run).read_trackers()
-    assert set(state) == set(INSTALLED) and all(s["last_step"] == 1 for s in state.values()), state
+    assert set(state) == set(INSTALLED) and all(s["last_step"] <= 1 for s in state.values()), state
 
     env.pop("LORAPOP_TEST_KILL_AT")
     p = subprocess.run(cmd + ["--resume", str(run)], cwd=offline, env=env, capture_output=True, text=True,
