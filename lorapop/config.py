@@ -169,6 +169,44 @@ class RatingConfig:
     draw_probability: float = doc(0.0, "TrueSkill draw probability; matches here have no draws")
 
 
+# run.report_to names -> the module each needs. Only tensorboard is a dependency; the others are extras, checked at
+# config load so a missing one stops the run before any model work, never mid-run.
+REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
+
+
+def resolve_report_to(value: list[str] | str, tensorboard: bool | None = None) -> list[str]:
+    """``run.report_to`` as a checked list: a string is split on commas, ``none`` (alone) is the empty list, the
+    deprecated ``run.tensorboard`` adds or removes tensorboard, and every tracker named must be importable."""
+    import importlib.util
+    import warnings
+
+    from lorapop.configlib import suggest
+
+    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+    names = [n for n in names if n]
+    if "none" in names:
+        if len(names) > 1:
+            raise ConfigError(f"run.report_to: 'none' cannot be combined with other trackers, got {names}")
+        names = []
+    for n in names:
+        if n not in REPORT_TO:
+            raise ConfigError(f"run.report_to: unknown tracker '{n}'{suggest(n, list(REPORT_TO))}; allowed: "
+                              f"{', '.join(REPORT_TO)} or none")
+    names = list(dict.fromkeys(names))  # a name given twice logs once
+    if tensorboard is not None and (tensorboard != ("tensorboard" in names)):
+        names = [n for n in names if n != "tensorboard"] + (["tensorboard"] if tensorboard else [])
+        # a config.yaml written before report_to existed says tensorboard: true; only a setting that changes
+        # something is worth the warning
+        warnings.warn(f"run.tensorboard is deprecated, use run.report_to: this config means "
+                      f"--run.report_to={'[' + ','.join(names) + ']' if names else 'none'}", FutureWarning,
+                      stacklevel=2)
+    for n in names:
+        if n != "tensorboard" and importlib.util.find_spec(REPORT_TO[n]) is None:
+            raise ConfigError(f"run.report_to: '{n}' needs the {REPORT_TO[n]} package, which is not installed; "
+                              f"install it with: pip install 'lorapop[{n}]' (or drop {n} from run.report_to)")
+    return names
+
+
 @dataclass
 class RunConfig:
     name: str = doc("run", "run name; the run directory is <output_dir>/<name>")
@@ -178,11 +216,22 @@ class RunConfig:
                        "exactly what an uninterrupted one would have done")
     save_interval: int = doc(20, "checkpoint every this many steps (and always at the end)")
     keep_checkpoints: int = doc(3, "how many most recent checkpoints to keep (0 keeps all)")
-    tensorboard: bool = doc(True, "write TensorBoard event files beside metrics.jsonl")
+    report_to: list[str] | str = doc(["tensorboard"], "experiment trackers that get every metrics.jsonl line at its "
+                                     "step, and the resolved config (as transformers' report_to): a list of "
+                                     f"{', '.join(REPORT_TO)}, or 'none'. tensorboard writes event files beside "
+                                     "metrics.jsonl; the others are optional extras (pip install 'lorapop[wandb]') "
+                                     "and read their usual environment (WANDB_MODE, WANDB_DIR, TRACKIO_DIR, "
+                                     "MLFLOW_TRACKING_URI); --resume continues the same tracker run")
+    project: str = doc("lorapop", "wandb/trackio project and mlflow experiment the run is logged under (the run is "
+                                  "named run.name)")
+    tensorboard: bool | None = doc(None, "deprecated, use run.report_to: false takes tensorboard out of report_to, "
+                                         "true puts it in; the resolved config keeps only report_to")
     progress: Literal["auto", "rich", "plain", "none"] = doc("auto", "live progress display; 'auto' uses rich on "
                                                                       "a terminal and plain lines otherwise")
 
     def validate(self) -> None:
+        self.report_to = resolve_report_to(self.report_to, self.tensorboard)
+        self.tensorboard = None
         if self.steps < 1:
             raise ConfigError(f"run.steps: must be >= 1, got {self.steps}")
         if self.save_interval < 1:

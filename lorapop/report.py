@@ -312,22 +312,37 @@ def eval_comparison(runs: list[RunData]) -> str:
             return None
         return " / ".join(pct(st.get(k)) or "-" for k in ("mean", "min", "max"))
 
+    # greedy pass@1, or with `lorapop eval --samples` one table per k (population["pass@k"][k], base["pass@k"][k])
+    sampling = evaluated[0][0].eval.get("sampling")
+    ks = [str(k) for k in sampling.get("k") or []] if isinstance(sampling, dict) else []
+
+    def pop_of(e: dict | None, k: str | None) -> dict:
+        pop = (e or {}).get("population") or {}
+        return pop if k is None else (pop.get("pass@k") or {}).get(k) or {}
+
     out = []
     for r, e in pops or evaluated:
-        rows = []
-        for b in benches:
-            row = {"benchmark": b, "base": pct(base.get(b)),
-                   "baseline (single agent)": pct(((baseline or {}).get("population", {}).get("students", {})
-                                                   .get(b) or {}).get("mean")) if baseline else None}
-            for label, key in (("students mean / min / max", "students"), ("all members mean / min / max", "all")):
-                row[label] = trip((e.get("population") or {}).get(key, {}).get(b))
-            rows.append(row)
-        step = e.get("step")
-        out.append(f"<h3>{escape(r.name)} (checkpoint step {escape(str(step))}) vs baseline "
-                   f"{escape(next((q.name for q, f in evaluated if f is baseline), 'none'))}</h3>"
-                   + table(rows))
+        for k in ks or [None]:
+            base_k = base if k is None else \
+                ((evaluated[0][0].eval.get("base") or {}).get("pass@k") or {}).get(k) or {}
+            rows = []
+            for b in benches:
+                row = {"benchmark": b, "base": pct(base_k.get(b)),
+                       "baseline (single agent)": pct((pop_of(baseline, k).get("students", {}).get(b) or {})
+                                                      .get("mean")) if baseline else None}
+                for label, key in (("students mean / min / max", "students"),
+                                   ("all members mean / min / max", "all")):
+                    row[label] = trip(pop_of(e, k).get(key, {}).get(b))
+                rows.append(row)
+            step = e.get("step")
+            out.append(f"<h3>{escape(r.name)} (checkpoint step {escape(str(step))}) vs baseline "
+                       f"{escape(next((q.name for q, f in evaluated if f is baseline), 'none'))}"
+                       f"{f', pass@{k}' if k else ''}</h3>" + table(rows))
     n = evaluated[0][0].eval.get("n_problems") or {}
-    return ("<p>greedy pass@1 in %; problems per benchmark: "
+    what = (f"pass@k in % from {sampling.get('samples')} samples per problem at temperature "
+            f"{sampling.get('temperature')}, top_p {sampling.get('top_p')} (unbiased estimator, Chen et al. 2021)"
+            if ks else "greedy pass@1 in %")
+    return (f"<p>{escape(what)}; problems per benchmark: "
             + escape(", ".join(f"{b} {k}" for b, k in n.items())) + "</p>" + "".join(out))
 
 

@@ -6,6 +6,7 @@ runs/<name>/
   metrics.jsonl        one line per step
   tasks.jsonl          one line per valid task
   population.json      members (Member fields + rating), lineage
+  trackers.json        per run.report_to tracker (wandb, trackio, mlflow): its run id and the last step it took
   coverage_centroids.npy, events.out.tfevents.*   (written by the coverage tracker / TensorBoard)
   checkpoints/step_XXXXXX/   adapters/<member>/ (PEFT), engine_state.pt, trainer_state.json, COMPLETE (last)
   eval.json            `lorapop eval`
@@ -45,6 +46,7 @@ POPULATION = "population.json"
 EVAL = "eval.json"
 RETENTION = "retention.json"  # `lorapop retention` (lorapop/evolve/retention.py)
 REPORT = "report.html"
+TRACKERS = "trackers.json"  # lorapop/train/trackers.py
 CENTROIDS = "coverage_centroids.npy"
 CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
@@ -385,6 +387,14 @@ class RunDir:
     def write_eval(self, result: dict[str, Any]) -> None:
         write_json_atomic(self.path / EVAL, result)
 
+    def read_trackers(self) -> dict[str, dict[str, Any]]:
+        """Per tracker name, what lets ``--resume`` continue its run: its id and the last step it took."""
+        state = read_json(self.path / TRACKERS, [])
+        return {k: v for k, v in state.items() if isinstance(v, dict)} if isinstance(state, dict) else {}
+
+    def write_trackers(self, state: dict[str, dict[str, Any]]) -> None:
+        write_json_atomic(self.path / TRACKERS, state)
+
     # ---- checkpoints --------------------------------------------------------------------------------------------
     def list_checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
@@ -499,6 +509,6 @@ class RunDir:
 
 
 def _trainer_file(name: str) -> bool:
-    return (name in KNOWN_FILES or name in (REPORT, CENTROIDS, CHECKPOINTS, RETENTION)
+    return (name in KNOWN_FILES or name in (REPORT, CENTROIDS, CHECKPOINTS, RETENTION, TRACKERS)
             or name.startswith("events.out.tfevents")
             or (name.startswith(".") and ".tmp-" in name))

@@ -79,7 +79,7 @@ def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int
         ratings.add(m.id)
     coverage = CoverageTracker(cfg.coverage, run_dir=run_dir)
     skill = {m.id: 0.0 for m in pop.members}
-    logger = MetricsLogger(rd, tensorboard=False)
+    logger = MetricsLogger(rd, report_to=[])
     try:
         for step in range(1, steps + 1):
             progress = step / steps

@@ -38,10 +38,27 @@ def make_executor(workers: int = 2, memory_mb: int = 4096) -> Any:
                                           max_repr_chars=64 << 20, max_output_chars=1 << 20, fsize_mb=16))
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """``lorapop eval --samples N``: N sampled answers per problem (for pass@k) instead of one greedy answer. A row's
+    seed depends on its problem and sample index only, so every adapter draws with the same random numbers."""
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def row_seed(self, row: int) -> int:
+        return self.seed * 1_000_003 + row
+
+
 @dataclass
 class BenchResult:
-    """Per adapter id: one 0/1 per problem (same order as the problems), plus what the pass cost."""
+    """Per adapter id: one 0/1 per problem (same order as the problems), plus what the pass cost. With sampling,
+    ``correct`` holds per problem how many of the ``samples`` answers passed, and ``passed`` one 0/1 per answer
+    (problem-major)."""
     passed: dict[int, list[int]]
+    correct: dict[int, list[int]] = field(default_factory=dict)
+    samples: int = 1
     extra: dict[int, list[dict]] = field(default_factory=dict)  # per-problem details (answers, errors)
     gen_tokens: dict[int, int] = field(default_factory=dict)
     gen_s: float = 0.0
@@ -63,9 +80,10 @@ def render_prompts(engine: Engine, problems: list[Problem], template: str, famil
     return out
 
 
-def generate_rows(engine: Engine, prompts: list[Rendered], adapter_ids: list[int], max_new_tokens: int
-                  ) -> dict[int, list[Any]]:
-    """Greedy completions for every (prompt, adapter) pair in one engine call: {adapter_id: [Completion]}."""
+def generate_rows(engine: Engine, prompts: list[Rendered], adapter_ids: list[int], max_new_tokens: int,
+                  sampling: Sampling | None = None) -> dict[int, list[Any]]:
+    """Completions for every (prompt, adapter) pair in one engine call: {adapter_id: [Completion]}; greedy, or
+    sampled with ``sampling``'s temperature/top_p and a seed per prompt row."""
     from lorapop.engine import SamplingParams
 
     ids, rows = [], []
@@ -73,8 +91,13 @@ def generate_rows(engine: Engine, prompts: list[Rendered], adapter_ids: list[int
         for a in adapter_ids:  # members interleaved per problem: every batch mixes adapters
             ids.append(r.ids)
             rows.append((i, a))
-    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
-    comps = engine.generate(ids, [a for _, a in rows], params, seeds=[0] * len(ids))
+    if sampling is None:
+        params, seeds = SamplingParams(max_new_tokens=max_new_tokens, greedy=True), [0] * len(ids)
+    else:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p)
+        seeds = [sampling.row_seed(i) for i, _ in rows]
+    comps = engine.generate(ids, [a for _, a in rows], params, seeds=seeds)
     out: dict[int, list[Any]] = {a: [None] * len(prompts) for a in adapter_ids}
     for (i, a), c in zip(rows, comps):
         out[a][i] = c
@@ -211,13 +234,16 @@ class CodeJudge:
 def evaluate_benchmark(engine: Engine, spec: BenchmarkSpec, problems: list[Problem], adapter_ids: list[int],
                        max_new_tokens: int, judge: CodeJudge | None = None, keep_text: bool = False,
                        template: str | None = None, prompt_cache: dict | None = None,
-                       checker: MathChecker | None = None) -> BenchResult:
+                       checker: MathChecker | None = None, sampling: Sampling | None = None) -> BenchResult:
     """Generate for every (problem, adapter) and score. ``template`` defaults to the family's default
-    (:func:`lorapop.eval.prompts.template_for` with ``auto``)."""
+    (:func:`lorapop.eval.prompts.template_for` with ``auto``). With ``sampling``, every problem is answered
+    ``sampling.n`` times (each answer scored like a greedy one) and ``correct`` counts the passes per problem."""
     template = template or template_for("auto", spec.family)
+    n = sampling.n if sampling is not None else 1
+    problems = [p for p in problems for _ in range(n)]  # problem-major: rows i*n .. i*n+n-1 answer problem i
     prompts = render_prompts(engine, problems, template, spec.family, prompt_cache)
     t0 = time.perf_counter()
-    comps = generate_rows(engine, prompts, adapter_ids, max_new_tokens)
+    comps = generate_rows(engine, prompts, adapter_ids, max_new_tokens, sampling)
     gen_s = time.perf_counter() - t0
     res = BenchResult({}, gen_s=gen_s, prompt_example=prompts[0].text if prompts else "")
     res.gen_tokens = {a: sum(len(c.token_ids) for c in cs) for a, cs in comps.items()}
@@ -252,4 +278,7 @@ def evaluate_benchmark(engine: Engine, spec: BenchmarkSpec, problems: list[Probl
             for e, c in zip(res.extra[a], cs):
                 e["text"], e["gen_tokens"] = c.text, len(c.token_ids)
     res.score_s = time.perf_counter() - t1
+    if sampling is not None:
+        res.samples = n
+        res.correct = {a: [sum(p[i:i + n]) for i in range(0, len(p), n)] for a, p in res.passed.items()}
     return res

@@ -1,5 +1,6 @@
 """``lorapop eval RUN_DIR [RUN_DIR ...]``: greedy pass@1 of the base and every member, one engine pass per
-benchmark.
+benchmark; with ``--samples N --temperature T [--top-p P] --k 1,5,10``, pass@k from N sampled answers per problem
+(the unbiased estimator of Chen et al. 2021, :mod:`lorapop.eval.passk`) beside pass@1 estimated the same way.
 
 Runs that share a base model and LoRA rank share one engine: all their members are loaded into its slots, and each
 benchmark's problems x (base + all members) rows go through one ``generate`` call. The **baseline** is the run
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks
 from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get_spec, is_available, load_benchmark,
                                parse_benchmarks)
 from lorapop.eval.prompts import PROMPT_CHOICES, describe, template_for
@@ -76,6 +78,39 @@ class EvalConfig:
         "help": "torch CPU threads (1 is fastest on a CPU shared with other jobs); default: torch's choice"})
     model: str = field(default="embedded", metadata={
         "help": "base model when no run dir is given (base-only evaluation)"})
+    samples: int | None = field(default=None, metadata={
+        "help": "sample this many answers per problem and report pass@k (Chen et al. 2021's unbiased estimator) "
+                "instead of greedy pass@1 (default: greedy, one answer)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature with --samples"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass with --samples"})
+    k: str | None = field(default=None, metadata={
+        "help": "comma-separated k for pass@k with --samples, each at most --samples (default: those of 1,5,10 "
+                "that --samples allows)"})
+    seed: int = field(default=0, metadata={"help": "sampling seed with --samples (a row's seed is derived from it "
+                                                   "and the problem and sample index, the same for every member)"})
+
+    def sampling(self):
+        """The :class:`~lorapop.eval.harness.Sampling` of ``--samples``, or None (greedy)."""
+        from lorapop.eval.harness import Sampling
+
+        return None if self.samples is None else Sampling(self.samples, self.temperature, self.top_p, self.seed)
+
+    def ks(self) -> list[int]:
+        return parse_ks(self.k, self.samples) if self.samples is not None else []
+
+    def validate(self) -> None:
+        if self.samples is None:
+            if self.k is not None:
+                raise PassKError("--k: pass@k needs sampled answers; add --samples N (N >= the largest k)")
+            return
+        if self.samples < 1:
+            raise PassKError(f"--samples: must be at least 1, got {self.samples}")
+        if self.temperature <= 0:
+            raise PassKError(f"--temperature: must be > 0 with --samples (greedy is the default without "
+                             f"--samples), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise PassKError(f"--top-p: must be in (0, 1], got {self.top_p}")
+        self.ks()
 
 
 @dataclass
@@ -194,7 +229,8 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
                 t = time.perf_counter()
                 try:
                     res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text,
-                                             template=templates[spec.family], checker=checker)
+                                             template=templates[spec.family], checker=checker,
+                                             sampling=cfg.sampling())
                 except Exception as e:  # one broken benchmark must not sink the others
                     errors[b] = f"{type(e).__name__}: {e}"
                     continue
@@ -202,10 +238,11 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
                 warnings += res.warnings
                 prompt_examples.setdefault(b, res.prompt_example)
                 if gi == 0:
-                    base_scores[b] = _entry(res, BASE, probs)
+                    base_scores[b] = _entry(res, BASE, probs, cfg.ks())
                 for r in (group if runs else []):
                     for m in r.members:
-                        per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs)
+                        per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs,
+                                                                                 cfg.ks())
             engine.close()
     finally:
         if executor is not None:
@@ -220,27 +257,45 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     return _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg, setup)
 
 
-def _entry(res, aid: int, probs) -> dict:
-    passed = res.passed[aid]
-    e = {"pass@1": sum(passed) / len(passed), "n": len(passed), "passed": passed,
+def _entry(res, aid: int, probs, ks: list[int] | None = None) -> dict:
+    """One adapter on one benchmark. Greedy: pass@1 and a 0/1 per problem. Sampled (``ks``): ``pass@1`` and
+    ``pass@k`` by the unbiased estimator, ``correct`` (passes per problem out of ``samples``), and a 0/1 per
+    answer in ``passed`` (problem-major)."""
+    passed, n = res.passed[aid], res.samples
+    e = {"pass@1": sum(passed) / len(passed), "n": len(probs), "passed": passed,
          "gen_tokens": res.gen_tokens.get(aid, 0)}
+    if ks:
+        correct = res.correct[aid]
+        e.update({"pass@1": mean_pass_at_k(n, correct, 1), "samples": n, "correct": correct,
+                  "pass@k": {str(k): mean_pass_at_k(n, correct, k) for k in ks}})
     if res.extra.get(aid) and any("base" in x for x in res.extra[aid]):
         e["base_tests_pass@1"] = sum(bool(x.get("base")) for x in res.extra[aid]) / len(passed)
     if res.extra.get(aid):
-        e["details"] = [dict(x, id=p.id) for x, p in zip(res.extra[aid], probs)]
+        rows = [(p, j) for p in probs for j in range(n)]
+        e["details"] = [dict(x, id=p.id, **({"sample": j} if ks else {})) for x, (p, j) in zip(res.extra[aid], rows)]
     return e
 
 
-def _summary(scores: dict[str, dict], benches: list[str]) -> dict:
-    out = {b: scores[b]["pass@1"] for b in benches if b in scores}
+def _summary(scores: dict[str, dict], benches: list[str], k: str | None = None) -> dict:
+    """pass@1 per benchmark (pass@k with ``k``) and their unweighted mean, ``aggregate``."""
+    out = {b: (scores[b]["pass@1"] if k is None else scores[b]["pass@k"][k]) for b in benches if b in scores}
     if out:
         out["aggregate"] = sum(out.values()) / len(out)
     return out
 
 
+def _population(members: list[dict], ok: list[str], key: str = "scores") -> dict:
+    pop = {}
+    for label, sel in (("students", lambda m: m["role"] in ("student", "agent")), ("all", lambda m: True)):
+        chosen = [m for m in members if sel(m)]
+        pop[label] = {b: _stats([m[key][b] for m in chosen if b in m[key]]) for b in ok + (["aggregate"] if ok else [])}
+    return pop
+
+
 def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg, setup) -> dict:
     ok = [b for b in names if b not in errors]
     base_sum = _summary(base_scores, ok)
+    ks = cfg.ks()
     baseline_path = None
     if cfg.baseline:
         baseline_path = str(Path(cfg.baseline))
@@ -256,17 +311,22 @@ def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, 
         for m in r.members:
             members.append({"id": m.id, "role": m.role, "scores": _summary(pm.get(m.id, {}), ok),
                             "benchmarks": pm.get(m.id, {})})
-        pop = {}
-        for label, sel in (("students", lambda m: m["role"] in ("student", "agent")), ("all", lambda m: True)):
-            chosen = [m for m in members if sel(m)]
-            pop[label] = {k: _stats([m["scores"][k] for m in chosen if k in m["scores"]])
-                          for k in ok + (["aggregate"] if ok else [])}
+            for k in ks:
+                members[-1][f"pass@{k}"] = _summary(pm.get(m.id, {}), ok, str(k))
+        pop = _population(members, ok)
+        if ks:
+            pop["pass@k"] = {str(k): _population(members, ok, f"pass@{k}") for k in ks}
         run_objs.append({"run_dir": str(r.path), "checkpoint": str(r.checkpoint), "step": r.step, "model": r.model,
                          "is_baseline": str(r.path) == baseline_path, "members": members, "population": pop})
     result = {"data_dir": cfg.data_dir, "benchmarks": ok, "n_problems": {b: len(problems.get(b, [])) for b in ok}, "errors": errors,
-              "warnings": warnings, "limit": cfg.limit, "greedy": True,
+              "warnings": warnings, "limit": cfg.limit, "greedy": cfg.samples is None,
+              "sampling": None if cfg.samples is None else {
+                  "samples": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p, "k": ks,
+                  "seed": cfg.seed, "estimator": "unbiased pass@k, Chen et al. 2021: 1 - C(n-c, k) / C(n, k)"},
               "max_new_tokens": {"code": cfg.max_new_tokens_code, "math": cfg.max_new_tokens_math},
-              "base": {"scores": base_sum, "benchmarks": base_scores}, "baseline": baseline_path,
+              "base": {"scores": base_sum, "benchmarks": base_scores,
+                       **({"pass@k": {str(k): _summary(base_scores, ok, str(k)) for k in ks}} if ks else {})},
+              "baseline": baseline_path,
               "runs": run_objs, "timings_s": timings, "time": time.time(), **setup}
     if cfg.write_run_files:
         for ro in run_objs:
@@ -283,28 +343,38 @@ def _pct(x) -> str:
 
 
 def format_table(result: dict) -> str:
-    """Per population run: rows = benchmarks + aggregate; columns = base, baseline, students and all members."""
+    """Per population run: rows = benchmarks + aggregate; columns = base, baseline, students and all members. With
+    sampling, one such table per k (pass@1 first)."""
     lines = []
     ok = result["benchmarks"]
-    base = result["base"]["scores"]
+    sampling = result.get("sampling")
+    # (label, base scores, population of a run entry): greedy pass@1, or pass@k for each sampled k
+    metrics = [("pass@1", result["base"]["scores"], lambda r: r["population"])]
+    if sampling:
+        lines.append(f"pass@k from {sampling['samples']} samples per problem (temperature {sampling['temperature']}, "
+                     f"top_p {sampling['top_p']}; unbiased estimator, Chen et al. 2021)")
+        metrics = [(f"pass@{k}", result["base"]["pass@k"][str(k)],
+                    lambda r, k=k: r["population"]["pass@k"][str(k)]) for k in sampling["k"]]
     baseline = next((r for r in result["runs"] if r["is_baseline"]), None)
     targets = [r for r in result["runs"] if not r["is_baseline"]] or result["runs"]
     if not targets:
-        lines.append(f"base model only; {'benchmark':<14}{'n':>5} {'pass@1':>7}")
+        lines.append(f"base model only; {'benchmark':<14}{'n':>5} " + " ".join(f"{m:>7}" for m, _, _ in metrics))
         for b in ok + (["aggregate"] if ok else []):
-            lines.append(f"{b:<14}{result['n_problems'].get(b, '')!s:>5} {_pct(base.get(b)):>7}")
+            lines.append(f"{b:<14}{result['n_problems'].get(b, '')!s:>5} "
+                         + " ".join(f"{_pct(base.get(b)):>7}" for _, base, _ in metrics))
     for r in targets:
         lines.append(f"run {r['run_dir']} (step {r['step']}, {len(r['members'])} members); baseline: "
                      f"{baseline['run_dir'] if baseline else 'none'}")
-        lines.append(f"{'benchmark':<14}{'n':>5} {'base':>6} {'basel.':>6}  {'students mean/min/max':>21}  "
-                     f"{'all members mean/min/max':>24}")
-        for b in ok + (["aggregate"] if ok else []):
-            bl = (baseline["population"]["students"].get(b) or {}).get("mean") if baseline else None
-            s, a = r["population"]["students"].get(b), r["population"]["all"].get(b)
-            trip = lambda st: "    -      -      -" if not st else \
-                f"{_pct(st['mean'])} {_pct(st['min'])} {_pct(st['max'])}"
-            n = result["n_problems"].get(b, "")
-            lines.append(f"{b:<14}{n!s:>5} {_pct(base.get(b)):>6} {_pct(bl):>6}  {trip(s):>21}  {trip(a):>24}")
+        for label, base, pop_of in metrics:
+            lines.append(f"{label + ' ' * (14 - len(label)) if sampling else 'benchmark':<14}{'n':>5} {'base':>6} "
+                         f"{'basel.':>6}  {'students mean/min/max':>21}  {'all members mean/min/max':>24}")
+            for b in ok + (["aggregate"] if ok else []):
+                bl = (pop_of(baseline)["students"].get(b) or {}).get("mean") if baseline else None
+                s, a = pop_of(r)["students"].get(b), pop_of(r)["all"].get(b)
+                trip = lambda st: "    -      -      -" if not st else \
+                    f"{_pct(st['mean'])} {_pct(st['min'])} {_pct(st['max'])}"
+                n = result["n_problems"].get(b, "")
+                lines.append(f"{b:<14}{n!s:>5} {_pct(base.get(b)):>6} {_pct(bl):>6}  {trip(s):>21}  {trip(a):>24}")
         lines.append("")
     for b, e in result["errors"].items():
         lines.append(f"error: {b}: {e}")

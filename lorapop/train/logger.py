@@ -97,11 +97,18 @@ class Progress:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: RunDir, tensorboard: bool, purge_step: int | None = None):
+    """metrics.jsonl and tasks.jsonl (the record), and the trackers of ``run.report_to``: TensorBoard event files
+    beside them, and wandb/trackio/mlflow through :class:`lorapop.train.trackers.Trackers` (each on its own thread,
+    so a step never waits on a tracker's network or disk)."""
+
+    def __init__(self, run_dir: RunDir, report_to: list[str] | tuple[str, ...] = ("tensorboard",),
+                 purge_step: int | None = None, config: dict[str, Any] | None = None, project: str = "lorapop",
+                 run_name: str | None = None):
         self.metrics = run_dir.open_metrics()
         self.tasks = run_dir.open_tasks()
         self.tb = None
-        if tensorboard:
+        self.trackers = None
+        if "tensorboard" in report_to:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -109,10 +116,17 @@ class MetricsLogger:
                 self.tb = SummaryWriter(str(run_dir.path), purge_step=purge_step)
             except ImportError:  # tensorboard is a dependency, but a broken install must not stop training
                 self.tb = None
+        others = [n for n in report_to if n != "tensorboard"]
+        if others:
+            from lorapop.train.trackers import Trackers
+
+            self.trackers = Trackers(run_dir, others, config or {}, project, run_name or run_dir.path.name)
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}
         self.metrics.write(record)
+        if self.trackers is not None:
+            self.trackers.log(step, metrics)
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
@@ -123,8 +137,16 @@ class MetricsLogger:
         if records:
             self.tasks.write(*records)
 
+    def flush(self) -> None:
+        """At a checkpoint: wait (bounded) until the trackers have taken every step so far."""
+        if self.trackers is not None:
+            self.trackers.flush()
+
     def close(self) -> None:
         self.metrics.close()
         self.tasks.close()
         if self.tb is not None:
             self.tb.close()
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None

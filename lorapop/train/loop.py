@@ -139,8 +139,9 @@ class Trainer:
         self.engine = engine if engine is not None else self._own(self._make_engine())
         fault_point("engine")
         notes = self._restore() if resume else self._init_adapters()
-        self.logger = self._own(MetricsLogger(self.rundir, cfg.run.tensorboard,
-                                              purge_step=self.step + 1 if resume else None))
+        self.logger = self._own(MetricsLogger(self.rundir, cfg.run.report_to,
+                                              purge_step=self.step + 1 if resume else None, config=to_dict(cfg),
+                                              project=cfg.run.project, run_name=run_dir.name))
         self.progress = self._own(Progress(cfg.run.progress, cfg.run.steps))
         for line in notes or []:
             self.progress.message(line)
@@ -308,6 +309,7 @@ class Trainer:
         if step % cfg.run.save_interval == 0 or step == cfg.run.steps:
             stage("checkpoint")
             self.save_checkpoint()
+            self.logger.flush()
             done("checkpoint")
         self.progress.end_step(step, metrics, times)
         return metrics
@@ -412,19 +414,20 @@ class Trainer:
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The config of an existing run; only run.steps/run.progress/run.tensorboard/run.save_interval and where it
-    runs (engine.replicas, engine.ray_address, executor.ray*) may be overridden on resume."""
+    """The config of an existing run; only run.steps/run.progress/run.report_to (run.tensorboard)/run.save_interval
+    and where it runs (engine.replicas, engine.ray_address, executor.ray*) may be overridden on resume. A tracker
+    added to run.report_to on resume gets the run's steps so far first (lorapop/train/trackers.py)."""
     from lorapop.config import load_config
 
     if not RunDir(run_dir).has_config():
         raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
     # where a run executes does not change what it computes: a checkpoint resumes on any number of replicas
-    allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.save_interval=",
+    allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.report_to=", "--run.save_interval=",
                "--engine.replicas=", "--engine.ray_address=", "--executor.ray=", "--executor.ray_actors=")
     for o in overrides:
         if not o.startswith(allowed):
             raise ConfigError(f"override '{o}': on --resume only run.steps, run.save_interval, run.progress, "
-                              "run.tensorboard, engine.replicas, engine.ray_address, executor.ray and "
+                              "run.report_to, run.tensorboard, engine.replicas, engine.ray_address, executor.ray and "
                               "executor.ray_actors may change")
     cfg = load_config(str(run_dir / "config.yaml"), overrides)
     cfg.run.output_dir, cfg.run.name = str(run_dir.parent), run_dir.name
