@@ -156,7 +156,17 @@ class Trackio(Backend):
         import trackio
 
         if state.get("id"):
-            self.run = trackio.init(project=project, name=state["name"], resume="must", config=config, embed=False)
+            try:
+                self.run = trackio.init(project=project, name=state["name"], resume="must", config=config,
+                                        embed=False)
+            except ValueError as e:
+                if "does not exist" not in str(e):
+                    raise
+                # Its writer thread died with a killed process before the run reached its database: nothing of it
+                # exists, so this run starts it (taken() is then 0 and every step so far is sent once).
+                self.run = trackio.init(project=project, name=state["name"], resume="never", config=config,
+                                        embed=False)
+                return dict(state, id=self.run.id, name=self.run.name)
             if self.run.id != state["id"]:  # trackio resumes by name: a later run may have taken it
                 raise RuntimeError(f"the trackio run named {state['name']!r} in project {project!r} is another run "
                                    f"now (id {self.run.id}; this run's is {state['id']})")
