@@ -124,9 +124,9 @@ class SelfPlayConfig:
         "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
                "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
                "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
-               "(the CPU configs; docs/RESULTS.md). 'expression': input_first's layout, asking for an integer input and an f(x) "
-               "whose body is one return expression, shown such references (the cpu_dynamics configs). code_f proposals "
-               "(inputs and a message) are the same in all three")
+               "(the CPU configs; docs/RESULTS.md). 'expression': one ```python block, the line `x = <integer input>` "
+               "then an f(x) whose body is one return expression, shown such references, the reply started after "
+               "`x = ` (the cpu_dynamics configs). code_f proposals (inputs and a message) are the same in all three")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 
@@ -146,8 +146,8 @@ class SelfPlayConfig:
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
         if self.proposal_style == "expression" and not self.response_prefill:
-            raise ConfigError("selfplay.proposal_style: 'expression' starts the reply with its input block's "
-                              "fence, a prefill: set selfplay.response_prefill: true")
+            raise ConfigError("selfplay.proposal_style: 'expression' starts the reply inside its block, after "
+                              "`x = `, a prefill: set selfplay.response_prefill: true")
         for name in ("propose", "solve"):
             if "```" not in getattr(self, name).stop:
                 continue
@@ -155,9 +155,9 @@ class SelfPlayConfig:
                 # Without the prefill a reply opens its block itself: it would stop at its own opening fence.
                 raise ConfigError(f"selfplay.{name}.stop: '```' needs selfplay.response_prefill: true (without it "
                                   f"every reply ends at the fence that opens its first block)")
-            if name == "propose":
+            if name == "propose" and self.proposal_style != "expression":
                 raise ConfigError("selfplay.propose.stop: '```' would end a proposal after its first block, and "
-                                  "every proposal needs two or more")
+                                  "every proposal needs two or more (only proposal_style: expression is one block)")
 
 
 @dataclass
@@ -228,8 +228,18 @@ class RunConfig:
                                          "true puts it in; the resolved config keeps only report_to")
     progress: Literal["auto", "rich", "plain", "none"] = doc("auto", "live progress display; 'auto' uses rich on "
                                                                       "a terminal and plain lines otherwise")
+    probe_interval: int = doc(0, "every this many steps (and before step 1) each student, or the single agent, "
+                                 "answers the fixed capability probe of held-out code_o expression tasks "
+                                 "(lorapop/train/probe.py) into probe.jsonl; generation only, it changes no training. "
+                                 "0 turns it off")
+    probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels")
+    probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
 
     def validate(self) -> None:
+        for name in ("probe_interval", "probe_per_level", "probe_samples"):
+            if getattr(self, name) < (0 if name == "probe_interval" else 1):
+                raise ConfigError(f"run.{name}: must be >= {0 if name == 'probe_interval' else 1}, "
+                                  f"got {getattr(self, name)}")
         self.report_to = resolve_report_to(self.report_to, self.tensorboard)
         self.tensorboard = None
         if self.steps < 1:

@@ -214,7 +214,7 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lorapop.engine.decode import StaticKVCache
+    from lorapop.engine.decode import StaticKVCache, kv_capacity
 
     dtype = getattr(torch, ecfg.dtype)
     eng = _fake_engine(mcfg, n_adapters, FakeTensorMode(allow_non_fake_inputs=True), ecfg)
@@ -232,7 +232,7 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
 
     out["copies"] = _measure(inference_copies)
     dec = eng._decoder()
-    capacity = -(-(prompt_tokens + new_tokens) // 256) * 256  # as TorchEngine._kv_cache rounds it
+    capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
     out["per_slot"] = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
     holder: list = []
     out["kv"] = _measure(lambda: holder.append(StaticKVCache(dec.n_layers, max(1, ecfg.gen_batch_size), dec.n_kv,
@@ -319,12 +319,14 @@ def plan(cfg: Any, gpu_gib: float, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -
 
 def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     """The plan for a GPU of ``gpu_gib`` GiB from measured phases: totals, fit and advice."""
+    from lorapop.engine.decode import kv_capacity
+
     ecfg, m, n = measured.engine, measured.phases, measured.n_adapters
     prompt_tokens, new_tokens = measured.prompt_tokens, measured.new_tokens
     p = MemoryPlan(model=measured.model, gpu_bytes=int(gpu_gib * GIB))
     rows = max(1, ecfg.train_micro_batch_size)
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
-    capacity = -(-(prompt_tokens + new_tokens) // 256) * 256
+    capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
     lc = ecfg.lora_compute_dtype
     ckpt = ecfg.gradient_checkpointing
     table = [

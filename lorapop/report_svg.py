@@ -221,3 +221,36 @@ def lineage_timeline(rows: list[list[Life]], row_labels: list[str], title: str, 
     leg = "".join(f'<span class="li"><svg width="14" height="10"><rect width="14" height="10" fill="{c}"/></svg>'
                   f'{escape(r)}</span>' for r, c in role_colors.items())
     return f'<figure class="chart wide">{"".join(out)}<div class="legend">{leg}</div></figure>'
+
+
+# The report's chart styles, for an SVG that stands alone (a committed figure, an image in a README).
+SVG_CSS = (".ttl{font:600 13px sans-serif}.tick{font:10px sans-serif;fill:#555}.axl{font:11px sans-serif;fill:#333}"
+           ".grid{stroke:#e6e6e6;stroke-width:1}.frame{fill:none;stroke:#999;stroke-width:1}"
+           ".series path{fill:none;stroke-width:1.8}.band{fill-opacity:.15;stroke:none}.lg{font:12px sans-serif}")
+
+
+def figure_svg(charts: list[str], cols: int, legend: list[Series] | None = None, title: str = "") -> str:
+    """One standalone SVG holding ``charts`` (what :func:`line_chart` returns) on a grid of ``cols`` columns, with
+    an optional title and a legend line drawn from ``legend``'s labels, colours and dashes."""
+    import re
+
+    plots = [m.group(0) for c in charts for m in [re.search(r"<svg class=\"plot\".*?</svg>", c, re.S)] if m]
+    top = (24 if title else 0) + (22 if legend else 0)
+    rows = -(-len(plots) // cols) if plots else 0
+    width, height = cols * W, top + rows * H
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+           f"<style>{SVG_CSS}</style>", f'<rect width="{width}" height="{height}" fill="#fff"/>']
+    if title:
+        out.append(f'<text x="{width / 2}" y="17" class="ttl" text-anchor="middle">{escape(title)}</text>')
+    x = ML
+    for s in legend or []:
+        y = (24 if title else 0) + 12
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        out.append(f'<line x1="{x}" x2="{x + 22}" y1="{y}" y2="{y}" stroke="{s.color}" stroke-width="2.5"{dash}/>'
+                   f'<text class="lg" x="{x + 26}" y="{y + 4}">{escape(s.label)}</text>')
+        x += 36 + 7 * len(s.label)
+    for i, p in enumerate(plots):
+        px, py = (i % cols) * W, top + (i // cols) * H
+        out.append(p.replace('<svg class="plot"', f'<svg class="plot" x="{px}" y="{py}" width="{W}" height="{H}"', 1))
+    out.append("</svg>")
+    return "\n".join(out)

@@ -42,6 +42,7 @@ from typing import Any, TextIO
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 TASKS = "tasks.jsonl"
+PROBE = "probe.jsonl"  # run.probe_interval (lorapop/train/probe.py)
 POPULATION = "population.json"
 EVAL = "eval.json"
 RETENTION = "retention.json"  # `lorapop retention` (lorapop/evolve/retention.py)
@@ -376,9 +377,12 @@ class RunDir:
     def open_tasks(self) -> JsonlWriter:
         return JsonlWriter(self.path / TASKS)
 
+    def open_probe(self) -> JsonlWriter:
+        return JsonlWriter(self.path / PROBE)
+
     def truncate_logs(self, step: int) -> None:
         """Drop log lines past ``step`` (what a killed run logged after its last checkpoint)."""
-        for name in (METRICS, TASKS):
+        for name in (METRICS, TASKS, PROBE):
             truncate_jsonl(self.path / name, step)
 
     def write_population(self, step: int, members: list[dict[str, Any]], lineage: list[dict[str, Any]]) -> None:

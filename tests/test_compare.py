@@ -13,13 +13,14 @@ TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2", 
         "--selfplay.seed_files=[]", "--run.progress=none", "--run.tensorboard=false"]
 
 
-def test_shipped_cpu_single_is_cpu_demo_as_a_single_agent():
+@pytest.mark.parametrize("pop_name, single_name", [("cpu_demo", "cpu_single"), ("cpu_dynamics", "cpu_dynamics_single")])
+def test_shipped_single_twin_is_its_population_config_as_a_single_agent(pop_name, single_name):
     from lorapop.compare import compare_configs
     from lorapop.config import load_config, resolve_config_path
     from lorapop.configlib import to_dict
 
-    demo, single = (to_dict(load_config(resolve_config_path(n))) for n in ("cpu_demo", "cpu_single"))
-    derived = to_dict(compare_configs("cpu_demo", [], "x", "out")[1])
+    demo, single = (to_dict(load_config(resolve_config_path(n))) for n in (pop_name, single_name))
+    derived = to_dict(compare_configs(pop_name, [], "x", "out")[1])
     for d in (demo, single, derived):
         d.pop("evolve")  # a single agent has no PBT
         d["run"].pop("name"), d["run"].pop("output_dir")

@@ -112,3 +112,29 @@ def test_probe_tasks_are_fixed_held_out_and_three_levels():
         ns: dict = {}
         exec(t.program, ns)
         assert repr(ns["f"](int(t.inputs[0]))) == t.outputs[0]
+
+
+def test_bench_dynamics_reports_seeds_table_and_figure(tmp_path):
+    """bench/dynamics.py --report-only over finished seed directories: criteria per seed, the 2-of-3 verdict, and
+    one standalone SVG with the three panels per seed."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+
+    spec = importlib.util.spec_from_file_location("bench_dynamics", Path(__file__).parents[1] / "bench" / "dynamics.py")
+    dyn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dyn)
+    for s in (0, 1, 2):
+        racing(tmp_path / f"seed{s}" / "population")
+        calibrating(tmp_path / f"seed{s}" / "single")
+        (tmp_path / f"seed{s}" / "compare.json").write_text("{}")
+    racing(tmp_path / "seed3" / "population")  # no compare.json: not finished, left out
+    out = dyn.main(["--report-only", "--seeds=0,1,2,3", f"--out={tmp_path}"])
+    assert out["seeds"] == [0, 1, 2]
+    assert out["verdict"]["arms_race.band"]["holds"] and out["verdict"]["self_calibration.solve"]["holds"]
+    assert not out["verdict"]["capability"]["holds"]  # no probe written: not judged in any seed
+    saved = json.loads((tmp_path / "dynamics.json").read_text())
+    assert saved["verdict"] == out["verdict"]
+    svg = ET.parse(tmp_path / "dynamics.svg").getroot()
+    plots = [e for e in svg if e.tag.endswith("svg")]
+    assert len(plots) == 3 * 3  # 3 seeds x (solve rate, AST depth, coverage)
+    assert all(len([p for p in e.iter() if p.tag.endswith("path")]) >= 2 for e in plots)  # both runs drawn

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lorapop.tasks import TASK_TYPES
-from lorapop.tasks.base import Proposal
+from lorapop.tasks.base import ParseError, Proposal
 from lorapop.tasks.common import EXPRESSION_PREFILL
 from lorapop.tasks.expressions import SEED_FILE, seed_rows
 
@@ -25,14 +25,18 @@ def test_prompt_prefill_and_parse():
 
     ref = Task(type="code_o", program="def f(x):\n    return x * 2 + 1", inputs=["4"], outputs=["9"])
     prompt = code_o.teacher_prompt([ref], style="expression")
-    assert "single return expression" in prompt and "return x * 2 + 1" in prompt and "```input\n4\n```" in prompt
-    assert prompt.index("```input\n4") < prompt.index("return x * 2 + 1")  # input first, as the reply
+    assert "single return expression" in prompt and "```python\nx = 4\ndef f(x):\n    return x * 2 + 1\n```" in prompt
     assert "9" not in prompt.split("Reference 1:")[1]  # references go without their outputs
     prefill = code_o.proposal_prefill_for("expression")
-    assert prefill == EXPRESSION_PREFILL
-    got = code_o.parse_proposal(prefill + "7\n```\n```python\ndef f(x):\n    return (x + 2) % 5\n```\nmore text")
+    assert prefill == EXPRESSION_PREFILL and prompt.endswith("then f.")
+    got = code_o.parse_proposal(prefill + "7\ndef f(x):\n    return (x + 2) % 5\n```", style="expression")
     assert isinstance(got, Proposal)
-    assert got.program == "def f(x):\n    return (x + 2) % 5" and got.inputs == ["7"]
+    assert got.program == "def f(x):\n    return (x + 2) % 5" and got.inputs == ["7"] and got.type == "code_o"
+    # the same reply read as another style has no input block; a block without the input line is a format error
+    assert isinstance(code_o.parse_proposal(prefill + "7\ndef f(x):\n    return x\n```"), ParseError)
+    for bad in ("```python\ndef f(x):\n    return x\n```", prefill + "7\n```", prefill + "7\ndef f(x):\n    return x"):
+        got = code_o.parse_proposal(bad, style="expression")
+        assert isinstance(got, ParseError), bad
 
 
 def test_expression_style_needs_prefill():

@@ -108,6 +108,15 @@ def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, allowed: tor
     return o.reshape(b, h, t, d)
 
 
+KV_ROUND = 256  # cache lengths are multiples of this, so calls of nearby lengths share one cache (and graphs)
+
+
+def kv_capacity(tokens: int, max_model_len: int = 0) -> int:
+    """The KV cache length for rows of up to ``tokens`` positions: ``max(tokens, engine.max_model_len)`` rounded
+    up to :data:`KV_ROUND` (TorchEngine allocates it; lorapop/plan.py plans it)."""
+    return -(-max(int(tokens), int(max_model_len)) // KV_ROUND) * KV_ROUND
+
+
 class StaticKVCache:
     """``k[l], v[l]: [n_slots, n_kv_heads, max_len + 1, head_dim]``; index ``max_len`` is the trash column."""
 

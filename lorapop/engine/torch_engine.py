@@ -28,7 +28,7 @@ from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_p
                    check_samples, check_slot, end_of_turn_ids)
 from .batching import ContinuousBatcher, stop_checker
 from .cudamem import allocatable_bytes
-from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
+from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32, kv_capacity
 from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
@@ -277,7 +277,7 @@ class TorchEngine:
             per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
             if n_slots * per_slot <= self.kv_budget_bytes():
                 return self._new_kv_cache(n_slots, capacity, dtype)
-        capacity = -(-max(max_len, int(self.cfg.max_model_len)) // 256) * 256
+        capacity = kv_capacity(max_len, self.cfg.max_model_len)
         capacity = max(capacity, shape[1] if shape is not None else 0)
         per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
         budget = self.kv_budget_bytes()

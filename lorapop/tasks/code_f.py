@@ -44,7 +44,7 @@ class CodeF:
                 "Then write a one-line ```message hinting at what f does without giving the code.\n\n"
                 f"Format example:\n{example}\n\nNow write one sentence of reasoning, then your blocks.")
 
-    def parse_proposal(self, text, *, program: str | None = None) -> Proposal | ParseError:
+    def parse_proposal(self, text, *, program: str | None = None, style: str = "azr") -> Proposal | ParseError:
         if not program:
             return ParseError("no_program", "code_f proposals need the program the teacher was given")
         got = extract(text, {"input": self.n_inputs, "message": 1})

@@ -3,6 +3,7 @@ PYTHONHASHSEEDs) and the prompt pieces."""
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -85,10 +86,31 @@ def render_reference(t: Task, with_output: bool = True) -> str:
     return "\n".join(parts)
 
 
-# selfplay.proposal_style "expression" (the dynamics configs): input_first's layout with one-expression references on
-# integers. (Starting the reply inside the program, at 'def f(x): return ', the 135M base wrote good expressions but
-# then never an ```input block: 0 of 16 parsed; input first, 10 of 16 did.)
-EXPRESSION_PREFILL = "```input\n"
+# selfplay.proposal_style "expression" (the dynamics configs): one ```python block that opens with the input line
+# `x = <integer>` and then defines f(x) as one return expression; the reply starts after `x = `, and a stop string
+# ends it at the block's closing fence. The 135M base, asked for an ```input block and a ```python block (input
+# first), parsed 10 of 16 replies and gave 0.19 valid; started inside `def f(x): return`, it never wrote the input
+# block after it (0 of 16): docs/RESULTS.md, "Dynamics: the setting".
+EXPRESSION_PREFILL = "```python\nx = "
+_INPUT_LINE = re.compile(r"^x\s*=\s*(.+?)\s*$")
+
+
+def expression_block(t: Task) -> str:
+    return fence("python", f"x = {t.inputs[0] if t.inputs else ''}\n{t.program}")
+
+
+def parse_expression_block(text: str, type_name: str = "code_o") -> Proposal | ParseError:
+    """The one-block layout of ``proposal_style: expression``: input line first, then the program."""
+    from lorapop.tasks.parsing import extract
+
+    got = extract(text, {"python": 1})
+    if isinstance(got, ParseError):
+        return got
+    first, _, program = got["python"][0].partition("\n")
+    m = _INPUT_LINE.match(first)
+    if m is None or not program.strip():
+        return ParseError("missing_input", "the block must open with `x = <input>` and then define f")
+    return Proposal(type=type_name, program=program.strip("\n"), inputs=[m.group(1)])
 
 
 class ProgramInputTask:
@@ -111,12 +133,10 @@ class ProgramInputTask:
         f onto its own one-argument input; shown the second, it writes the input, then a program for it
         (docs/RESULTS.md, "The CPU demo step by step")."""
         if style == "expression":
-            refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
-                                                                  fence("python", t.program)])
-                                for i, t in enumerate(references))
-            return ("Write one integer input and a new Python function f(x) on an integer x whose body is a single "
-                    f"return expression. {self.goal}\n{FORMAT_RULES}\n\n"
-                    f"{refs}\n\nNow write your own ```input block, then your own ```python block.")
+            refs = "\n\n".join(f"Reference {i + 1}:\n{expression_block(t)}" for i, t in enumerate(references))
+            return ("Write one integer input x and a new Python function f(x) whose body is a single return "
+                    f"expression. {self.goal}\n{FORMAT_RULES}\n\n"
+                    f"{refs}\n\nNow write your own ```python block in the same layout: the line x = ..., then f.")
         if style == "input_first":
             refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
                                                                   fence("python", t.program)])
@@ -132,10 +152,12 @@ class ProgramInputTask:
                 f"{refs}\n\nFormat example:\nf keeps the k largest numbers.\n{example}\n\n"
                 "Now write one sentence of reasoning, then your own ```python and ```input blocks.")
 
-    def parse_proposal(self, text, *, program: str | None = None):
+    def parse_proposal(self, text, *, program: str | None = None, style: str = "azr"):
         from lorapop.tasks.parsing import extract
         from lorapop.tasks.base import ParseError
 
+        if style == "expression":
+            return parse_expression_block(text, self.name)
         got = extract(text, {"python": 1, "input": 1})
         if isinstance(got, ParseError):
             return got

@@ -142,6 +142,7 @@ class Trainer:
         self.logger = self._own(MetricsLogger(self.rundir, cfg.run.report_to,
                                               purge_step=self.step + 1 if resume else None, config=to_dict(cfg),
                                               project=cfg.run.project, run_name=run_dir.name))
+        self.probe_log = self._own(self.rundir.open_probe()) if cfg.run.probe_interval else None
         self.progress = self._own(Progress(cfg.run.progress, cfg.run.steps))
         for line in notes or []:
             self.progress.message(line)
@@ -231,6 +232,8 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> None:
+        if self.step == 0:
+            self.probe(0)  # the members as they start: each probe curve's first point
         while self.step < self.cfg.run.steps:
             self.train_step(self.step + 1)
 
@@ -295,6 +298,11 @@ class Trainer:
         update_coverage(self.coverage, rows)
         done("coverage")
 
+        if cfg.run.probe_interval and step % cfg.run.probe_interval == 0:
+            stage("probe")
+            self.probe(step)
+            done("probe")
+
         stage("log")
         result = stages.StepResult(step, players, tuple(proposals), tuple(jobs), tuple(batch), train_stats,
                                    tuple(lineage), {k: v for k, v in times.items() if k != "log"},
@@ -313,6 +321,20 @@ class Trainer:
             done("checkpoint")
         self.progress.end_step(step, metrics, times)
         return metrics
+
+    def probe(self, step: int) -> None:
+        """The capability probe (lorapop/train/probe.py) after ``step``'s update: generation only, with its own
+        seeds, so a run with it trains exactly as one without."""
+        from lorapop.train.probe import run_probe
+
+        if self.probe_log is None:
+            return
+        sp = self.cfg.selfplay
+        prefill = TASK_TYPES["code_o"].answer_prefill if sp.response_prefill else ""
+        rows = run_probe(self.engine, self.executor, self.population.students, step, stages.sampling_params(sp.solve),
+                         self.cfg.run.probe_samples, prefill, stages.step_rng(self.cfg.run.seed, step, "probe"),
+                         per_level=self.cfg.run.probe_per_level)
+        self.probe_log.write(*rows)
 
     # ---- evolve ---------------------------------------------------------------------------------------------------
     def evolve(self, step: int) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@ def step_rng(seed: int, step: int, stage: str) -> random.Random:
     return random.Random(f"{seed}:{step}:{stage}")
 
 
-def _params(cfg: SamplingConfig) -> SamplingParams:
+def sampling_params(cfg: SamplingConfig) -> SamplingParams:
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                           min_new_tokens=cfg.min_new_tokens, stop=tuple(cfg.stop))
 
@@ -133,7 +133,7 @@ def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
                 prompts.append(prompt_ids(engine, text, prefill))
                 meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
-    outs = engine.generate(prompts, [m[0].slot for m in meta], _params(sp.propose), seeds=seeds)
+    outs = engine.generate(prompts, [m[0].slot for m in meta], sampling_params(sp.propose), seeds=seeds)
     return [Rollout(t, "teacher", tt, p, c, source_program=src, prefill=pre)
             for (t, tt, src, pre), p, c in zip(meta, prompts, outs)]
 
@@ -152,7 +152,8 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
-        proposal = TASK_TYPES[r.task_type].parse_proposal(r.prefill + r.completion.text, program=r.source_program)
+        proposal = TASK_TYPES[r.task_type].parse_proposal(r.prefill + r.completion.text, program=r.source_program,
+                                                          style=ctx.cfg.proposal_style)
         if isinstance(proposal, ParseError):
             out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
         else:
@@ -207,7 +208,7 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
         prompts += [ids] * n_solve
         slots += [job.student.slot] * n_solve
     seeds = [rng.getrandbits(31) for _ in prompts]
-    outs = engine.generate(prompts, slots, _params(ctx.cfg.solve), seeds=seeds) if prompts else []
+    outs = engine.generate(prompts, slots, sampling_params(ctx.cfg.solve), seeds=seeds) if prompts else []
     done = []
     for k, job in enumerate(jobs):
         tt = TASK_TYPES[job.task_type]
