@@ -88,3 +88,27 @@ def test_compiled_step_writes_only_the_new_positions():
     assert extents  # the pattern still finds inductor's loops
     assert not [n for n in extents if n % (cache.max_len + 1) == 0]
     assert cache.k[0][:, :, 10].abs().sum() > 0  # the step did write its position, in place
+
+
+def test_cpu_inductor_cache_is_per_cpu_capability(monkeypatch, tmp_path):
+    """Inductor's cache key leaves out the CPU capability: AVX-512 kernels reused under ATEN_CPU_CAPABILITY=avx2
+    decoded token 0 everywhere. CPU compiles get one cache directory per capability (unless the user set one)."""
+    import os
+
+    from lorapop.engine.torch_engine import inductor_cache_dir
+
+    a, b = inductor_cache_dir("AVX2"), inductor_cache_dir("AVX512")
+    assert a != b and a.endswith("cpu-avx2") and os.path.dirname(a) == os.path.dirname(b)
+    assert inductor_cache_dir().endswith("cpu-" + torch.backends.cpu.get_cpu_capability().lower())
+    from lorapop.engine.torch_engine import use_inductor_cache_per_capability
+
+    for unset_or_default in (None, os.path.dirname(a)):  # inductor writes its default itself when it first looks
+        if unset_or_default is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", unset_or_default)
+        use_inductor_cache_per_capability()
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == inductor_cache_dir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the user's choice stays
+    use_inductor_cache_per_capability()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)

@@ -90,6 +90,32 @@ def _train_micro_batches(work: list, size: int) -> list[list]:
             pos[j] += q
 
 
+def use_inductor_cache_per_capability() -> None:
+    """Point inductor at :func:`inductor_cache_dir` unless the user chose a directory. Inductor writes its default
+    into ``TORCHINDUCTOR_CACHE_DIR`` the first time it looks, so that value counts as not chosen."""
+    root = os.path.dirname(inductor_cache_dir("x"))
+    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or root) == os.path.abspath(root):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+
+
+def inductor_cache_dir(capability: str | None = None) -> str:
+    """Where CPU compiles keep inductor's on-disk cache unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise: one
+    directory per CPU capability (torch's probe, which ``ATEN_CPU_CAPABILITY`` can lower). Inductor's cache key
+    leaves the capability out: under ``ATEN_CPU_CAPABILITY=avx2`` kernels cached by an AVX-512 run of the same graph
+    were reused and the compiled decode produced token 0 everywhere (torch 2.13, docs/RESULTS.md, "Green on every
+    CPU"); a cache shared by machines with different ISAs would do the same."""
+    import tempfile
+
+    cap = (capability or torch.backends.cpu.get_cpu_capability()).lower()
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        root = default_cache_dir()
+    except ImportError:  # a private module: fall back to where torch puts it
+        root = os.path.join(tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "user"))
+    return os.path.join(root, f"cpu-{cap}")
+
+
 class TorchEngine:
     """Owns ``model``: its target linear layers are replaced in place (``close()`` puts them back)."""
 
@@ -245,6 +271,8 @@ class TorchEngine:
                 if hasattr(torch._dynamo.config, name):
                     setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
             mode = "reduce-overhead" if self.device.type == "cuda" else None
+            if self.device.type == "cpu":
+                use_inductor_cache_per_capability()
             self._compiled_step = torch.compile(self._dec.decode_step, mode=mode, dynamic=False)
         return self._compiled_step
 
