@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lorapop.compare import CompareConfig, run_compare  # noqa: E402
 from lorapop.criteria import across_seeds, criteria  # noqa: E402
 from lorapop.report_data import load_run  # noqa: E402
-from lorapop.report_svg import PALETTE, Series, figure_svg, line_chart  # noqa: E402
+from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
 
 PANELS = (("student/matched_solve_rate", "matched solve rate", (0.0, 1.0)),
           ("complexity/ast_depth", "AST depth of valid proposals", None),
@@ -57,13 +57,13 @@ def table(per_seed: dict[int, dict[str, Any]], verdict: dict[str, dict[str, Any]
 
 
 def figure(root: Path, seeds: list[int]) -> str:
-    charts = []
+    plots = []
     for s in seeds:
         runs = {name: load_run(root / f"seed{s}" / name) for name, _, _ in RUNS}
         for key, label, y_range in PANELS:
             series = [Series(name, runs[name].series(key), color=c, dash=d) for name, c, d in RUNS]
-            charts.append(line_chart(series, f"seed {s}: {label}", y_range=y_range, legend=False))
-    return figure_svg(charts, cols=len(PANELS), title="cpu_dynamics: population (2T+2S) vs single agent (AZR)",
+            plots.append((f"seed {s}: {label}", plot_svg(series, f"seed {s}: {label}", y_range=y_range)))
+    return figure_svg(plots, cols=len(PANELS), title="cpu_dynamics: population (2T+2S) vs single agent (AZR)",
                       legend=[Series(f"{name}", [], color=c, dash=d) for name, c, d in RUNS])
 
 

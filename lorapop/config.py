@@ -236,10 +236,9 @@ class RunConfig:
     probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
 
     def validate(self) -> None:
-        for name in ("probe_interval", "probe_per_level", "probe_samples"):
-            if getattr(self, name) < (0 if name == "probe_interval" else 1):
-                raise ConfigError(f"run.{name}: must be >= {0 if name == 'probe_interval' else 1}, "
-                                  f"got {getattr(self, name)}")
+        for name, least in (("probe_interval", 0), ("probe_per_level", 1), ("probe_samples", 1)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"run.{name}: must be >= {least}, got {getattr(self, name)}")
         self.report_to = resolve_report_to(self.report_to, self.tensorboard)
         self.tensorboard = None
         if self.steps < 1:

@@ -106,9 +106,25 @@ def no_data(title: str, why: str) -> str:
 def line_chart(series: list[Series], title: str, *, xlabel: str = "step", ylabel: str = "",
                y_range: tuple[float, float] | None = None, legend: bool = True, why_empty: str = "") -> str:
     """A figure (SVG + HTML legend), or a visible 'no data' box when no series has a finite point."""
+    svg = plot_svg(series, title, xlabel=xlabel, ylabel=ylabel, y_range=y_range)
+    if svg is None:
+        return no_data(title, why_empty or "no finite values")
+    leg = ""
+    if legend:
+        items = "".join(
+            f'<span class="li"><svg width="22" height="10"><line x1="0" x2="22" y1="5" y2="5" stroke="{s.color}" '
+            f'stroke-width="2.5"{f" stroke-dasharray={chr(34)}{s.dash}{chr(34)}" if s.dash else ""}/></svg>'
+            f'{escape(s.label)}</span>' for s in series if _segments(s.points))
+        leg = f'<div class="legend">{items}</div>'
+    return f'<figure class="chart">{svg}{leg}</figure>'
+
+
+def plot_svg(series: list[Series], title: str, *, xlabel: str = "step", ylabel: str = "",
+             y_range: tuple[float, float] | None = None) -> str | None:
+    """The ``<svg class="plot">`` of :func:`line_chart` alone; None when no series has a finite point."""
     b = _bounds(series, y_range)
     if b is None:
-        return no_data(title, why_empty or "no finite values")
+        return None
     x0, x1, y0, y1 = b
     pw, ph = W - ML - MR, H - MT - MB
     sx = lambda x: ML + (x - x0) / (x1 - x0) * pw  # noqa: E731
@@ -149,14 +165,7 @@ def line_chart(series: list[Series], title: str, *, xlabel: str = "step", ylabel
                 g.append(f'<path d="{d}" stroke="{s.color}"{dash}/>')
         out.append("".join(g) + "</g>")
     out.append("</svg>")
-    leg = ""
-    if legend:
-        items = "".join(
-            f'<span class="li"><svg width="22" height="10"><line x1="0" x2="22" y1="5" y2="5" stroke="{s.color}" '
-            f'stroke-width="2.5"{f" stroke-dasharray={chr(34)}{s.dash}{chr(34)}" if s.dash else ""}/></svg>'
-            f'{escape(s.label)}</span>' for s in series if _segments(s.points))
-        leg = f'<div class="legend">{items}</div>'
-    return f'<figure class="chart">{"".join(out)}{leg}</figure>'
+    return "".join(out)
 
 
 @dataclass
@@ -229,12 +238,11 @@ SVG_CSS = (".ttl{font:600 13px sans-serif}.tick{font:10px sans-serif;fill:#555}.
            ".series path{fill:none;stroke-width:1.8}.band{fill-opacity:.15;stroke:none}.lg{font:12px sans-serif}")
 
 
-def figure_svg(charts: list[str], cols: int, legend: list[Series] | None = None, title: str = "") -> str:
-    """One standalone SVG holding ``charts`` (what :func:`line_chart` returns) on a grid of ``cols`` columns, with
-    an optional title and a legend line drawn from ``legend``'s labels, colours and dashes."""
-    import re
-
-    plots = [m.group(0) for c in charts for m in [re.search(r"<svg class=\"plot\".*?</svg>", c, re.S)] if m]
+def figure_svg(plots: list[tuple[str, str | None]], cols: int, legend: list[Series] | None = None,
+               title: str = "") -> str:
+    """One standalone SVG of ``(title, plot)`` panels on a grid of ``cols`` columns (a plot from :func:`plot_svg`;
+    None draws the titled panel empty, so the grid keeps its places), with an optional title and a legend line
+    drawn from ``legend``'s labels, colours and dashes."""
     top = (24 if title else 0) + (22 if legend else 0)
     rows = -(-len(plots) // cols) if plots else 0
     width, height = cols * W, top + rows * H
@@ -249,8 +257,11 @@ def figure_svg(charts: list[str], cols: int, legend: list[Series] | None = None,
         out.append(f'<line x1="{x}" x2="{x + 22}" y1="{y}" y2="{y}" stroke="{s.color}" stroke-width="2.5"{dash}/>'
                    f'<text class="lg" x="{x + 26}" y="{y + 4}">{escape(s.label)}</text>')
         x += 36 + 7 * len(s.label)
-    for i, p in enumerate(plots):
+    for i, (name, p) in enumerate(plots):
         px, py = (i % cols) * W, top + (i // cols) * H
+        if p is None:
+            p = (f'<svg class="plot"><text x="{W / 2}" y="18" class="ttl" text-anchor="middle">{escape(name)}</text>'
+                 f'<text x="{W / 2}" y="{H / 2}" class="axl" text-anchor="middle">no data</text></svg>')
         out.append(p.replace('<svg class="plot"', f'<svg class="plot" x="{px}" y="{py}" width="{W}" height="{H}"', 1))
     out.append("</svg>")
     return "\n".join(out)

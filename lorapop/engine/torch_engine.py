@@ -93,9 +93,20 @@ def _train_micro_batches(work: list, size: int) -> list[list]:
 def use_inductor_cache_per_capability() -> None:
     """Point inductor at :func:`inductor_cache_dir` unless the user chose a directory. Inductor writes its default
     into ``TORCHINDUCTOR_CACHE_DIR`` the first time it looks, so that value counts as not chosen."""
-    root = os.path.dirname(inductor_cache_dir("x"))
-    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or root) == os.path.abspath(root):
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(_inductor_default_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+
+
+def _inductor_default_dir() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        return default_cache_dir()
+    except ImportError:  # a private module: fall back to where torch puts it
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "user"))
 
 
 def inductor_cache_dir(capability: str | None = None) -> str:
@@ -104,16 +115,8 @@ def inductor_cache_dir(capability: str | None = None) -> str:
     leaves the capability out: under ``ATEN_CPU_CAPABILITY=avx2`` kernels cached by an AVX-512 run of the same graph
     were reused and the compiled decode produced token 0 everywhere (torch 2.13, docs/RESULTS.md, "Green on every
     CPU"); a cache shared by machines with different ISAs would do the same."""
-    import tempfile
-
     cap = (capability or torch.backends.cpu.get_cpu_capability()).lower()
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        root = default_cache_dir()
-    except ImportError:  # a private module: fall back to where torch puts it
-        root = os.path.join(tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "user"))
-    return os.path.join(root, f"cpu-{cap}")
+    return os.path.join(_inductor_default_dir(), f"cpu-{cap}")
 
 
 class TorchEngine:

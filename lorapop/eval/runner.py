@@ -187,6 +187,7 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
 
         torch.set_num_threads(cfg.threads)
     templates = {f: template_for(cfg.prompt, f) for f in ("code", "math")}
+    sampling, ks = cfg.sampling(), cfg.ks()
     names, skipped = select_benchmarks(cfg)
     for b in cfg.data:
         get_spec(b)
@@ -230,7 +231,7 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
                 try:
                     res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text,
                                              template=templates[spec.family], checker=checker,
-                                             sampling=cfg.sampling())
+                                             sampling=sampling)
                 except Exception as e:  # one broken benchmark must not sink the others
                     errors[b] = f"{type(e).__name__}: {e}"
                     continue
@@ -238,11 +239,10 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
                 warnings += res.warnings
                 prompt_examples.setdefault(b, res.prompt_example)
                 if gi == 0:
-                    base_scores[b] = _entry(res, BASE, probs, cfg.ks())
+                    base_scores[b] = _entry(res, BASE, probs, ks)
                 for r in (group if runs else []):
                     for m in r.members:
-                        per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs,
-                                                                                 cfg.ks())
+                        per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs, ks)
             engine.close()
     finally:
         if executor is not None:

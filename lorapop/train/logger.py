@@ -3,12 +3,12 @@ live progress display that degrades to plain lines when stdout is not a terminal
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from typing import Any, TextIO
 
 from lorapop.rundir import RunDir
+from lorapop.train.trackers import scalars
 
 
 # What the live table and the plain lines show: the solve rate is the matched students' on this step's valid tasks
@@ -125,12 +125,12 @@ class MetricsLogger:
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}
         self.metrics.write(record)
+        values = scalars(metrics)  # what TensorBoard and the trackers can plot
         if self.trackers is not None:
-            self.trackers.log(step, metrics)
+            self.trackers.log(step, values)
         if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
             self.tb.flush()
 
     def log_tasks(self, records: list[dict[str, Any]]) -> None:

@@ -333,9 +333,10 @@ class Trackers:
         for t in self.threads:
             t.put(step, values)
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """``values``: a step's :func:`scalars`."""
         if self.threads:
-            self._put(step, scalars(metrics))
+            self._put(step, values)
 
     def flush(self, timeout: float = CHECKPOINT_FLUSH_S) -> None:
         end = time.monotonic() + timeout
