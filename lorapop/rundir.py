@@ -514,6 +514,6 @@ class RunDir:
 
 
 def _trainer_file(name: str) -> bool:
-    return (name in KNOWN_FILES or name in (REPORT, CENTROIDS, CHECKPOINTS, RETENTION, TRACKERS)
+    return (name in KNOWN_FILES or name in (PROBE, REPORT, CENTROIDS, CHECKPOINTS, RETENTION, TRACKERS)
             or name.startswith("events.out.tfevents")
             or (name.startswith(".") and ".tmp-" in name))

@@ -185,3 +185,23 @@ def test_a_foreign_directory_is_never_emptied(tmp_path):
                           "--run.name=mine"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "files a run does not write (notes.txt)" in res.stderr
     assert (run / "notes.txt").read_text() == "my notes"
+
+
+def test_clear_empties_what_a_run_killed_before_its_first_checkpoint_wrote(tmp_path):
+    # run.probe_interval writes probe.jsonl at step 0, before any checkpoint: a kill there must not strand the name
+    from lorapop.rundir import RunDir, RunDirError
+
+    rd = RunDir(tmp_path / "r")
+    rd.create("run: {}\n")
+    for name in ("metrics.jsonl", "tasks.jsonl", "probe.jsonl", "trackers.json", "coverage_centroids.npy"):
+        (rd.path / name).write_text("x")
+    assert sorted(rd.clear()) == sorted(["config.yaml", "metrics.jsonl", "tasks.jsonl", "probe.jsonl", "trackers.json",
+                                         "coverage_centroids.npy"])
+    assert rd.is_empty()
+    rd.path.rmdir()
+    rd.create("run: {}\n")
+    (rd.path / "probe.jsonl").write_text("x")
+    (rd.path / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match=r"files a run does not write \(notes.txt\)"):
+        rd.clear()
+    assert (rd.path / "notes.txt").read_text() == "mine" and (rd.path / "probe.jsonl").is_file()
