@@ -92,6 +92,9 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
     for row in _lines(run / "tasks.jsonl"):
         assert row["proposer"].startswith("t") and row["solver"].startswith("s")
         assert {"ast_depth", "cyclomatic", "loc"} <= set(row["diagnostics"])
+        # the raw answers are kept, and the solve rate is theirs
+        assert row["answers"] and all(isinstance(a["text"], str) for a in row["answers"])
+        assert row["solve_rate"] == sum(a["status"] == "correct" for a in row["answers"]) / len(row["answers"])
 
 
 def test_one_single_agent_step_matches_population_work(tmp_path):

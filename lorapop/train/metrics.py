@@ -141,8 +141,9 @@ def update_coverage(coverage: CoverageTracker, task_rows: Sequence[dict[str, Any
 
 
 def task_records(step: int, jobs: Sequence[SolveJob]) -> list[dict[str, Any]]:
-    """One tasks.jsonl row per valid task proposed this step, with who solved it, how well, and the program's
-    descriptors."""
+    """One tasks.jsonl row per valid task proposed this step, with who solved it, how well, each of its answers
+    (the student's reply and its status: what a reader needs to see why a task was or was not solved) and the
+    program's descriptors."""
     from lorapop.diagnostics.complexity import program_descriptors
 
     rows = []
@@ -153,5 +154,7 @@ def task_records(step: int, jobs: Sequence[SolveJob]) -> list[dict[str, Any]]:
         desc = program_descriptors(task.program, list(task.inputs))
         rows.append({"step": step, "type": job.task_type, "proposer": job.teacher.id, "solver": job.student.id,
                      "program": task.program, "inputs": list(task.inputs), "outputs": list(task.outputs),
-                     "message": getattr(task, "message", None), "solve_rate": job.solve_rate, "diagnostics": desc})
+                     "message": getattr(task, "message", None), "solve_rate": job.solve_rate,
+                     "answers": [{"text": r.prefill + r.completion.text, "status": r.status} for r in job.rollouts],
+                     "diagnostics": desc})
     return rows
