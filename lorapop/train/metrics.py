@@ -155,6 +155,6 @@ def task_records(step: int, jobs: Sequence[SolveJob]) -> list[dict[str, Any]]:
         rows.append({"step": step, "type": job.task_type, "proposer": job.teacher.id, "solver": job.student.id,
                      "program": task.program, "inputs": list(task.inputs), "outputs": list(task.outputs),
                      "message": getattr(task, "message", None), "solve_rate": job.solve_rate,
-                     "answers": [{"text": r.prefill + r.completion.text, "status": r.status} for r in job.rollouts],
+                     "answers": [{"text": r.reply, "status": r.status} for r in job.rollouts],
                      "diagnostics": desc})
     return rows

@@ -55,8 +55,13 @@ class Rollout:
     task: Task | None = None       # the Task (valid proposals and every student sample)
     detail: str = ""               # parse error or invalid reason
     result: Task | Invalid | ParseError | None = None  # teacher: what its proposal became
-    prefill: str = ""              # the assistant turn's prefilled start (in prompt_ids); the reply is prefill + text
+    prefill: str = ""              # the assistant turn's prefilled start (in prompt_ids)
     source_program: str | None = None  # code_f: the buffer program the teacher was shown
+
+    @property
+    def reply(self) -> str:
+        """The whole assistant turn: the prefill, then what the model generated (what parsers read)."""
+        return self.prefill + self.completion.text
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
-        proposal = TASK_TYPES[r.task_type].parse_proposal(r.prefill + r.completion.text, program=r.source_program,
+        proposal = TASK_TYPES[r.task_type].parse_proposal(r.reply, program=r.source_program,
                                                           style=ctx.cfg.proposal_style)
         if isinstance(proposal, ParseError):
             out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
