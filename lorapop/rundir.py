@@ -57,6 +57,8 @@ ADAPTERS = "adapters"
 COMPLETE = "COMPLETE"
 # Files a reader can show; a directory with none of them is not a run directory.
 KNOWN_FILES = (CONFIG, METRICS, TASKS, POPULATION, EVAL)
+# Every top-level name a run or a lorapop command writes (the layout above): what :meth:`RunDir.clear` may delete.
+RUN_FILES = (CONFIG, METRICS, TASKS, PROBE, POPULATION, TRACKERS, CENTROIDS, CHECKPOINTS, EVAL, RETENTION, REPORT)
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 AGENT = "agent"  # single mode: one member plays both roles
@@ -514,6 +516,5 @@ class RunDir:
 
 
 def _trainer_file(name: str) -> bool:
-    return (name in KNOWN_FILES or name in (PROBE, REPORT, CENTROIDS, CHECKPOINTS, RETENTION, TRACKERS)
-            or name.startswith("events.out.tfevents")
+    return (name in RUN_FILES or name.startswith("events.out.tfevents")
             or (name.startswith(".") and ".tmp-" in name))
