@@ -249,7 +249,8 @@ class LlamaFamilyDecoder:
         return self.inner.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(hidden).float()
+        logits = self.head(hidden)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up to float32; float64 kept
 
     def decode_step(self, cache: StaticKVCache, tokens: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor,
                     seeds: torch.Tensor, steps: torch.Tensor, span: torch.Tensor, vocab_key: torch.Tensor,

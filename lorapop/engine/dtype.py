@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-DTYPES = ("float32", "bfloat16", "float16")
+# float64 is for numerical references (tests of identities that float32 rounding would bury); never picked by auto.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 # CPU flags (as /proc/cpuinfo spells them) that give native bf16 dot products.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 

@@ -104,9 +104,11 @@ class MultiLoRALinear(nn.Module):
         self.scaling = scaling
         self.ctx = ctx
         dev = base.weight.device
-        # float32 regardless of the base dtype: these are the trainable master weights.
-        self.lora_A = nn.Parameter(torch.zeros(n_adapters, rank, base.in_features, device=dev))
-        self.lora_B = nn.Parameter(torch.zeros(n_adapters, base.out_features, rank, device=dev))
+        # float32 whatever the base's lower precision: these are the trainable master weights (float64 on a float64
+        # base, the numerical reference, which must not round through float32 anywhere).
+        master = torch.float64 if base.weight.dtype == torch.float64 else torch.float32
+        self.lora_A = nn.Parameter(torch.zeros(n_adapters, rank, base.in_features, device=dev, dtype=master))
+        self.lora_B = nn.Parameter(torch.zeros(n_adapters, base.out_features, rank, device=dev, dtype=master))
         self.low_precision: tuple[torch.Tensor, torch.Tensor] | None = None  # see refresh_low_precision
         # dtype the LoRA matmuls run in when it differs from the master weights' (engine.lora_compute_dtype): the
         # factors are cast per forward (autograd casts their gradients back to float32), the input stays in the
@@ -115,9 +117,10 @@ class MultiLoRALinear(nn.Module):
 
     @torch.no_grad()
     def refresh_low_precision(self) -> None:
-        """Copies of A and B in the base dtype for inference (None when the base is float32), refilled in place."""
+        """Copies of A and B in the base dtype for inference (None when the base has the master weights' dtype),
+        refilled in place."""
         dt = self.base.weight.dtype
-        if dt == torch.float32:
+        if dt == self.lora_A.dtype:
             self.low_precision = None
         elif self.low_precision is None:
             self.low_precision = (self.lora_A.detach().to(dt), self.lora_B.detach().to(dt))

@@ -34,11 +34,12 @@ class StackedAdamW:
 
     @torch.no_grad()
     def grad_norms(self) -> torch.Tensor:
-        """Per-slot L2 norm of the gradient over all parameters, shape [n_slots] (float32, on the params' device)."""
-        sq = torch.zeros(self.n_slots, device=self._device)
+        """Per-slot L2 norm of the gradient over all parameters, shape [n_slots] (in the parameters' dtype, float32
+        or a float64 reference's, on the params' device)."""
+        sq = torch.zeros(self.n_slots, device=self._device, dtype=self.params[0].dtype)
         for p in self.params:
             if p.grad is not None:
-                sq += p.grad.float().pow(2).flatten(1).sum(1)
+                sq += p.grad.to(sq.dtype).pow(2).flatten(1).sum(1)
         return sq.sqrt()
 
     @torch.no_grad()
@@ -67,7 +68,7 @@ class StackedAdamW:
         for p, m_all, v_all in zip(self.params, self.exp_avg, self.exp_avg_sq):
             if p.grad is None:
                 continue
-            g = p.grad.index_select(0, idx).float() * clip
+            g = p.grad.index_select(0, idx).to(p.dtype) * clip  # the float32 scalars above promote to p's dtype
             m = m_all.index_select(0, idx).mul_(b1).add_(g, alpha=1 - b1)
             v = v_all.index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
             w = p.index_select(0, idx).mul_(decay)

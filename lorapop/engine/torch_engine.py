@@ -13,6 +13,7 @@ forward per micro-batch.
 from __future__ import annotations
 
 import os
+import types
 from contextlib import contextmanager
 from dataclasses import asdict
 from functools import partial
@@ -119,6 +120,20 @@ def inductor_cache_dir(capability: str | None = None) -> str:
     return os.path.join(_inductor_default_dir(), f"cpu-{cap}")
 
 
+def _rms_norm_float64(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _norms_in_float64(model: Any) -> None:
+    """Hugging Face's RMSNorms compute in float32 (an upcast for bf16 models); on a float64 model that is a downcast
+    that would put float32 rounding back into the numerical reference, so each instance computes in its input's
+    dtype."""
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon") and hasattr(m, "weight"):
+            m.forward = types.MethodType(_rms_norm_float64, m)
+
+
 class TorchEngine:
     """Owns ``model``: its target linear layers are replaced in place (``close()`` puts them back)."""
 
@@ -129,6 +144,8 @@ class TorchEngine:
         cfg.dtype = resolve_dtype(cfg.dtype, self.device)  # 'auto' -> the name in use, so callers can record it
         dtype = getattr(torch, cfg.dtype)
         model.to(device=self.device, dtype=dtype)
+        if dtype == torch.float64:
+            _norms_in_float64(model)
         model.requires_grad_(False)
         self.model, self.tokenizer = model, tokenizer
         self.n_adapters = n_adapters
@@ -363,7 +380,8 @@ class TorchEngine:
         head = self.model.get_output_embeddings()
 
         def chunk_logp(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
-            logits = head(hc).float()
+            logits = head(hc)
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up to float32; float64 kept
             return logits.gather(-1, tc[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
         n = max(1, self.cfg.logprob_chunk_size)
@@ -428,10 +446,11 @@ class TorchEngine:
                 logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
                                                       [int(s.adapter_id) for s in mb])
                 w = torch.tensor([-float(s.advantage) / denom[int(s.adapter_id)] for s in mb],
-                                 device=logp.device)
+                                 device=logp.device, dtype=logp.dtype)
                 per_tok = logp * w[row_t]
                 per_tok.sum().backward()
-                per_row = torch.zeros(len(mb), device=logp.device).index_add_(0, row_t, per_tok.detach())
+                per_row = torch.zeros(len(mb), device=logp.device, dtype=logp.dtype)
+                per_row.index_add_(0, row_t, per_tok.detach())
                 for s, v in zip(mb, per_row.tolist()):
                     stats[int(s.adapter_id)]["loss"] += v
                 bar.advance(1)
@@ -515,8 +534,8 @@ class TorchEngine:
                 raise ValueError(f"shape mismatch for {n}: got A {tuple(a.shape)}, B {tuple(b.shape)}; "
                                  f"expected A {want_a}, B {want_b}")
         for n, (a, b) in weights.items():
-            self.layers[n].lora_A[i].copy_(a.to(self.device, torch.float32))
-            self.layers[n].lora_B[i].copy_(b.to(self.device, torch.float32))
+            self.layers[n].lora_A[i].copy_(a.to(self.device))  # copy_ casts to the master weights' dtype
+            self.layers[n].lora_B[i].copy_(b.to(self.device))
 
     @torch.no_grad()
     def reset_adapter(self, i: int, seed: int) -> None:
