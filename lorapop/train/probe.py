@@ -134,8 +134,12 @@ def describe_noise_floor(nf: dict[str, Any] | None) -> str:
         return "noise floor: not recorded (a run from before step 0 measured it)"
     if nf.get("spread") is None:
         return f"noise floor: not measurable ({nf.get('n', 0)} replicate at step 0)"
-    what = "identical members" if nf.get("identical") else "members that started from different adapters"
-    return (f"noise floor (step 0, {nf['n']} {what}): scores "
+    ids = {r["member"] for r in nf["replicates"]}
+    if len(ids) == 1:
+        what = f"{ids.pop()} scored {nf['n']} times, different seeds"
+    else:
+        what = f"{nf['n']} {'identical members' if nf.get('identical') else 'members from different adapters'}"
+    return (f"noise floor (step 0, {what}): scores "
             + ", ".join(f"{s['score']:.3f}" for s in nf["replicates"])
             + f"; spread {nf['spread']:.3f}, std {nf['std']:.3f}")
 
