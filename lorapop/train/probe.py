@@ -116,7 +116,7 @@ def noise_floor(replicates: Sequence[tuple[str, Sequence[dict[str, Any]]]], iden
         "tasks": len(replicates[0][1]) if replicates else 0, "samples": n_samples}}
 
 
-# ---- reading probe.jsonl (lorapop/criteria.py, the report) ------------------------------------------------------------
+# ---- reading probe.jsonl (lorapop/criteria.py, the report) -----------------------------------------------------------
 
 def score_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The (member, task) rows that count in the aggregate: not the noise-floor row, not a child too young."""
