@@ -131,7 +131,7 @@ def read_noise_floor(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 def describe_noise_floor(nf: dict[str, Any] | None) -> str:
     """One line to print beside a probe figure."""
     if not nf:
-        return "noise floor: not recorded (a run from before step 0 measured it)"
+        return "noise floor: not recorded (probe.jsonl from before it was measured)"
     if nf.get("spread") is None:
         return f"noise floor: not measurable ({nf.get('n', 0)} replicate at step 0)"
     ids = {r["member"] for r in nf["replicates"]}
