@@ -42,6 +42,14 @@ def fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def floor_note(floor: dict[str, Any] | None) -> str:
+    """A probe verdict's noise floor (lorapop/train/probe.py), printed beside it: each run's step-0 spread."""
+    if not floor:
+        return ""
+    spread = {run: (nf or {}).get("spread") for run, nf in floor.items()}
+    return "; noise floor (step-0 spread): " + ", ".join(f"{run} {fmt(v)}" for run, v in spread.items())
+
+
 def table(per_seed: dict[int, dict[str, Any]], verdict: dict[str, dict[str, Any]]) -> str:
     seeds = sorted(per_seed)
     head = "| criterion | " + " | ".join(f"seed {s}" for s in seeds) + " | holds (>= 2 of 3) |"
@@ -51,7 +59,8 @@ def table(per_seed: dict[int, dict[str, Any]], verdict: dict[str, dict[str, Any]
         for s in seeds:
             c = per_seed[s][k]
             mark = {True: "held", False: "failed", None: "not judged"}[c["held"]]
-            cells.append(f"{mark}: {fmt(c['value'])}" + (f" ({c['why']})" if c.get("why") else ""))
+            cells.append(f"{mark}: {fmt(c['value'])}" + (f" ({c['why']})" if c.get("why") else "")
+                         + floor_note(c.get("noise_floor")))
         lines.append(f"| `{k}` | " + " | ".join(cells) + f" | {'**yes**' if v['holds'] else 'no'} |")
     return "\n".join(lines)
 

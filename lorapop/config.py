@@ -230,13 +230,20 @@ class RunConfig:
                                                                       "a terminal and plain lines otherwise")
     probe_interval: int = doc(0, "every this many steps (and before step 1) each student, or the single agent, "
                                  "answers the fixed capability probe of held-out code_o expression tasks "
-                                 "(lorapop/train/probe.py) into probe.jsonl; generation only, it changes no training. "
+                                 "(lorapop/train/probe.py) into probe.jsonl, after the step's update and before its "
+                                 "PBT replacement; before step 1 it also records the probe's noise floor (the spread "
+                                 "of identical members' scores). Generation only, it changes no training. "
                                  "0 turns it off")
     probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels")
     probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
+    probe_min_age: int = doc(5, "a PBT child enters the probe's aggregate once it has trained this many steps since "
+                                "its birth; a younger child is still probed, its probe.jsonl rows marked "
+                                "counted: false, and lorapop/criteria.py and the report leave them out. Members of "
+                                "step 0 always count. 0 counts every child")
 
     def validate(self) -> None:
-        for name, least in (("probe_interval", 0), ("probe_per_level", 1), ("probe_samples", 1)):
+        for name, least in (("probe_interval", 0), ("probe_per_level", 1), ("probe_samples", 1),
+                            ("probe_min_age", 0)):
             if getattr(self, name) < least:
                 raise ConfigError(f"run.{name}: must be >= {least}, got {getattr(self, name)}")
         self.report_to = resolve_report_to(self.report_to, self.tensorboard)

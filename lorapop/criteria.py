@@ -24,6 +24,11 @@ Windows scale with the run: ``head``/``tail`` are the first and last ``min(10, n
 | ``capability`` | both | last probe: students' mean minus the agent's > 0, bootstrap 95% lower bound over tasks |
 
 A criterion holds for the experiment when it holds in at least 2 of 3 seeds (:func:`across_seeds`).
+
+Probe figures leave out the rows of PBT children younger than ``run.probe_min_age`` (``counted: false``), and every
+probe-based verdict carries ``noise_floor``: each run's step-0 spread of identical members' probe scores
+(lorapop/train/probe.py), so a difference can be read against what sampling alone moves a score by. The floor is shown,
+not used: the pre-registered thresholds stay as registered.
 """
 
 from __future__ import annotations
@@ -196,25 +201,32 @@ def arms_race(pop_dir: Path, single_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def capability(pop_dir: Path, single_dir: Path) -> dict[str, Any]:
-    """``probe.jsonl`` rows: ``{"step", "member", "role", "task", "level", "score"}`` (score: share of a task's
-    answers that were correct). The last probe step both runs share is compared, per task: the mean over the
-    population's students against the single agent's."""
-    pop, single = _read(pop_dir, "probe.jsonl"), _read(single_dir, "probe.jsonl")
+    """``probe.jsonl`` rows: ``{"step", "member", "role", "task", "level", "score", "age", "counted"}`` (score: share
+    of a task's answers that were correct) and step 0's noise floor. The last probe step both runs share is compared,
+    per task: the mean over the population's counted students against the single agent's."""
+    from lorapop.train.probe import read_noise_floor, score_rows
+
+    pop_rows, single_rows = _read(pop_dir, "probe.jsonl"), _read(single_dir, "probe.jsonl")
+    floor = {"population": read_noise_floor(pop_rows), "single": read_noise_floor(single_rows)}
+    pop = [r for r in score_rows(pop_rows) if r.get("role") == "student"]
+    single = score_rows(single_rows)
     steps = {r["step"] for r in pop} & {r["step"] for r in single}
     if not steps:
-        return _verdict(None, None, "bootstrap 95% lower bound > 0", "no probe.jsonl in both runs")
+        return dict(_verdict(None, None, "bootstrap 95% lower bound > 0", "no probe.jsonl in both runs"),
+                    noise_floor=floor)
     last = max(steps)
     per_task: dict[str, list[float]] = {}
     for r in pop:
-        if r["step"] == last and r.get("role") == "student":
+        if r["step"] == last:
             per_task.setdefault(r["task"], []).append(float(r["score"]))
     agent = {r["task"]: float(r["score"]) for r in single if r["step"] == last}
     diffs = [statistics.fmean(v) - agent[t] for t, v in sorted(per_task.items()) if t in agent]
     if len(diffs) < 2:
-        return _verdict(None, None, "bootstrap 95% lower bound > 0", "fewer than 2 probe tasks in common")
+        return dict(_verdict(None, None, "bootstrap 95% lower bound > 0", "fewer than 2 probe tasks in common"),
+                    noise_floor=floor)
     d, low = statistics.fmean(diffs), bootstrap_lower(statistics.fmean, diffs)
-    return _verdict(low > 0, {"step": last, "diff": d, "ci_low": low, "n_tasks": len(diffs)},
-                    "bootstrap 95% lower bound > 0")
+    return dict(_verdict(low > 0, {"step": last, "diff": d, "ci_low": low, "n_tasks": len(diffs)},
+                         "bootstrap 95% lower bound > 0"), noise_floor=floor)
 
 
 def criteria(pop_dir: str | Path, single_dir: str | Path) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from lorapop.report_svg import DASHES, Life, Series, color, line_chart, lineage_
 RATE = (0.0, 1.0)
 ZERO = (0.0, 0.0)  # anchors the y axis at 0 without stretching it to 1: coverage of 512 cells stays small
 ROLE_COLORS = {"teacher": "#d62728", "student": "#1f77b4", "agent": "#9467bd", "member": "#7f7f7f"}
-SECTIONS = [("summary", "Runs"), ("rewards", "Rewards"), ("solve", "Solve rates"),
+SECTIONS = [("summary", "Runs"), ("rewards", "Rewards"), ("solve", "Solve rates"), ("probe", "Capability probe"),
             ("validity", "Valid tasks and format errors"), ("complexity", "Program complexity"),
             ("coverage", "Coverage"), ("trueskill", "TrueSkill"), ("lineage", "Lineage"),
             ("lengths", "Response lengths"), ("timing", "Stage timings"), ("eval", "Evaluation"),
@@ -213,6 +213,34 @@ def complexity_section(runs: list[RunData]) -> str:
                      + f"<details><summary>valid tasks in tasks.jsonl: {run.n_tasks}</summary>{table(counts)}"
                        "</details>")
     return "".join(parts)
+
+
+def probe_section(runs: list[RunData]) -> str:
+    """probe.jsonl (run.probe_interval): per run, the mean score of its students (the single agent) at each probe
+    step, with a band of +- the std of identical members' scores at step 0 (the noise floor, lorapop/train/probe.py),
+    and the floor itself written under the chart. Rows of PBT children younger than run.probe_min_age are left out,
+    as lorapop/criteria.py leaves them out."""
+    from lorapop.train.probe import describe_noise_floor, read_noise_floor, score_rows, step_means
+
+    probed = [r for r in runs if r.probe]
+    if not probed:
+        return '<p class="muted">no probe.jsonl (the runs did not set run.probe_interval)</p>'
+    series, notes = [], []
+    for i, r in enumerate(probed):
+        nf = read_noise_floor(r.probe)
+        points = [(float(s), v) for s, v in step_means(r.probe)]
+        sd = (nf or {}).get("std")
+        band = [(s, v - sd, v + sd) for s, v in points] if isinstance(sd, (int, float)) else []
+        series.append(Series(r.name, points, color=color(i), band=band))
+        young = sum(1 for x in r.probe if "member" in x) - len(score_rows(r.probe))
+        notes.append(f"<li><b>{escape(r.name)}</b>: {escape(describe_noise_floor(nf))}"
+                     + (f"; {young} rows of children younger than run.probe_min_age left out" if young else "")
+                     + "</li>")
+    chart = line_chart(series, "Probe score: mean over the counted students (the single agent)", y_range=RATE,
+                       why_empty="no score rows in probe.jsonl")
+    return (_grid([chart]) + "<p>Each probe scores the members after that step's update and before its PBT "
+            "replacement; the band is &plusmn; the standard deviation of identical members' mean scores at step 0, "
+            "what the probe's sampling alone moves a member's score by.</p><ul>" + "".join(notes) + "</ul>")
 
 
 def lives(run: RunData) -> tuple[list[list[Life]], list[str]]:
@@ -420,6 +448,7 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
                        + [per_member(r, "student", "matched_solve_rate",
                                      "Matched solve rate per student", y_range=RATE) for r in runs]
                        + _by_task_type(runs, "matched_solve_rate", "Matched solve rate by task type"))
+    S["probe"] = probe_section(runs)
     S["validity"] = _grid(
         [overlay(runs, [("valid_rate", "valid")], "Valid-task rate", y_range=RATE),
          overlay(runs, [("format_error_rate", "all"), ("teacher/format_error_rate", "teacher"),

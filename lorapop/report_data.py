@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapop.rundir import (AGENT, CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, RETENTION, TASKS, RunDir, RunDirError,
-                            iter_jsonl, read_json, read_text, role_from_id)
+from lorapop.rundir import (AGENT, CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir,
+                            RunDirError, iter_jsonl, read_json, read_text, role_from_id)
 
 
 @dataclass
@@ -27,6 +27,7 @@ class RunData:
     population: dict[str, Any] | None = None
     eval: Any = None
     retention: dict[str, Any] | None = None  # retention.json (`lorapop retention`), when present
+    probe: list[dict[str, Any]] = field(default_factory=list)  # probe.jsonl (run.probe_interval), small: kept whole
     # tasks.jsonl aggregated while streaming: a long run has too many tasks to hold.
     task_diag: dict[tuple[int, str], dict[str, list[float]]] = field(default_factory=dict)  # (step, proposer)
     task_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer, type) -> valid tasks
@@ -142,6 +143,7 @@ def load_run(path: str | Path) -> RunData:
         run.notes.append("retention.json: no 'arms' object, skipped")
         ret = None
     run.retention = ret
+    run.probe = [row for _, row in iter_jsonl(path / PROBE, run.notes) if isinstance(row.get("step"), int)]
     if METRICS not in present:
         run.notes.append("metrics.jsonl: missing (run not started yet?)")
     elif not run.metrics:

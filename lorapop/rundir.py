@@ -5,7 +5,7 @@ runs/<name>/
   config.yaml          resolved config; written first, with the directory itself, in one rename
   metrics.jsonl        one line per step
   tasks.jsonl          one line per valid task (program, inputs, outputs, its answers and their statuses)
-  probe.jsonl          run.probe_interval: one line per (probe step, member, probe task)
+  probe.jsonl          run.probe_interval: one line per (probe step, member, probe task), and step 0's noise floor
   population.json      members (Member fields + rating), lineage
   trackers.json        per run.report_to tracker (wandb, trackio, mlflow): its run id and the last step it took
   coverage_centroids.npy, events.out.tfevents.*   (written by the coverage tracker / TensorBoard)

@@ -3,9 +3,11 @@
 Everything but the model is real: the config is a `Config`, the directory is made by `RunDir.create`, each step's
 proposals and answers go through the trainer's `reward`, `update_batch`, `matches`, `task_records`,
 `update_coverage` and `step_metrics` stages, ratings are real TrueSkill, PBT births go through
-`Population.replace`, and `MetricsLogger` / `RunDir.write_population` / `RunDir.write_eval` write the files. Only
-what a model would say is drawn at random: which proposals are valid, which answers correct (the single agent's
-solve rate climbs while its programs get simpler, as in the paper), completion lengths, losses.
+`Population.replace`, and `MetricsLogger` / `RunDir.write_population` / `RunDir.write_eval` write the files; probe.jsonl
+rows come from lorapop/train/probe.py's `probe_row` and `noise_floor`, at the trainer's moments (step 0, then every
+run.probe_interval steps after the update and before the replacements). Only what a model would say is drawn at
+random: which proposals are valid, which answers correct (the single agent's solve rate climbs while its programs get
+simpler, as in the paper), completion lengths, losses, probe scores.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger
 from lorapop.train.metrics import population_members, step_metrics, task_records, update_coverage
 from lorapop.train.population import Population
+from lorapop.train.probe import noise_floor, probe_row, probe_tasks
 from lorapop.train.rating import Ratings
 
 TIMED = ("matchmake", "propose", "validate", "solve", "reward", "update", "rate", "evolve", "coverage")
@@ -65,6 +68,7 @@ def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int
     cfg = load_config(None, overrides + [f"--run.steps={steps}", f"--run.seed={seed}",
                                          f"--selfplay.tasks_per_type={tasks_per_type}", f"--selfplay.n_solve={n_solve}",
                                          "--coverage.n_cells=64", "--coverage.kmeans_samples=2000", "--run.progress=none",
+                                         "--run.probe_interval=10", "--run.probe_per_level=2",
                                          "--run.tensorboard=false", f"--run.output_dir={run_dir.parent}",
                                          f"--run.name={run_dir.name}"])
     rd = RunDir(run_dir)
@@ -80,7 +84,19 @@ def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int
     coverage = CoverageTracker(cfg.coverage, run_dir=run_dir)
     skill = {m.id: 0.0 for m in pop.members}
     logger = MetricsLogger(rd, report_to=[])
+    probe_log, probe_rng = rd.open_probe(), random.Random(f"probe:{seed}")
+
+    def probe(step: int, members: list) -> list[dict]:
+        return [probe_row(m, step, k, level, min(1.0, max(0.0, probe_rng.gauss(0.2 + skill[m.id] - 0.05 * level, 0.1))),
+                          cfg.run.probe_min_age)
+                for m in members for k, (level, _) in enumerate(probe_tasks(cfg.run.probe_per_level))]
+
     try:
+        first = probe(0, pop.students)
+        replicates = [(m.id, [r for r in first if r["member"] == m.id]) for m in pop.students]
+        if len(replicates) == 1:
+            replicates.append((pop.students[0].id, probe(0, pop.students)))
+        probe_log.write(*first, noise_floor(replicates, True, cfg.run.probe_samples))
         for step in range(1, steps + 1):
             progress = step / steps
             players = tuple(pop.members)
@@ -120,6 +136,8 @@ def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int
                 ratings.record(match)
             for m in pop.members:
                 skill[m.id] += rng.gauss(0.002, 0.01)
+            if step % cfg.run.probe_interval == 0:
+                probe_log.write(*probe(step, pop.students))
             lineage = []
             for r in replacements or []:
                 if r["step"] != step:
@@ -142,6 +160,7 @@ def write_run(run_dir: Path, *, overrides: list[str], steps: int = 30, seed: int
             rd.write_population(step, population_members(pop, ratings, step), pop.lineage)
     finally:
         logger.close()
+        probe_log.close()
     if eval_json is not None:
         rd.write_eval(eval_json)
     return run_dir
@@ -154,8 +173,9 @@ EVAL = {"benchmarks": {"mbpp_plus": {"base": 0.312, "members": {"s0": 0.334, "s2
 
 def write_population_run(run_dir: Path, steps: int = 30) -> Path:
     """2 teachers + 2 students; s1 is replaced at step 15 (svd_structured of s0), t1 at step 22 (average of t0 and
-    t1): the children are s2 and t2."""
-    return write_run(run_dir, overrides=["--population.n_teachers=2", "--population.n_students=2"], steps=steps,
+    t1): the children are s2 and t2. The probe at step 20 finds s2 5 steps old, under run.probe_min_age=10."""
+    return write_run(run_dir, overrides=["--population.n_teachers=2", "--population.n_students=2",
+                                         "--run.probe_min_age=10"], steps=steps,
                      seed=1, eval_json=EVAL,
                      replacements=[{"step": 15, "replaced": "s1", "parents": ["s0"], "operator": "svd_structured"},
                                    {"step": 22, "replaced": "t1", "parents": ["t0", "t1"], "operator": "average"}])

@@ -47,6 +47,7 @@ def test_every_shipped_config_loads_and_roundtrips(path, tmp_path):
     (["--selfplay.tasks_per_type=1"], "selfplay.tasks_per_type: must be >= 2, got 1: TRR++ normalises rewards"),
     (["--selfplay.task_types=[code_x]"], "selfplay.task_types: allowed values are code_o, code_i, code_f"),
     (["--run.steps=0"], "run.steps: must be >= 1"),
+    (["--run.probe_min_age=-1"], "run.probe_min_age: must be >= 0, got -1"),
     (["--selfplay.solve.stop=['```']"], "selfplay.solve.stop: '```' needs selfplay.response_prefill: true"),
     (["--selfplay.response_prefill=true", "--selfplay.propose.stop=['```']"], "every proposal needs two or more"),
     (["--selfplay.solve.stop=['']"], "stop: must be a list of non-empty strings"),

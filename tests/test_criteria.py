@@ -92,6 +92,36 @@ def test_capability_from_probe(tmp_path):
     assert C.capability(weak, single)["held"] is False  # students below the agent
 
 
+def test_capability_leaves_out_young_children_and_carries_the_noise_floor(tmp_path):
+    """A child younger than run.probe_min_age (counted: false) moves no probe figure, even where it is the only
+    student of a step; criteria.json's capability verdict carries each run's step-0 noise floor."""
+    from lorapop.train.probe import noise_floor
+
+    tasks = [f"t{i}" for i in range(30)]
+
+    def rows(step, member, role, score, counted=True):
+        return [{"step": step, "member": member, "role": role, "task": t, "level": 1, "score": score(i),
+                 "age": 0, "counted": counted} for i, t in enumerate(tasks)]
+
+    pop_probe = rows(0, "s0", "student", lambda i: 0.0) + rows(0, "s1", "student", lambda i: 0.5 * (i % 2))
+    pop_probe.append(noise_floor([(m, [r for r in pop_probe if r["member"] == m]) for m in ("s0", "s1")], True, 2))
+    pop_probe += rows(10, "s0", "student", lambda i: 0.5) + rows(10, "s2", "student", lambda i: 1.0, counted=False)
+    pop_probe += rows(20, "s3", "student", lambda i: 1.0, counted=False)  # every student of step 20 too young
+    a0 = [rows(0, "a0", "agent", lambda i: 0.25), rows(0, "a0", "agent", lambda i: 0.5 * (i % 3 == 0))]
+    single_probe = a0[0] + [noise_floor([("a0", a0[0]), ("a0", a0[1])], True, 2)]
+    single_probe += rows(10, "a0", "agent", lambda i: 0.5 * (i % 2)) + rows(20, "a0", "agent", lambda i: 0.0)
+    pop, single = _write(tmp_path / "pop", [], probe=pop_probe), _write(tmp_path / "single", [], probe=single_probe)
+
+    cap = C.criteria(pop, single)["capability"]
+    assert cap["value"]["step"] == 10  # not 20, where only a too-young child was probed
+    assert abs(cap["value"]["diff"] - 0.25) < 1e-12  # s0's 0.5 against the agent's 0.25; s2's 1.0 left out
+    floor = cap["noise_floor"]
+    assert floor["population"]["n"] == 2 and abs(floor["population"]["spread"] - 0.25) < 1e-12
+    assert [r["member"] for r in floor["single"]["replicates"]] == ["a0", "a0"]
+    assert abs(floor["single"]["spread"] - (0.25 - 0.5 * 10 / 30)) < 1e-12
+    assert C.capability(pop, tmp_path / "none")["noise_floor"]["single"] is None  # shown even when not judged
+
+
 def test_across_seeds_needs_two_of_three():
     seeds = [{"x": {"held": True}}, {"x": {"held": False}}, {"x": {"held": True}}]
     assert C.across_seeds(seeds)["x"] == {"held_in": 2, "failed_in": 1, "unjudged": 0, "holds": True}

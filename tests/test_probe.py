@@ -1,6 +1,8 @@
-"""run.probe_interval on the embedded model: the capability probe writes probe.jsonl rows before step 1 and after
-every probe step, changes nothing of what a run trains, and a resume drops the rows a killed run wrote after its last
-checkpoint."""
+"""run.probe_interval on the embedded model: the capability probe writes probe.jsonl rows before step 1 (with the
+noise floor) and after every probe step, changes nothing of what a run trains, and a resume drops the rows a killed
+run wrote after its last checkpoint. The population side (the probe of a PBT step scores the members before their
+replacement, a too-young child is marked, kills between probe rows and checkpoints) is checked on the killed run of
+tests/test_resume.py, which already trains a population with PBT."""
 
 from __future__ import annotations
 
@@ -37,11 +39,22 @@ def test_probe_rows_change_no_training_and_resume_truncates(tmp_path):
 
     path = tmp_path / "probed" / "probe.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()]
-    assert sorted({r["step"] for r in rows}) == [0, 1, 2]  # before step 1, then after every step
-    assert len(rows) == 3 * 6  # 3 probes x 2 tasks x 3 levels x the one agent
-    assert {r["level"] for r in rows} == {1, 2, 3} and {r["role"] for r in rows} == {"agent"}
-    assert all(0.0 <= r["score"] <= 1.0 for r in rows)
-    assert len({r["task"] for r in rows}) == 6
+    scores = [r for r in rows if "noise_floor" not in r]
+    assert sorted({r["step"] for r in scores}) == [0, 1, 2]  # before step 1, then after every step
+    assert len(scores) == 3 * 6  # 3 probes x 2 tasks x 3 levels x the one agent
+    assert {r["level"] for r in scores} == {1, 2, 3} and {r["role"] for r in scores} == {"agent"}
+    assert all(0.0 <= r["score"] <= 1.0 for r in scores)
+    assert len({r["task"] for r in scores}) == 6
+    assert [(r["step"], r["age"], r["counted"]) for r in scores[::6]] == [(0, 0, True), (1, 1, True), (2, 2, True)]
+
+    # the noise floor, once, on step 0: the one agent scored a second time with the next seeds (two replicates)
+    floors = [r for r in rows if "noise_floor" in r]
+    assert len(floors) == 1 and floors[0]["step"] == 0
+    nf = floors[0]["noise_floor"]
+    assert [r["member"] for r in nf["replicates"]] == ["a0", "a0"] and nf["identical"] and nf["tasks"] == 6
+    first = sum(r["score"] for r in scores[:6]) / 6  # the first replicate is the step-0 rows themselves
+    assert abs(nf["replicates"][0]["score"] - first) < 1e-12
+    assert abs(nf["spread"] - abs(nf["replicates"][0]["score"] - nf["replicates"][1]["score"])) < 1e-12
 
     # a killed run may have probed past its last checkpoint (step 2): a resume drops those rows
     with open(path, "a") as fh:

@@ -39,8 +39,8 @@ def test_one_run_has_every_section_and_plot(runs):
     assert _sections(html) == [sid for sid, _ in SECTIONS]
     assert 'class="noplot"' not in html, re.findall(r'no data: [^<]*', html)
     # rewards 2+2+loss, solve 2+by type, validity 4+by type, complexity 5+5, coverage 3, trueskill 2, lineage 1,
-    # lengths 2, timing 1, tie fractions 1
-    assert html.count('<svg class="plot') == 33
+    # lengths 2, timing 1, tie fractions 1, probe 1
+    assert html.count('<svg class="plot') == 34
     # self-contained: no scripts, no external fetches
     assert "<script" not in html and not re.search(r'(src|href)="(https?:)?//', html)
     # series of a replaced member end, the child's begin; lineage names operator and parents
@@ -73,6 +73,31 @@ def test_overlay_of_single_and_population(runs, tmp_path):
     assert "Population over steps — single" in html
     # default output for several runs: the first run's directory
     assert write_report([runs["single"], runs["pop"]]) == runs["single"] / "report.html"
+
+
+def test_probe_chart_shows_the_noise_floor_and_leaves_out_young_children(runs, tmp_path):
+    from lorapop.train.probe import read_noise_floor, step_means
+
+    html = write_report([runs["pop"], runs["single"]], tmp_path / "probe.html").read_text()
+    sec = html[html.index('<section id="probe">'):html.index("</section>", html.index('<section id="probe">'))]
+    pop, single = load_run(runs["pop"]), load_run(runs["single"])
+    for run, who in ((pop, "2 identical members"), (single, "a0 scored 2 times, different seeds")):
+        nf = read_noise_floor(run.probe)
+        assert f"noise floor (step 0, {who}): scores " in sec and f"spread {nf['spread']:.3f}" in sec
+        assert f"std {nf['std']:.3f}" in sec
+    assert [r["member"] for r in read_noise_floor(single.probe)["replicates"]] == ["a0", "a0"]
+    assert '<path class="band"' in sec or 'class="band"' in sec  # the floor drawn around each curve
+    # the fixture's s2, born at step 15, is 5 steps old at the step-20 probe, under its run.probe_min_age=10
+    young = [r for r in pop.probe if r.get("counted") is False]
+    assert {(r["member"], r["step"], r["age"]) for r in young} == {("s2", 20, 5)}
+    assert f"pop4</b>: noise floor" in sec and f"{len(young)} rows of children younger" in sec
+    s0 = [r["score"] for r in pop.probe if r.get("member") == "s0" and r["step"] == 20]
+    assert dict(step_means(pop.probe))[20] == pytest.approx(sum(s0) / len(s0))  # s2 left out of step 20's mean
+    # a run without probe.jsonl says so instead of a chart
+    bare = _copy(runs["single"], tmp_path / "bare")
+    (bare / "probe.jsonl").unlink()
+    html = write_report([bare]).read_text()
+    assert "no probe.jsonl" in html and 'class="noplot"' not in html
 
 
 def test_truncated_and_corrupt_metrics_lines(runs, tmp_path):

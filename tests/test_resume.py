@@ -26,6 +26,9 @@ TINY = [
     "--evolve.perturbation_interval=2", "--evolve.burn_in_period=1", "--evolve.min_rated_matches=0",
     "--run.steps=3", "--run.save_interval=1", "--run.keep_checkpoints=0", "--run.progress=plain",
 ]
+# the probe every step, a child counted from its 2nd trained step: PBT at step 2 makes one child per role, so step 2's
+# probe is at a PBT step and step 3's probes a child of age 1
+PROBE = ["--run.probe_interval=1", "--run.probe_per_level=1", "--run.probe_samples=1", "--run.probe_min_age=2"]
 
 
 def _start(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None) -> subprocess.Popen:
@@ -58,7 +61,7 @@ def _steps(path: Path) -> list[int]:
 def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
     run = tmp_path / "runs" / "killme"
     ckpts = run / "checkpoints"
-    args = TINY + [f"--run.output_dir={tmp_path / 'runs'}", "--run.name=killme"]
+    args = TINY + PROBE + [f"--run.output_dir={tmp_path / 'runs'}", "--run.name=killme"]
 
     # 1) killed after the first checkpoint is complete
     p = _start(args, tmp_path)
@@ -81,6 +84,7 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
         assert trainer.step == 1
         assert not any(x.name.startswith(".tmp-") for x in ckpts.iterdir())
         assert _steps(run / "metrics.jsonl") == [1]
+        assert sorted(set(_steps(run / "probe.jsonl"))) == [0, 1]  # step 2's probe rows went with its checkpoint
         assert trainer.ratings.state_dict() == {k: list(v) for k, v in state["ratings"].items()}
         assert {k: b.state_dict() for k, b in trainer.buffers.items()} == state["buffers"]
         assert trainer.population.state_dict() == state["population"]
@@ -104,13 +108,43 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
     assert pop["step"] == 3 and len(pop["members"]) == 4
     assert any(f.name.startswith("events.out.tfevents") for f in run.iterdir())
 
+    _check_probe(run, pop)
+
     # the report reads what the trainer really wrote, after two kills
     res = subprocess.run([sys.executable, "-m", "lorapop.cli", "report", str(run)], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
     html = (run / "report.html").read_text()
-    for section in ("Rewards", "TrueSkill", "Lineage", "Coverage"):
+    for section in ("Rewards", "TrueSkill", "Lineage", "Coverage", "Capability probe"):
         assert f">{section}<" in html
+    assert "noise floor (step 0, 2 identical members)" in html
+
+
+def _check_probe(run: Path, pop: dict) -> None:
+    """probe.jsonl after two kills, one of them between step 2's probe rows and its checkpoint: every probe written
+    once; step 2's probe scored the students that trained at step 2, not the child its PBT round made; that child,
+    probed at step 3 after one step of training, is marked out of the aggregate; step 0 carries the noise floor."""
+    rows = [json.loads(line) for line in (run / "probe.jsonl").read_text().splitlines()]
+    scores = [r for r in rows if "noise_floor" not in r]
+    keys = [(r["step"], r["member"], r["task"]) for r in scores]
+    assert len(keys) == len(set(keys)) and [r["step"] for r in rows] == sorted(r["step"] for r in rows)
+    assert {s: sum(r["step"] == s for r in scores) for s in range(4)} == {0: 6, 1: 6, 2: 6, 3: 6}  # 2 students x 3
+    born = [e for e in pop["lineage"] if e["role"] == "student"]
+    assert [e["step"] for e in born] == [2], born
+    child, replaced = born[0]["child"], born[0]["replaced"]
+    at = {s: {r["member"]: (r["age"], r["counted"]) for r in scores if r["step"] == s} for s in range(4)}
+    assert at[2] == {"s0": (2, True), "s1": (2, True)}  # the old order (evolve first) probed the child here, age 0
+    survivor = ({"s0", "s1"} - {replaced}).pop()
+    assert at[3] == {survivor: (3, True), child: (1, False)}
+    floors = [r for r in rows if "noise_floor" in r]
+    assert len(floors) == 1 and floors[0]["step"] == 0
+    nf = floors[0]["noise_floor"]
+    assert [x["member"] for x in nf["replicates"]] == ["s0", "s1"] and nf["identical"] and nf["n"] == 2
+    for x in nf["replicates"]:
+        mine = [r["score"] for r in scores if r["step"] == 0 and r["member"] == x["member"]]
+        assert abs(x["score"] - sum(mine) / len(mine)) < 1e-12
+    values = [x["score"] for x in nf["replicates"]]
+    assert abs(nf["spread"] - (max(values) - min(values))) < 1e-12
 
 
 def test_resume_refuses_incompatible_checkpoint(tmp_path):

@@ -289,6 +289,14 @@ class Trainer:
             self.ratings.record(match)
         done("rate")
 
+        # before evolve: the probe of step N scores the members that trained at step N, never a child made this step
+        # (issue 36). Its rows reach disk before this step's checkpoint, so a kill in between leaves them past the
+        # last checkpoint, where a resume drops them and writes them again.
+        if cfg.run.probe_interval and step % cfg.run.probe_interval == 0:
+            stage("probe")
+            self.probe(step)
+            done("probe")
+
         stage("evolve")
         lineage = self.evolve(step)
         done("evolve")
@@ -297,11 +305,6 @@ class Trainer:
         rows = task_records(step, jobs)
         update_coverage(self.coverage, rows)
         done("coverage")
-
-        if cfg.run.probe_interval and step % cfg.run.probe_interval == 0:
-            stage("probe")
-            self.probe(step)
-            done("probe")
 
         stage("log")
         result = stages.StepResult(step, players, tuple(proposals), tuple(jobs), tuple(batch), train_stats,
@@ -323,17 +326,29 @@ class Trainer:
         return metrics
 
     def probe(self, step: int) -> None:
-        """The capability probe (lorapop/train/probe.py) after ``step``'s update: generation only, with its own
-        seeds, so a run with it trains exactly as one without."""
-        from lorapop.train.probe import run_probe
+        """The capability probe (lorapop/train/probe.py) after ``step``'s update and before its PBT replacement:
+        generation only, with its own seeds, so a run with it trains exactly as one without. At step 0 it also
+        writes the noise floor."""
+        from lorapop.train.probe import noise_floor, run_probe
 
         if self.probe_log is None:
             return
-        sp = self.cfg.selfplay
+        sp, run = self.cfg.selfplay, self.cfg.run
         prefill = TASK_TYPES["code_o"].answer_prefill if sp.response_prefill else ""
-        rows = run_probe(self.engine, self.executor, self.population.students, step, stages.sampling_params(sp.solve),
-                         self.cfg.run.probe_samples, prefill, stages.step_rng(self.cfg.run.seed, step, "probe"),
-                         per_level=self.cfg.run.probe_per_level)
+        rng = stages.step_rng(run.seed, step, "probe")
+        members = self.population.students
+
+        def score(who: list) -> list[dict[str, Any]]:
+            return run_probe(self.engine, self.executor, who, step, stages.sampling_params(sp.solve),
+                             run.probe_samples, prefill, rng, per_level=run.probe_per_level, min_age=run.probe_min_age)
+
+        rows = score(members)
+        if step == 0:
+            replicates = [(m.id, [r for r in rows if r["member"] == m.id]) for m in members]
+            if len(members) == 1:  # the single agent: a spread needs two scorings, the second with the next seeds
+                replicates.append((members[0].id, score(members)))
+            identical = not any(m.id in self.init_from for m in members)
+            rows.append(noise_floor(replicates, identical, run.probe_samples))
         self.probe_log.write(*rows)
 
     # ---- evolve ---------------------------------------------------------------------------------------------------

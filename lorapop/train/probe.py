@@ -8,11 +8,25 @@ The probe tasks are drawn from :func:`probe_tasks` with their own seed (the same
 are scored on the same tasks), from expression shapes written here, and none is a reference task of
 ``seeds/expr_seed_io.jsonl``. The probe only generates (no gradient, no rating, no buffer entry) and draws its
 sampling seeds from its own stage RNG, so a run with the probe on trains exactly like one with it off.
+
+What a probe figure is made of:
+
+* the probe of step N runs after that step's update and before its PBT replacement, so it scores the members that
+  trained at step N, never a child made that step;
+* a PBT child is probed as soon as it exists but counts in the aggregate (criteria, report) only once it has trained
+  ``run.probe_min_age`` steps: its rows carry ``age`` and ``counted`` (:func:`counts`); rows written before these
+  fields existed count;
+* before step 1 every member is the same base model (a fresh LoRA adapter has ``B = 0``), so the spread of their
+  scores is what the probe's sampling alone moves a member's score by: the *noise floor*, one row
+  ``{"step": 0, "noise_floor": {...}}`` beside the step-0 rows (:func:`noise_floor`). With one member (the single
+  agent) the member is scored a second time, with fresh seeds, to have two replicates. Probe figures are shown
+  beside it (lorapop/criteria.py, the report, docs/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,9 +64,17 @@ def probe_tasks(per_level: int = 30, seed: int = PROBE_SEED) -> list[tuple[int, 
     return out
 
 
+def counts(member: Any, step: int, min_age: int) -> bool:
+    """Whether ``member``'s probe score at ``step`` enters the aggregate: a member of step 0 always (each curve starts
+    from all of them), a PBT child once it has trained ``min_age`` steps. Every member trains in every step
+    (docs/METHOD.md, "Same per-adapter compute"), so the steps a child has trained are its age: steps since the evolve
+    stage that made it, which its ``born_step`` (kept in every checkpoint) gives."""
+    return member.born_step == 0 or member.age(step) >= min_age
+
+
 def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, params: Any, n_samples: int,
-              prefill: str, rng: random.Random, per_level: int = 30) -> list[dict[str, Any]]:
-    """One probe.jsonl row per (member, task): ``step, member, role, task, level, score``."""
+              prefill: str, rng: random.Random, per_level: int = 30, min_age: int = 0) -> list[dict[str, Any]]:
+    """One probe.jsonl row per (member, task): ``step, member, role, task, level, score, age, counted``."""
     from lorapop.tasks import TASK_TYPES
     from lorapop.train.stages import prompt_ids
 
@@ -71,6 +93,61 @@ def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, par
         level, task = tasks[k]
         answers = [code_o.parse_answer(prefill + c.text) for c in outs[i:i + n_samples]]
         correct = sum(o.status == "correct" for o in code_o.check_many(task, answers, executor))
-        rows.append({"step": step, "member": m.id, "role": m.role, "task": f"L{level}:{k}", "level": level,
-                     "score": correct / n_samples})
+        rows.append(probe_row(m, step, k, level, correct / n_samples, min_age))
     return rows
+
+
+def probe_row(member: Any, step: int, k: int, level: int, score: float, min_age: int) -> dict[str, Any]:
+    """One probe.jsonl row: ``member``'s score on probe task ``k`` (of ``level``) at ``step``."""
+    return {"step": step, "member": member.id, "role": member.role, "task": f"L{level}:{k}", "level": level,
+            "score": score, "age": member.age(step), "counted": counts(member, step, min_age)}
+
+
+def noise_floor(replicates: Sequence[tuple[str, Sequence[dict[str, Any]]]], identical: bool,
+                n_samples: int) -> dict[str, Any]:
+    """The step-0 row: per replicate (a member's id and its rows) its mean score over the probe's tasks, and their
+    spread (max - min) and sample standard deviation. ``identical`` says whether the replicates were the same
+    weights (no member started from ``population.init_from``); when not, the spread is more than sampling noise."""
+    scores = [{"member": mid, "score": statistics.fmean(r["score"] for r in rows)} for mid, rows in replicates]
+    values = [s["score"] for s in scores]
+    return {"step": 0, "noise_floor": {
+        "replicates": scores, "n": len(values), "spread": max(values) - min(values) if values else None,
+        "std": statistics.stdev(values) if len(values) >= 2 else None, "identical": identical,
+        "tasks": len(replicates[0][1]) if replicates else 0, "samples": n_samples}}
+
+
+# ---- reading probe.jsonl (lorapop/criteria.py, the report) -----------------------------------------------------------
+
+def score_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The (member, task) rows that count in the aggregate: not the noise-floor row, not a child too young."""
+    return [r for r in rows if "member" in r and "score" in r and r.get("counted", True) is not False]
+
+
+def read_noise_floor(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The noise floor a run measured at step 0, or None (a run from before it was recorded)."""
+    return next((r["noise_floor"] for r in rows if isinstance(r.get("noise_floor"), dict)), None)
+
+
+def describe_noise_floor(nf: dict[str, Any] | None) -> str:
+    """One line to print beside a probe figure."""
+    if not nf:
+        return "noise floor: not recorded (probe.jsonl from before it was measured)"
+    if nf.get("spread") is None:
+        return f"noise floor: not measurable ({nf.get('n', 0)} replicate at step 0)"
+    ids = {r["member"] for r in nf["replicates"]}
+    if len(ids) == 1:
+        what = f"{ids.pop()} scored {nf['n']} times, different seeds"
+    else:
+        what = f"{nf['n']} {'identical members' if nf.get('identical') else 'members from different adapters'}"
+    return (f"noise floor (step 0, {what}): scores "
+            + ", ".join(f"{s['score']:.3f}" for s in nf["replicates"])
+            + f"; spread {nf['spread']:.3f}, std {nf['std']:.3f}")
+
+
+def step_means(rows: Sequence[dict[str, Any]], roles: Sequence[str] = ("student", "agent")) -> list[tuple[int, float]]:
+    """(step, mean score) over the counted rows of ``roles``: each probe figure's curve."""
+    by_step: dict[int, list[float]] = {}
+    for r in score_rows(rows):
+        if r.get("role") in roles:
+            by_step.setdefault(int(r["step"]), []).append(float(r["score"]))
+    return sorted((s, statistics.fmean(v)) for s, v in by_step.items())
