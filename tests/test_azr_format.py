@@ -260,3 +260,10 @@ def test_the_7b_configs_run_azrs_format_and_the_cpu_configs_the_short_one(name):
         assert all(tag in header for tag in ("[paper]", "[AZR code]", "[chosen]"))
         raw = yaml.safe_load(path.read_text())
         assert raw["run"]["steps"] == 200
+
+
+def test_the_plan_assumes_azrs_longest_prompt_under_the_azr_format():
+    from lorapop.plan import AZR_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS, default_prompt_tokens
+
+    assert default_prompt_tokens(load_config(str(CONFIGS / "4T+4S.yaml"))) == AZR_PROMPT_TOKENS == 6144
+    assert default_prompt_tokens(load_config(str(CONFIGS / "cpu_demo.yaml"))) == DEFAULT_PROMPT_TOKENS

@@ -17,7 +17,8 @@ from lorapop.tasks.base import Task
 
 # the example AZR shows in every prompt that asks for an input block
 _EXAMPLE_INPUT = "'John', {'age': 20, 'city': 'New York'}"
-_CODE_REQUIREMENTS = """- Name the entry function `f` (e.g., `def f(...): ...`); helper functions may be nested inside `f`
+_CODE_REQUIREMENTS = """\
+- Name the entry function `f` (e.g., `def f(...): ...`); helper functions may be nested inside `f`
 - `f` must return a value and take at least one input parameter
 - Make the function deterministic
 - AVOID THE FOLLOWING:
@@ -104,9 +105,10 @@ Then write the final code snippet and its input.
 
 def propose_inputs_message(program: str, n_inputs: int) -> str:
     """code_f proposer: ``n_inputs`` inputs for a given program and a message for the test subject."""
-    example = "\n".join([fenced("input", _EXAMPLE_INPUT), fenced("input", "'Sammy', {'age': 37, 'city': 'Los Angeles'}")])
-    return f"""## Task: Output {n_inputs} Inputs for the Code Snippet below that produce diverse Outputs, and a Message \
-about the Snippet
+    example = "\n".join([fenced("input", _EXAMPLE_INPUT),
+                         fenced("input", "'Sammy', {'age': 37, 'city': 'Los Angeles'}")])
+    return f"""## Task: Output {n_inputs} Inputs for the Code Snippet below that produce diverse Outputs, and a \
+Message about the Snippet
 
 Using the code snippet below, design {n_inputs} inputs that can be plugged into it to produce a diverse set of \
 outputs. Some of your inputs with the outputs they deterministically produce will be given to a test subject, who \

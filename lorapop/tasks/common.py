@@ -135,12 +135,12 @@ class ProgramInputTask:
 
     def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr", fmt: str = "short") -> str:
         """``fmt`` is ``selfplay.prompt_format``: ``azr`` is AZR's proposer prompt (lorapop/tasks/azr_prompts.py),
-        whatever the style. Under ``short``, style ``azr``: references as program, input and output blocks, a format example, and the reply's blocks in
-        AZR's order (program, then input). ``input_first``: the reply's input block first, the references in that
-        order without their outputs, and no format example. The 135M base, shown the first, writes the program and
-        then an ```output block (or more programs) where the input belongs, and copies the example's two-argument
-        f onto its own one-argument input; shown the second, it writes the input, then a program for it
-        (docs/RESULTS.md, "The CPU demo step by step")."""
+        whatever the style. Under ``short``, style ``azr``: references as program, input and output blocks, a format
+        example, and the reply's blocks in AZR's order (program, then input). ``input_first``: the reply's input
+        block first, the references in that order without their outputs, and no format example. The 135M base,
+        shown the first, writes the program and then an ```output block (or more programs) where the input belongs,
+        and copies the example's two-argument f onto its own one-argument input; shown the second, it writes the
+        input, then a program for it (docs/RESULTS.md, "The CPU demo step by step")."""
         if fmt == "azr":
             return azr_prompts.propose_program_input(self.name, references)
         if style == "expression":
