@@ -267,3 +267,60 @@ def test_the_plan_assumes_azrs_longest_prompt_under_the_azr_format():
 
     assert default_prompt_tokens(load_config(str(CONFIGS / "4T+4S.yaml"))) == AZR_PROMPT_TOKENS == 6144
     assert default_prompt_tokens(load_config(str(CONFIGS / "cpu_demo.yaml"))) == DEFAULT_PROMPT_TOKENS
+
+
+def test_stages_read_azr_replies_from_the_think_block(ex):
+    """stages.validate under prompt_format azr: the rollout's reply is the prompt's <think> plus the completion; a
+    well-formed one becomes a task in the buffer, one without </think> is a format error paid -1."""
+    from lorapop.config import SelfPlayConfig
+    from lorapop.engine.base import Completion
+    from lorapop.rundir import Member
+    from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.train import stages
+
+    sp = SelfPlayConfig(task_types=["code_o"], prompt_format="azr", reward_reading="azr_code")
+    sp.validate()
+    t0 = Member("t0", 0, "teacher")
+    good = _reply("plan", ("python", PROGRAM), ("input", "[3, 9, 1], 1"))
+    rollouts = [stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], text, "eos"),
+                               prefill=stages.reply_start(sp, ""))
+                for text in (good, good.replace("</think>", ""))]
+    assert rollouts[0].reply.startswith("<think> plan")
+    buffers = {"code_o": TaskBuffer("code_o")}
+    ctx = stages.StepContext(1, 0, None, ex, sp, buffers)
+    got = stages.validate(ctx, rollouts)
+    assert [r.status for r in got] == ["valid", "format_error"] and got[0].task.outputs == ["[9]"]
+    assert got[1].detail == "no_think_answer" and len(buffers["code_o"]) == 2
+    paid, _ = stages.reward(got[1:], [], sp.teacher_reward, sp.reward_reading)
+    assert paid[0].reward == -1.0
+
+
+@pytest.mark.slow
+def test_the_engine_generates_after_assistant_think(ex, embedded_model):
+    """Proposals and answers through the real engine under prompt_format azr: plain-text R1 prompts, replies read
+    from <think>, and too short a reply to close its blocks is a format error by AZR's check."""
+    from lorapop.config import SelfPlayConfig
+    from lorapop.engine import EngineConfig, TorchEngine
+    from lorapop.rundir import Member
+    from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.train import stages
+
+    model, tok = embedded_model
+    engine = TorchEngine(model, tok, 1, EngineConfig(device="cpu", gen_batch_size=8), seed=0)
+    try:  # the model is the session's shared fixture: leave it without LoRA layers
+        sp = SelfPlayConfig(task_types=["code_o"], tasks_per_type=2, n_solve=2, n_references=1, prompt_format="azr")
+        sp.propose.max_new_tokens = sp.solve.max_new_tokens = 6  # fewer than </think><answer></answer> takes
+        sp.validate()
+        ctx = stages.StepContext(1, 0, engine, ex, sp, {"code_o": TaskBuffer("code_o")})
+        props = stages.validate(ctx, stages.propose(ctx, [Member("t0", 0, "teacher")]))
+        (job,) = stages.solve(ctx, [stages.SolveJob(identity_task("code_o"), "code_o", Member("s0", 0, "student"),
+                                                     None)])
+        for r in props + list(job.rollouts):
+            text = tok.decode(r.prompt_ids)
+            assert text.startswith(AZR_PREAMBLE + " User: ") and text.endswith("\nAssistant: <think>")
+            assert "<|im_start|>" not in text and r.prefill == THINK_OPEN and r.reply.startswith(THINK_OPEN)
+            assert r.status == "format_error" and r.detail == "no_think_answer"
+        assert "<snippet_0>" in tok.decode(props[0].prompt_ids)
+        assert "# Task: Deduce the Output" in tok.decode(job.rollouts[0].prompt_ids)
+    finally:
+        engine.close()
