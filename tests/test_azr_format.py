@@ -324,3 +324,20 @@ def test_the_engine_generates_after_assistant_think(ex, embedded_model):
         assert "# Task: Deduce the Output" in tok.decode(job.rollouts[0].prompt_ids)
     finally:
         engine.close()
+
+
+def test_single_yaml_is_the_7b_populations_compare_twin():
+    """The 7B baseline a reader runs by hand (single.yaml) is what `lorapop compare 4T+4S` trains beside the
+    population: same format, budgets, rewards' reading, seeds and engine; only the population, the teacher reward
+    (AZR's learnability) and PBT differ."""
+    from lorapop.compare import compare_configs
+    from lorapop.configlib import to_dict
+
+    single = to_dict(load_config(str(CONFIGS / "single.yaml")))
+    derived = to_dict(compare_configs("4T+4S", [], "x", "out")[1])
+    for d in (single, derived):
+        d.pop("evolve")
+        d["run"].pop("name"), d["run"].pop("output_dir")
+        d["population"] = d["population"]["mode"]
+    assert single == derived
+    assert single["selfplay"]["prompt_format"] == "azr" and single["selfplay"]["teacher_reward"] == "learnability"
