@@ -127,6 +127,20 @@ class SelfPlayConfig:
                "(the CPU configs; docs/RESULTS.md). 'expression': one ```python block, the line `x = <integer input>` "
                "then an f(x) whose body is one return expression, shown such references, the reply started after "
                "`x = ` (the cpu_dynamics configs). code_f proposals (inputs and a message) are the same in all three")
+    prompt_format: Literal["short", "azr"] = doc(
+        "short", "how every proposal and answer is asked for and read. 'azr': AZR's R1 plain-text template (no chat "
+                 "special tokens: the R1 sentence, 'User:' and the task, then 'Assistant: <think>'; the reply reasons "
+                 "in <think> </think> and answers in <answer> </answer>, ending at the base model's EOS), AZR's "
+                 "proposer and solver prompts (lorapop/tasks/azr_prompts.py), and AZR's format check: a reply that "
+                 "is not, from its start, a think block then an answer block is a format error (reward -1); the "
+                 "blocks are read inside the last answer block (the 7B configs). 'short': one chat-template turn "
+                 "with the short prompts written for the 135M embedded model (the CPU configs)")
+    reward_reading: Literal["azr_paper", "azr_code"] = doc(
+        "azr_paper", "where AZR's code and paper disagree on the teacher's penalties. 'azr_paper' (eq. 6): a valid "
+                     "task paid nothing (learnability with s = 0 or 1; adversarial with s = 1) gets 0, an invalid "
+                     "one -0.5, a format error -1. 'azr_code' (what AZR's code and the runs built on it do): a valid "
+                     "task paid nothing gets -0.5, and an invalid one -1 like a format error. Student rewards are "
+                     "the same in both (+1, -0.5 wrong, -1 format error)")
     propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
     solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
 
@@ -145,6 +159,15 @@ class SelfPlayConfig:
                               "group of one has advantage 0, so nobody would learn; set it to 2 or more")
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
+        if self.prompt_format == "azr":
+            # AZR's reply opens with its think block: no block can be prefilled, and its one proposal layout is
+            # AZR's, so the 135M-model layouts and prefills are refused rather than silently ignored
+            if self.response_prefill:
+                raise ConfigError("selfplay.response_prefill: must be false with selfplay.prompt_format: azr (the "
+                                  "reply starts inside <think>, its blocks inside <answer>: nothing to prefill)")
+            if self.proposal_style != "azr":
+                raise ConfigError(f"selfplay.proposal_style: must be azr with selfplay.prompt_format: azr (AZR's "
+                                  f"proposer prompt has one layout), got {self.proposal_style}")
         if self.proposal_style == "expression" and not self.response_prefill:
             raise ConfigError("selfplay.proposal_style: 'expression' starts the reply inside its block, after "
                               "`x = `, a prefill: set selfplay.response_prefill: true")

@@ -34,7 +34,15 @@ from lorapop.configlib import ConfigError
 
 GIB = 2**30
 HEADROOM = 0.92  # of the GPU's memory the plan lets tensors take (context, workspaces, fragmentation: the rest)
-DEFAULT_PROMPT_TOKENS = 1024  # the paper's prompt budget; teacher prompts with references come near it
+DEFAULT_PROMPT_TOKENS = 1024  # the short prompts' budget; teacher prompts with references come near it
+# selfplay.prompt_format azr: AZR drops prompts longer than this (max_prompt_length). Its proposer prompts with K=6
+# seed references are 1.4k-2.7k tokens and grow with the programs in the buffer, so plan for the longest AZR keeps.
+AZR_PROMPT_TOKENS = 6144
+
+
+def default_prompt_tokens(cfg: Any) -> int:
+    """The longest prompt a config's plan assumes unless told: AZR's cap under prompt_format azr, else 1024."""
+    return AZR_PROMPT_TOKENS if getattr(cfg.selfplay, "prompt_format", "short") == "azr" else DEFAULT_PROMPT_TOKENS
 
 # Model shapes for the shipped configs, so `lorapop plan` needs neither the network nor a download.
 _QWEN25_CODER_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
@@ -391,7 +399,7 @@ def check_fits(cfg: Any, gpu_bytes: int, prompt_tokens: int = DEFAULT_PROMPT_TOK
     return p
 
 
-def check_on_cuda(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan | None:
+def check_on_cuda(cfg: Any, prompt_tokens: int | None = None) -> MemoryPlan | None:
     """Before a run loads its weights on CUDA: plan it at the GPU's memory and refuse (:class:`PlanError`, a
     ConfigError) a config whose update cannot fit. Nothing happens off CUDA."""
     import torch
@@ -404,7 +412,7 @@ def check_on_cuda(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Memor
         return None
     total = torch.cuda.get_device_properties(dev).total_memory
     try:
-        return check_fits(cfg, total, prompt_tokens)
+        return check_fits(cfg, total, prompt_tokens or default_prompt_tokens(cfg))
     except UnknownShape as e:  # the weights are not here yet either: loading fetches them, so do not refuse
         print(f"note: no memory plan before loading ({e})", file=sys.stderr)
         return None
@@ -413,8 +421,9 @@ def check_on_cuda(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Memor
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("config", help="YAML file or shipped config name (4T+4S, single, ...)")
     ap.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB", help="GPU memory in GiB (default 80)")
-    ap.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS,
-                    help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS})")
+    ap.add_argument("--prompt-tokens", type=int, default=None,
+                    help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS}; {AZR_PROMPT_TOKENS}, AZR's "
+                         "prompt cap, under selfplay.prompt_format azr)")
 
 
 def run(args: argparse.Namespace, config_path: str) -> int:
@@ -423,7 +432,7 @@ def run(args: argparse.Namespace, config_path: str) -> int:
 
     try:
         cfg = load_config(config_path, args.overrides)
-        p = plan(cfg, args.gpu_memory, args.prompt_tokens)
+        p = plan(cfg, args.gpu_memory, args.prompt_tokens or default_prompt_tokens(cfg))
     except (ConfigError, PlanError) as e:
         print(f"lorapop plan: {e}", file=sys.stderr)
         return 2

@@ -30,18 +30,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lorapop.tasks.azr_format import AZR_PREAMBLE, AZR_RESPONSE_PREFIX
+
 EVALPLUS_INSTRUCTION_PREFIX = ("Please provide a self-contained Python script that solves the following problem in a "
                                "markdown code block:")
 EVALPLUS_RESPONSE_PREFIX = ("Below is a Python script with a self-contained function that solves the problem and "
                             "passes corresponding tests:")
-AZR_PREAMBLE = ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
-                "The assistant first thinks about the reasoning process in the mind and then provides the user with "
-                "the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> "
-                "</answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here "
-                "</answer>.")
+# AZR's R1 sentence and response prefix are self-play's too (selfplay.prompt_format: azr): one definition, in the
+# task layer below this one
 AZR_CODE_INSTRUCTION_PREFIX = (AZR_PREAMBLE + " User: Please provide an efficient and self-contained Python script "
                                "that solves the following problem in a markdown code block:")
-AZR_CODE_RESPONSE_PREFIX = "Assistant: <think>"
+AZR_CODE_RESPONSE_PREFIX = AZR_RESPONSE_PREFIX
 AZR_MATH_TEMPLATE = AZR_PREAMBLE + " User: {input}\nAssistant:"
 PLAIN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PLAIN_CODE_INSTRUCTION = "Write your solution as a complete Python program in a single ```python code block."

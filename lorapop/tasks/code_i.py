@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
-from lorapop.tasks.common import ProgramInputTask, fence, run_checks
+from lorapop.tasks import azr_prompts
+from lorapop.tasks.common import ProgramInputTask, answer_text, fence, run_checks
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import SAME_SRC, check_call_args
 
@@ -18,14 +19,17 @@ class CodeI(ProgramInputTask):
     answer_prefill = "```input\n"
     goal = "A solver will see f and its output and must find an input that produces it, so make that hard."
 
-    def student_prompt(self, task: Task) -> str:
+    def student_prompt(self, task: Task, fmt: str = "short") -> str:
+        if fmt == "azr":
+            return azr_prompts.solve_input(task)
         return ("Find arguments for f that make it return the output below.\n"
                 f"{fence('python', task.program)}\nOutput: {task.outputs[0]}\n\n"
                 # no example arguments and no "think" line, as in code_o (small bases copy the example)
                 "Give the arguments, exactly as written inside f(...), in an ```input block.")
 
-    def parse_answer(self, text) -> Answer | ParseError:
-        got = extract(text, {"input": 1})
+    def parse_answer(self, text, fmt: str = "short") -> Answer | ParseError:
+        text = answer_text(text, fmt)
+        got = text if isinstance(text, ParseError) else extract(text, {"input": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["input"][0])
 
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:

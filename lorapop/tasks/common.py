@@ -7,6 +7,8 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from lorapop.tasks import azr_prompts
+from lorapop.tasks.azr_format import unwrap
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
                                     status_to_invalid)
@@ -71,6 +73,12 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     return results  # type: ignore[return-value]
 
 
+def answer_text(reply, fmt: str):
+    """What the block parser reads: the reply itself (``short``), or under ``azr`` the content of its answer block
+    once the reply passes AZR's format check (a ParseError, a format error, when it does not)."""
+    return unwrap(reply) if fmt == "azr" else reply
+
+
 FORMAT_RULES = ("Rules: one function named f, standard library only; no classes, printing, randomness, time, "
                 "files, network or os/sys. f must be deterministic and return a value whose repr is short.")
 
@@ -125,13 +133,16 @@ class ProgramInputTask:
             return EXPRESSION_PREFILL
         return "```input\n" if style == "input_first" else self.proposal_prefill
 
-    def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr") -> str:
-        """``azr``: references as program, input and output blocks, a format example, and the reply's blocks in
-        AZR's order (program, then input). ``input_first``: the reply's input block first, the references in that
-        order without their outputs, and no format example. The 135M base, shown the first, writes the program and
-        then an ```output block (or more programs) where the input belongs, and copies the example's two-argument
-        f onto its own one-argument input; shown the second, it writes the input, then a program for it
-        (docs/RESULTS.md, "The CPU demo step by step")."""
+    def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr", fmt: str = "short") -> str:
+        """``fmt`` is ``selfplay.prompt_format``: ``azr`` is AZR's proposer prompt (lorapop/tasks/azr_prompts.py),
+        whatever the style. Under ``short``, style ``azr``: references as program, input and output blocks, a format
+        example, and the reply's blocks in AZR's order (program, then input). ``input_first``: the reply's input
+        block first, the references in that order without their outputs, and no format example. The 135M base,
+        shown the first, writes the program and then an ```output block (or more programs) where the input belongs,
+        and copies the example's two-argument f onto its own one-argument input; shown the second, it writes the
+        input, then a program for it (docs/RESULTS.md, "The CPU demo step by step")."""
+        if fmt == "azr":
+            return azr_prompts.propose_program_input(self.name, references)
         if style == "expression":
             refs = "\n\n".join(f"Reference {i + 1}:\n{expression_block(t)}" for i, t in enumerate(references))
             return ("Write one integer input x and a new Python function f(x) whose body is a single return "
@@ -152,10 +163,12 @@ class ProgramInputTask:
                 f"{refs}\n\nFormat example:\nf keeps the k largest numbers.\n{example}\n\n"
                 "Now write one sentence of reasoning, then your own ```python and ```input blocks.")
 
-    def parse_proposal(self, text, *, program: str | None = None, style: str = "azr"):
+    def parse_proposal(self, text, *, program: str | None = None, style: str = "azr", fmt: str = "short"):
         from lorapop.tasks.parsing import extract
-        from lorapop.tasks.base import ParseError
 
+        text = answer_text(text, fmt)
+        if isinstance(text, ParseError):
+            return text
         if style == "expression":
             return parse_expression_block(text, self.name)
         got = extract(text, {"python": 1, "input": 1})

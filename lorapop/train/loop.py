@@ -276,7 +276,7 @@ class Trainer:
         done("solve")
 
         stage("reward")
-        proposals, jobs = stages.reward(proposals, jobs, sp.teacher_reward)
+        proposals, jobs = stages.reward(proposals, jobs, sp.teacher_reward, sp.reward_reading)
         done("reward")
 
         stage("update")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from lorapop.engine.base import Completion, Engine, SamplingParams, TrainSample
 from lorapop.rundir import Member
 from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
+from lorapop.tasks.azr_format import THINK_OPEN, r1_prompt_ids
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.rewards import student_reward, teacher_reward
 from lorapop.train.rating import MatchResult
@@ -119,8 +120,17 @@ def sampling_params(cfg: SamplingConfig) -> SamplingParams:
                           min_new_tokens=cfg.min_new_tokens, stop=tuple(cfg.stop))
 
 
-def prompt_ids(engine: Engine, text: str, prefill: str) -> list[int]:
-    """The chat prompt of ``text``, its assistant turn started with ``prefill`` (may be empty)."""
+def reply_start(sp: SelfPlayConfig, prefill: str) -> str:
+    """What every reply starts with, in the prompt's ids: the R1 template's ``<think>`` under prompt_format azr
+    (the parsers and AZR's format check read it), else the block prefill (empty without response_prefill)."""
+    return THINK_OPEN if sp.prompt_format == "azr" else prefill
+
+
+def prompt_ids(engine: Engine, text: str, prefill: str, fmt: str = "short") -> list[int]:
+    """The chat prompt of ``text``, its assistant turn started with ``prefill`` (may be empty); under ``fmt``
+    ``azr`` the R1 plain-text prompt, which ends with ``Assistant: <think>`` (``prefill`` is then that ``<think>``)."""
+    if fmt == "azr":
+        return r1_prompt_ids(engine.tokenizer, text)
     ids = engine.chat_prompt(text)
     return ids + list(engine.tokenizer.encode(prefill, add_special_tokens=False)) if prefill else ids
 
@@ -131,11 +141,12 @@ def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
     prompts, meta = [], []
     for t in teachers:
         for tt in sp.task_types:
-            prefill = TASK_TYPES[tt].proposal_prefill_for(sp.proposal_style) if sp.response_prefill else ""
+            prefill = reply_start(sp, TASK_TYPES[tt].proposal_prefill_for(sp.proposal_style)
+                                  if sp.response_prefill else "")
             for _ in range(sp.tasks_per_type):
                 refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
-                text = TASK_TYPES[tt].teacher_prompt(refs, rng, style=sp.proposal_style)
-                prompts.append(prompt_ids(engine, text, prefill))
+                text = TASK_TYPES[tt].teacher_prompt(refs, rng, style=sp.proposal_style, fmt=sp.prompt_format)
+                prompts.append(prompt_ids(engine, text, prefill, sp.prompt_format))
                 meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
     outs = engine.generate(prompts, [m[0].slot for m in meta], sampling_params(sp.propose), seeds=seeds)
@@ -158,7 +169,7 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
         proposal = TASK_TYPES[r.task_type].parse_proposal(r.reply, program=r.source_program,
-                                                          style=ctx.cfg.proposal_style)
+                                                          style=ctx.cfg.proposal_style, fmt=ctx.cfg.prompt_format)
         if isinstance(proposal, ParseError):
             out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
         else:
@@ -207,9 +218,11 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     returns the jobs with their rollouts."""
     engine, n_solve, rng = ctx.engine, ctx.cfg.n_solve, ctx.rng("solve")
     prompts, slots = [], []
-    prefills = {tt: TASK_TYPES[tt].answer_prefill if ctx.cfg.response_prefill else "" for tt in ctx.cfg.task_types}
+    fmt = ctx.cfg.prompt_format
+    prefills = {tt: reply_start(ctx.cfg, TASK_TYPES[tt].answer_prefill if ctx.cfg.response_prefill else "")
+                for tt in ctx.cfg.task_types}
     for job in jobs:
-        ids = prompt_ids(engine, TASK_TYPES[job.task_type].student_prompt(job.task), prefills[job.task_type])
+        ids = prompt_ids(engine, TASK_TYPES[job.task_type].student_prompt(job.task, fmt), prefills[job.task_type], fmt)
         prompts += [ids] * n_solve
         slots += [job.student.slot] * n_solve
     seeds = [rng.getrandbits(31) for _ in prompts]
@@ -219,7 +232,7 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
         tt = TASK_TYPES[job.task_type]
         mine = list(zip(prompts[k * n_solve:(k + 1) * n_solve], outs[k * n_solve:(k + 1) * n_solve]))
         pre = prefills[job.task_type]
-        outcomes = tt.check_many(job.task, [tt.parse_answer(pre + c.text) for _, c in mine], ctx.executor)
+        outcomes = tt.check_many(job.task, [tt.parse_answer(pre + c.text, fmt) for _, c in mine], ctx.executor)
         done.append(replace(job, rollouts=tuple(
             Rollout(job.student, "student", job.task_type, p, c, task=job.task, status=o.status, detail=o.detail,
                     prefill=pre)
@@ -227,15 +240,16 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     return done
 
 
-def reward(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], mode: str
+def reward(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], mode: str, reading: str = "azr_paper"
            ) -> tuple[list[Rollout], list[SolveJob]]:
     """Student samples: +1 / -0.5 / -1. Teacher proposals: -1 format, -0.5 invalid, else by the matched student's
-    solve rate on that task (``adversarial`` or ``learnability``). Returns both with their rewards."""
+    solve rate on that task (``adversarial`` or ``learnability``); ``reading`` ``azr_code`` pays invalid -1 and a
+    valid task paid nothing -0.5 (lorapop/tasks/rewards.py). Returns both with their rewards."""
     rates = {id(j.task): j.solve_rate for j in jobs if j.teacher is not None}
     jobs = [replace(job, rollouts=tuple(replace(r, reward=student_reward(Outcome(r.status))) for r in job.rollouts))
             for job in jobs]
     proposals = [replace(r, reward=teacher_reward(r.result, rates.get(id(r.task)) if r.status == "valid" else None,
-                                                  mode)) for r in proposals]
+                                                  mode, reading)) for r in proposals]
     return proposals, jobs
 
 
