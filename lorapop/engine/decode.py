@@ -266,8 +266,9 @@ class LlamaFamilyDecoder:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token and its sampler log-probability for rows = slots ``0..b-1``: forward their input
         ``tokens [b]`` at ``pos [b]`` (writing K/V there; pos == trash for free slots), attending over ``span``
-        (``cache.span(kv_len)``), and sample with the per-row settings (see sample_tokens). This is the function ``torch.compile`` wraps: its only shape that
-        varies within a run is the batch bucket ``b`` (``span``'s length is symbolic; the settings are tensors)."""
+        (``cache.span(kv_len)``), and sample with the per-row settings (see sample_tokens). This is the function
+        ``torch.compile`` wraps: its only shape that varies within a run is the batch bucket ``b`` (``span``'s length
+        is symbolic; the settings are tensors)."""
         mask = self.row_mask(ids, cache.k[0].dtype) if dense else None
         hidden = self.forward(cache, tokens[:, None], pos[:, None], pos[:, None], span, None, mask)
         return sample_tokens(self.logits(hidden[:, -1]), seeds, steps, vocab_key, eos_mask, min_new, temperature,
