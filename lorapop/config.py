@@ -141,8 +141,10 @@ class SelfPlayConfig:
                      "one -0.5, a format error -1. 'azr_code' (what AZR's code and the runs built on it do): a valid "
                      "task paid nothing gets -0.5, and an invalid one -1 like a format error. Student rewards are "
                      "the same in both (+1, -0.5 wrong, -1 format error)")
-    propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals")
-    solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers")
+    propose: SamplingConfig = doc(SamplingConfig(max_new_tokens=384), "sampling for teacher proposals. They are "
+                                  "trained, scored at this temperature (on-policy), so top_p must be 1.0")
+    solve: SamplingConfig = doc(SamplingConfig(max_new_tokens=256), "sampling for student answers (and the probe). "
+                                "They are trained, scored at this temperature (on-policy), so top_p must be 1.0")
 
     def validate(self) -> None:
         unknown = [t for t in self.task_types if t not in TASK_TYPE_NAMES]
@@ -171,6 +173,17 @@ class SelfPlayConfig:
         if self.proposal_style == "expression" and not self.response_prefill:
             raise ConfigError("selfplay.proposal_style: 'expression' starts the reply inside its block, after "
                               "`x = `, a prefill: set selfplay.response_prefill: true")
+        for name in ("propose", "solve"):
+            # Every proposal and answer may enter the update, which scores it at its sampling temperature over the
+            # whole vocabulary (docs/METHOD.md, "On-policy updates"): a nucleus cut would make the update the gradient
+            # of another policy than the one that sampled. (min_new_tokens, which masks EOS, stays allowed for
+            # bench/step_overhead.py's equal-length rows; train/logprob_mismatch shows what it costs.)
+            sc = getattr(self, name)
+            if sc.top_p < 1:
+                raise ConfigError(f"selfplay.{name}.top_p: must be 1.0, got {sc.top_p}: {name} samples are trained "
+                                  "and the update scores them over the whole vocabulary at the sampling temperature, "
+                                  "so a nucleus cut trains off-policy; set it to 1.0 (lower "
+                                  f"selfplay.{name}.temperature to sharpen instead)")
         for name in ("propose", "solve"):
             if "```" not in getattr(self, name).stop:
                 continue

@@ -204,8 +204,10 @@ def _train_peak(eng, rows: int, prompt: int, completion: int, checkpointing: boo
     def step():
         eng.cfg.gradient_checkpointing = checkpointing
         with eng._checkpointing():
-            logp, _ = eng._response_logprobs([[1] * prompt] * rows, [[2] * completion] * rows, ids)
-            logp.sum().backward()
+            bonus = eng.cfg.entropy_coeff > 0  # the entropy term's [chunk, vocab] softmax is backpropagated too
+            (logp, ent), _ = eng._response_logprobs([[1] * prompt] * rows, [[2] * completion] * rows, ids,
+                                                    entropy=True, entropy_grad=bonus)
+            (logp.sum() + ent.sum() if bonus else logp.sum()).backward()
 
     eng.optimizer.zero_grad()
     with torch.enable_grad():

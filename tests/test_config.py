@@ -51,6 +51,11 @@ def test_every_shipped_config_loads_and_roundtrips(path, tmp_path):
     (["--selfplay.solve.stop=['```']"], "selfplay.solve.stop: '```' needs selfplay.response_prefill: true"),
     (["--selfplay.response_prefill=true", "--selfplay.propose.stop=['```']"], "every proposal needs two or more"),
     (["--selfplay.solve.stop=['']"], "stop: must be a list of non-empty strings"),
+    # trained rollouts are scored over the whole vocabulary at their temperature: a nucleus cut is off-policy
+    (["--selfplay.solve.top_p=0.95"], "selfplay.solve.top_p: must be 1.0, got 0.95: solve samples are trained"),
+    (["--selfplay.propose.top_p=0.9"], "selfplay.propose.top_p: must be 1.0, got 0.9"),
+    (["--engine.entropy_coeff=-0.001"], "engine.entropy_coeff: must be >= 0"),
+    (["--engine.weight_decay=-0.01"], "engine.weight_decay: must be >= 0"),
     (["selfplay.n_solve=3"], "expected the form --section.key=value"),
     (["--population=3"], "population: expected a section"),
 ])
@@ -91,6 +96,14 @@ def test_teacher_reward_resolves_per_population_mode_and_warns_when_the_agent_is
 def test_shipped_configs_pay_the_single_agent_as_azr_and_the_population_adversarially(name, resolved, capsys):
     assert load_config(str(SHIPPED / f"{name}.yaml")).selfplay.teacher_reward == resolved
     assert "not AZR" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_configs_sample_trained_rollouts_on_policy_and_the_7b_ones_use_azrs_regularizers(path):
+    cfg = load_config(str(path))
+    assert cfg.selfplay.propose.top_p == cfg.selfplay.solve.top_p == 1.0
+    azr = not path.stem.startswith("cpu_")  # the 7B configs: AZR's entropy bonus and AdamW weight decay
+    assert (cfg.engine.entropy_coeff, cfg.engine.weight_decay) == ((0.001, 0.01) if azr else (0.0, 0.0))
 
 
 def test_malformed_yaml_file(tmp_path):

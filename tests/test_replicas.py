@@ -99,6 +99,13 @@ def test_generation_equals_the_one_engine_row_for_row(engines):
         else:  # a seeded draw flips only when it lands within rounding of a boundary: exact, as measured
             assert [c.token_ids for c in b] == [c.token_ids for c in a]
             assert [c.text for c in b] == [c.text for c in a]
+        # the sampler's log-probs travel back through Ray; each replica computed them in its own batch shapes
+        assert all(x.temperature == y.temperature for x, y in zip(b, a))
+        lp_atol = REAL_LOGIT_ATOL + sum_tol(torch.float32, VOCAB)
+        for x, y in zip(b, a):
+            n = min(len(x.token_ids), len(y.token_ids))  # greedy rows may part after a near-tie
+            torch.testing.assert_close(torch.tensor(x.logprobs[:n]), torch.tensor(y.logprobs[:n]), rtol=0,
+                                       atol=lp_atol)
         assert [c.prompt_ids for c in b] == prompts
     assert len({tuple(c.token_ids) for c in a}) > 2  # rows really differ (adapters, prompts, seeds)
 
@@ -128,7 +135,8 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
     before = one.get_adapter(0)
     for k, advs in enumerate(([1.0, -0.5, 0.3, 0.8, -1.2, 0.4, -0.9], [-0.2, 0.9, -1.0, 0.1, 0.6, -0.3, 1.1],
                               [0.5, 0.3, -1.0, -0.7, 0.2, 1.3, -0.4])):
-        samples = [TrainSample(p, c.token_ids, a, adv) for p, c, a, adv in zip(prompts, comps, train_ids, advs)]
+        samples = [TrainSample(p, c.token_ids, a, adv, sampler_logprobs=c.logprobs)  # greedy: temperature 1's
+                   for p, c, a, adv in zip(prompts, comps, train_ids, advs)]
         s1, s2 = one.train_step(samples), two.train_step(samples)
         assert s1.keys() == s2.keys() == {0, 1, 2}
         for a in s1:
@@ -137,6 +145,10 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
             lp_tol = REAL_LOGIT_ATOL + sum_tol(DTYPE, VOCAB)
             assert s2[a]["loss"] == pytest.approx(s1[a]["loss"], rel=0, abs=1.3 * lp_tol)
             assert s2[a]["grad_norm"] == pytest.approx(s1[a]["grad_norm"], rel=GRAD_REL), (k, s1, s2)
+            # the replicas' shares merge into the one engine's statistics, token-weighted
+            assert (s2[a]["n_scored"], s2[a]["n_compared"]) == (s1[a]["n_scored"], s1[a]["n_compared"]) != (0, 0)
+            assert s2[a]["entropy"] == pytest.approx(s1[a]["entropy"], rel=0, abs=lp_tol)
+            assert s2[a]["logprob_mismatch"] == pytest.approx(s1[a]["logprob_mismatch"], rel=0, abs=lp_tol)
         if k == 0:
             _assert_same_state(one, two, 1)  # one step: equal within float tolerance
         digests = two.replica_digests()

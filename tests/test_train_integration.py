@@ -9,10 +9,13 @@ import pytest
 import torch
 import yaml
 
+from test_engine_helpers import K_REAL, REAL_LOGIT_SCALE, logprob_atol
 from lorapop.config import load_config
 from lorapop.train.loop import Trainer
 
 pytestmark = pytest.mark.slow
+# one log-prob of the embedded model computed twice (tests/floattol.py, test_engine_helpers)
+REAL_LOGPROB_ATOL = logprob_atol(K_REAL, REAL_LOGIT_SCALE)
 
 TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
         "--selfplay.n_references=1", "--selfplay.propose.max_new_tokens=32", "--selfplay.solve.max_new_tokens=16",
@@ -78,6 +81,17 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
         counts = {k: v for k, v in m.items() if k.endswith("/n_samples")}
         assert len(counts) == 4 and set(counts.values()) == {4}  # 2 task types x T = 2: compute matched
     assert metrics[1]["evolve/replacements"] == 2
+    # the update scores what was sampled, at its temperature: on the same weights the mismatch is rounding
+    # (float32; a bfloat16 base decodes through another LoRA compute path, so only its presence is checked there)
+    dtype = yaml.safe_load((run / "config.yaml").read_text())["engine"]["dtype"]
+    for m in metrics:
+        # scored tokens exist exactly when some TRR++ group did not tie (a tied group's advantages are all 0)
+        scored = min(m["teacher/zero_adv_group_frac"], m["student/zero_adv_group_frac"]) < 1
+        assert ("train/logprob_mismatch" in m) == ("train/entropy" in m) == scored
+        if scored:
+            assert m["train/entropy"] > 0 and m["train/logprob_mismatch"] >= 0
+        if scored and dtype == "float32":
+            assert m["train/logprob_mismatch"] <= REAL_LOGPROB_ATOL, m["train/logprob_mismatch"]
     assert all(0.0 <= m[f"{r}/zero_adv_group_frac"] <= 1.0 for m in metrics for r in ("teacher", "student"))
     pop = json.loads((run / "population.json").read_text())
     assert pop["step"] == 2 and len(pop["lineage"]) == 2

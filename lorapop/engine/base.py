@@ -30,6 +30,11 @@ class Completion:
     token_ids: list[int]  # generated ids, EOS included if it was produced
     text: str  # decoded generated text, special tokens skipped
     finish_reason: str  # "eos" | "length" | "stop" (a SamplingParams.stop string)
+    # The sampler's log-probability of each generated id under the distribution it was drawn from (temperature-
+    # scaled, within the nucleus; a greedy row's at temperature 1), for the update's off-policy check (and a
+    # future truncated importance-sampling correction). None where an engine does not report them.
+    logprobs: list[float] | None = None
+    temperature: float = 1.0  # the temperature the ids were sampled at; 0.0 for greedy rows
 
 
 @dataclass
@@ -38,6 +43,11 @@ class TrainSample:
     completion_ids: list[int]
     adapter_id: int
     advantage: float
+    # The update scores completion_ids at this temperature, the one they were sampled at, so its log-probs are
+    # those of the sampling distribution (verl's way; docs/METHOD.md, "On-policy updates").
+    temperature: float = 1.0
+    # Completion.logprobs: train_step reports the mean |its log-prob - this| per adapter (logprob_mismatch).
+    sampler_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -77,7 +87,16 @@ class EngineConfig:
         "help": "AdamW learning rate for every slot. Higher than the 7B "
                 "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
                 "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run."})
-    weight_decay: float = field(default=0.0, metadata={"help": "Decoupled (AdamW) weight decay on A and B."})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "Decoupled (AdamW) weight decay on A and B, per step lr * weight_decay of the weights. AZR trains "
+                "with veRL's AdamW default 0.01 (the 7B configs); 0 keeps the adapters' weights as the gradient "
+                "moves them (the CPU configs)."})
+    entropy_coeff: float = field(default=0.0, metadata={
+        "help": "Entropy bonus: the update minimises (per adapter, token means over its response tokens) "
+                "-advantage * logp - entropy_coeff * H, H the entropy of the next-token distribution at each "
+                "sample's scoring temperature; logged as train/entropy. AZR's 0.001 (veRL's entropy_coeff, "
+                "azr_ppo_trainer.yaml) in the 7B configs. Above 0 every row is forwarded, zero-advantage rows "
+                "included (they carry the bonus)."})
     betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW (beta1, beta2)."})
     eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     max_grad_norm: float = field(default=1.0, metadata={
@@ -147,6 +166,11 @@ class EngineConfig:
                              f"{self.max_model_len}")
         if self.replicas < 1:
             raise ValueError(f"engine.replicas: must be >= 1, got {self.replicas}")
+        if self.weight_decay < 0:
+            raise ValueError(f"engine.weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.entropy_coeff < 0:
+            raise ValueError(f"engine.entropy_coeff: must be >= 0 (a negative bonus lowers entropy), got "
+                             f"{self.entropy_coeff}")
         if self.collective_timeout_s <= 0:
             raise ValueError(f"engine.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
 
@@ -179,6 +203,13 @@ def check_samples(samples: list[TrainSample], n_adapters: int) -> None:
         if len(s.prompt_ids) == 0:
             raise ValueError(f"sample {k} has an empty prompt")
         check_slot(int(s.adapter_id), n_adapters)
+        if not s.temperature > 0:
+            raise ValueError(f"sample {k} has temperature {s.temperature}: a greedy sample was drawn from no "
+                             "distribution, so there is no policy gradient to take; train on samples drawn at "
+                             "temperature > 0")
+        if s.sampler_logprobs is not None and len(s.sampler_logprobs) != len(s.completion_ids):
+            raise ValueError(f"sample {k}: {len(s.sampler_logprobs)} sampler_logprobs for "
+                             f"{len(s.completion_ids)} completion ids")
 
 
 def chat_prompt_ids(tokenizer: Any, user_message: str, system: str | None = None) -> list[int]:

@@ -78,6 +78,7 @@ class ContinuousBatcher:
         self.seeds = torch.zeros(n, dtype=torch.long, device=dev)
         self.steps = torch.zeros(n, dtype=torch.long, device=dev)
         self.out = torch.zeros(n, self.interval, dtype=torch.long, device=dev)
+        self.out_lp = torch.zeros(n, self.interval, dtype=torch.float32, device=dev)
         # Sampling settings as per-slot tensors, so a compiled step never specialises on their values.
         min_new, greedy, temperature, top_p = sampling
         temperature = 0.0 if greedy else max(0.0, float(temperature))
@@ -94,11 +95,13 @@ class ContinuousBatcher:
 
     # ------------------------------------------------------------------ public
     def run(self, prompts: list[list[int]], adapter_ids: list[int], seeds: list[int],
-            max_new: list[int] | None = None) -> tuple[list[list[int]], list[str]]:
-        """Tokens and finish reasons per row; ``max_new`` optionally caps each row (default ``max_new_tokens``)."""
+            max_new: list[int] | None = None) -> tuple[list[list[int]], list[str], list[list[float]]]:
+        """Tokens, finish reasons and the sampler's log-probability of each token (see sample_tokens) per row;
+        ``max_new`` optionally caps each row (default ``max_new_tokens``)."""
         self.prompts, self.adapters, self.row_seeds = prompts, adapter_ids, seeds
         self.row_max = max_new if max_new is not None else [self.max_new] * len(prompts)
         self.tokens: list[list[int]] = [[] for _ in prompts]
+        self.logprobs: list[list[float]] = [[] for _ in prompts]
         self.reasons = ["length"] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda k: (-len(prompts[k]), adapter_ids[k], prompts[k]))
         self.waiting = deque(order)
@@ -108,7 +111,7 @@ class ContinuousBatcher:
             self._decode_interval()
             if not self.waiting:
                 self._compact()
-        return self.tokens, self.reasons
+        return self.tokens, self.reasons, self.logprobs
 
     # ------------------------------------------------------------------ admission and prefill
     def _prefix_key(self, r: int) -> tuple:
@@ -221,20 +224,23 @@ class ContinuousBatcher:
             self.ctx.set(self.ids[:nb])
             self._ctx_for = (nb, self._ids_version)
         for i in range(k):
-            nxt = self.step(self.cache, self.tok[:nb], self.pos[:nb], self.ids[:nb], self.seeds[:nb],
-                            self.steps[:nb], span, self.vocab_key, self.eos_mask, self.min_new_t[:nb],
-                            self.temp[:nb], self.top_p[:nb], self.dense, self.branches)
+            nxt, lp = self.step(self.cache, self.tok[:nb], self.pos[:nb], self.ids[:nb], self.seeds[:nb],
+                                self.steps[:nb], span, self.vocab_key, self.eos_mask, self.min_new_t[:nb],
+                                self.temp[:nb], self.top_p[:nb], self.dense, self.branches)
             self.out[:nb, i] = nxt  # a copy: a CUDA-graph output buffer is overwritten by the next replay
+            self.out_lp[:nb, i] = lp
             self.tok[:nb] = nxt
             self.pos[:nb] = (self.pos[:nb] + 1).clamp(max=self.cache.trash)
             self.steps[:nb] += 1
         got = self.out[:nb, :k].tolist()  # the one host sync of the interval
+        got_lp = self.out_lp[:nb, :k].tolist()  # already computed: no wait
         freed = []
         for s in live:
             r = self.req[s]
-            row = self.tokens[r]
-            for t in got[s]:
+            row, row_lp = self.tokens[r], self.logprobs[r]
+            for t, lp in zip(got[s], got_lp[s]):
                 row.append(t)
+                row_lp.append(lp)
                 if t in self.eos:
                     self.reasons[r] = "eos"
                     break

@@ -61,9 +61,16 @@ def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_key: torch.Tens
 
 def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, vocab_key: torch.Tensor,
                   eos_mask: torch.Tensor | None, min_new: torch.Tensor, temperature: torch.Tensor,
-                  top_p: torch.Tensor, branches: tuple[bool, bool] = (True, True)) -> torch.Tensor:
-    """Next token per row from float32 ``logits [b, V]``. Per-row settings: ``min_new [b]`` (EOS is masked while a
-    row's ``steps < min_new``), ``temperature [b]`` (<= 0: greedy), ``top_p [b]`` (>= 1: no nucleus cut).
+                  top_p: torch.Tensor, branches: tuple[bool, bool] = (True, True)
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row from float32 ``logits [b, V]``, and its log-probability under the distribution it was
+    drawn from. Per-row settings: ``min_new [b]`` (EOS is masked while a row's ``steps < min_new``),
+    ``temperature [b]`` (<= 0: greedy), ``top_p [b]`` (>= 1: no nucleus cut).
+
+    The log-probability is ``log_softmax(logits / T)`` at the token, over the nucleus when one is cut and without
+    the EOS ids while they are masked: what the trainer must score to be on-policy (docs/METHOD.md, "On-policy
+    updates") and what vLLM returns as processed log-probs. A greedy row, drawn from no distribution, gets its
+    temperature-1 log-probability over the whole vocabulary (vLLM's raw log-probs).
 
     The settings are tensors so a compiled step never specialises on their values (one graph serves every
     temperature). ``branches`` = (some row samples, some row cuts a nucleus): the eager path passes what the host
@@ -77,15 +84,16 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
     greedy = logits.argmax(-1)
     sample, nucleus = branches
     if not sample:
-        return greedy
+        return greedy, logits.gather(-1, greedy[:, None]).squeeze(-1) - logits.logsumexp(-1)
     hot = temperature > 0
     scaled = logits / torch.where(hot, temperature, torch.ones_like(temperature))[:, None]
     if nucleus:
         sp, si = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True)
-        drop_sorted = ((sp.cumsum(-1) - sp) >= top_p[:, None]) & (top_p < 1.0)[:, None]  # the crossing token stays
+        # the crossing token stays; a greedy row keeps its whole distribution, so its log-prob is the raw one
+        drop_sorted = ((sp.cumsum(-1) - sp) >= top_p[:, None]) & ((top_p < 1.0) & hot)[:, None]
         scaled = scaled.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, si, drop_sorted), float("-inf"))
-    picked = (scaled + gumbel_noise(seeds, steps, vocab_key)).argmax(-1)
-    return torch.where(hot, picked, greedy)
+    picked = torch.where(hot, (scaled + gumbel_noise(seeds, steps, vocab_key)).argmax(-1), greedy)
+    return picked, scaled.gather(-1, picked[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, allowed: torch.Tensor,
@@ -255,11 +263,13 @@ class LlamaFamilyDecoder:
     def decode_step(self, cache: StaticKVCache, tokens: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor,
                     seeds: torch.Tensor, steps: torch.Tensor, span: torch.Tensor, vocab_key: torch.Tensor,
                     eos_mask: torch.Tensor | None, min_new: torch.Tensor, temperature: torch.Tensor,
-                    top_p: torch.Tensor, dense: bool, branches: tuple[bool, bool]) -> torch.Tensor:
-        """One token for rows = slots ``0..b-1``: forward their input ``tokens [b]`` at ``pos [b]`` (writing K/V
-        there; pos == trash for free slots), attending over ``span`` (``cache.span(kv_len)``), and sample with the
-        per-row settings (see sample_tokens). This is the function ``torch.compile`` wraps: its only shape that
-        varies within a run is the batch bucket ``b`` (``span``'s length is symbolic; the settings are tensors)."""
+                    top_p: torch.Tensor, dense: bool, branches: tuple[bool, bool]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token and its sampler log-probability for rows = slots ``0..b-1``: forward their input
+        ``tokens [b]`` at ``pos [b]`` (writing K/V there; pos == trash for free slots), attending over ``span``
+        (``cache.span(kv_len)``), and sample with the per-row settings (see sample_tokens). This is the function
+        ``torch.compile`` wraps: its only shape that varies within a run is the batch bucket ``b`` (``span``'s length
+        is symbolic; the settings are tensors)."""
         mask = self.row_mask(ids, cache.k[0].dtype) if dense else None
         hidden = self.forward(cache, tokens[:, None], pos[:, None], pos[:, None], span, None, mask)
         return sample_tokens(self.logits(hidden[:, -1]), seeds, steps, vocab_key, eos_mask, min_new, temperature,

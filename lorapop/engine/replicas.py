@@ -40,6 +40,36 @@ from .base import Completion, EngineConfig, SamplingParams, TrainSample, chat_pr
 START_TIMEOUT_S = 1200.0
 
 
+# Per-adapter train statistics of a replica's own share of the samples: the loss (already divided by the step's
+# token totals) adds up over replicas; the means are weighted by their token counts (merge_stats).
+SHARE_STATS = ("loss", "entropy", "logprob_mismatch", "n_scored", "n_compared")
+_MEANS = {"entropy": "n_scored", "logprob_mismatch": "n_compared"}
+
+
+def share_stats(local: dict[int, dict[str, float]], totals: dict[int, dict[str, int]]
+                ) -> dict[int, dict[str, float]]:
+    """A replica's statistics for every adapter of the step: its share's (accumulate_gradients; zeros for an
+    adapter it had no sample of) and the step's token and sample totals."""
+    return {a: {"grad_norm": 0.0, **{k: local.get(a, {}).get(k, 0.0) for k in SHARE_STATS},
+                "n_tokens": t["n_tokens"], "n_samples": t["n_samples"]} for a, t in totals.items()}
+
+
+def merge_stats(parts: list[dict[int, dict[str, float]]]) -> dict[int, dict[str, float]]:
+    """One engine's train_step statistics from the replicas' (grad_norm, n_tokens, n_samples: equal everywhere)."""
+    out = {a: dict(st) for a, st in parts[0].items()}
+    for a, st in out.items():
+        for mean, count in _MEANS.items():
+            st[mean] *= st[count]
+        for part in parts[1:]:
+            for k in ("loss", *_MEANS.values()):
+                st[k] += part[a][k]
+            for mean, count in _MEANS.items():
+                st[mean] += part[a][mean] * part[a][count]
+        for mean, count in _MEANS.items():
+            st[mean] /= max(st[count], 1)
+    return out
+
+
 class ReplicaError(RuntimeError):
     """A replica died or failed mid-call; the engine is closed and the run must resume from its last checkpoint."""
 
@@ -138,9 +168,7 @@ class _Replica:
             for p in e._params:
                 p.grad = flat[off:off + p.numel()].view_as(p)
                 off += p.numel()
-        stats = {a: {"loss": local.get(a, {}).get("loss", 0.0), "grad_norm": 0.0, "n_tokens": t["n_tokens"],
-                     "n_samples": t["n_samples"]} for a, t in totals.items()}
-        return e.apply_step(stats)
+        return e.apply_step(share_stats(local, totals))
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.engine, method)(*args)
@@ -289,15 +317,12 @@ class ReplicatedEngine:
             t["n_tokens"] += len(s.completion_ids)
             t["n_samples"] += 1
         # Without a row that moves a gradient one engine leaves every .grad unset (no update): so do the replicas.
-        reduce = len(self.actors) > 1 and any(s.completion_ids and float(s.advantage) != 0.0 for s in samples)
+        reduce = len(self.actors) > 1 and any(s.completion_ids and (float(s.advantage) != 0.0 or
+                                                                    self.cfg.entropy_coeff > 0) for s in samples)
         shares = split_samples(samples, len(self.actors))
         parts = self._all("train_step", [a.train_step.remote([samples[k] for k in share], totals, reduce)
                                          for a, share in zip(self.actors, shares)])
-        stats = parts[0]
-        for part in parts[1:]:
-            for a, st in part.items():
-                stats[a]["loss"] += st["loss"]
-        return stats
+        return merge_stats(parts)
 
     def get_adapter(self, i: int) -> dict[str, tuple[Any, Any]]:
         check_slot(i, self.n_adapters)

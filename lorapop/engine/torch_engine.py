@@ -5,9 +5,10 @@ Generation (KV cache, left padding, per-row seeds, finished rows dropped from th
 batch that mixes adapters; see :mod:`lorapop.engine.lora` for the stacked layers and :mod:`lorapop.engine.optim`
 for the per-slot AdamW.
 
-Not implemented: a KL penalty against the base model (``kl_coef``). The loss is the plain token-mean of
-``-advantage * logp`` per adapter, as in docs/METHOD.md (Rewards); a KL term would need a second (base, id -1)
-forward per micro-batch.
+Not implemented: a KL penalty against the base model (``kl_coef``). The loss is the token-mean of
+``-advantage * logp - entropy_coeff * H`` per adapter, each token scored at its sample's temperature
+(:mod:`.scoring`), as in docs/METHOD.md (Rewards); a KL term would need a second (base, id -1) forward per
+micro-batch.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
+from .scoring import MAX_PAD_FRACTION, chunk_scores, train_micro_batches  # noqa: F401 - MAX_PAD_FRACTION: re-export
+
+_train_micro_batches = train_micro_batches  # the name tests and older callers import
 
 
 def resolve_device(device: str) -> torch.device:
@@ -45,50 +49,6 @@ def resolve_device(device: str) -> torch.device:
 def _chunks(seq: list, n: int):
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
-
-
-def _row_len(s) -> int:
-    return len(s.prompt_ids) + len(s.completion_ids)
-
-
-# A micro-batch may pad at most this fraction of extra tokens to take rows from more adapters at once.
-MAX_PAD_FRACTION = 0.15
-
-
-def _train_micro_batches(work: list, size: int) -> list[list]:
-    """Split training rows into micro-batches of at most ``size`` rows, each holding the same number of rows from
-    every adapter in it, rows sorted by adapter.
-
-    Equal runs let the LoRA layers serve a micro-batch with one bmm pair (see lora.py) instead of a matmul pair per
-    adapter, but rows of very different lengths in one micro-batch waste compute on padding (a teacher's proposal
-    prompt is far longer than a student's). So adapters are taken in order of their mean row length, rows within
-    an adapter shortest first, and each micro-batch takes ``q`` rows from each of the next ``k`` adapters: the
-    largest ``k`` (most rows) whose padding stays within ``MAX_PAD_FRACTION`` of the real tokens, else one adapter.
-    Gradients are summed over micro-batches, so the split never changes an update (beyond float summation order).
-    """
-    by: dict[int, list] = {}
-    for s in work:
-        by.setdefault(int(s.adapter_id), []).append(s)
-    groups = sorted((sorted(v, key=_row_len) for v in by.values()),
-                    key=lambda g: (sum(map(_row_len, g)) / len(g), int(g[0].adapter_id)))
-    out, pos = [], [0] * len(groups)
-    while True:
-        active = [k for k, g in enumerate(groups) if pos[k] < len(g)]
-        if not active:
-            return out
-        best = None
-        for k in range(1, min(len(active), size) + 1):
-            chosen = active[:k]
-            q = max(1, min(size // k, min(len(groups[j]) - pos[j] for j in chosen)))
-            rows = [s for j in chosen for s in groups[j][pos[j]:pos[j] + q]]
-            lens = [_row_len(s) for s in rows]
-            if k == 1 or max(lens) * len(lens) <= (1 + MAX_PAD_FRACTION) * sum(lens):
-                if best is None or len(rows) >= len(best[2]):
-                    best = (chosen, q, rows)
-        chosen, q, rows = best
-        out.append(sorted(rows, key=lambda s: int(s.adapter_id)))  # contiguous runs in slot order
-        for j in chosen:
-            pos[j] += q
 
 
 def use_inductor_cache_per_capability() -> None:
@@ -254,13 +214,14 @@ class TorchEngine:
                 stop_fn=stop_checker(self.tokenizer, params.stop), min_new_tokens=int(params.min_new_tokens))
             self._ctx.low_precision = True
             try:
-                toks, reasons = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
+                toks, reasons, lps = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
                                             None if max_new_tokens is None else [int(m) for m in max_new_tokens])
             finally:
                 self._ctx.low_precision = False
                 self._ctx.set(None)
-        return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r)
-                for p, t, r in zip(prompts, toks, reasons)]
+        temp = 0.0 if params.greedy else max(0.0, float(params.temperature))
+        return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r, lp, temp)
+                for p, t, r, lp in zip(prompts, toks, reasons, lps)]
 
     def _decoder(self) -> LlamaFamilyDecoder:
         if self._dec is None:
@@ -351,8 +312,11 @@ class TorchEngine:
         self._cache = None
 
     # ------------------------------------------------------------------ log-probs
-    def _response_logprobs(self, prompts, completions, adapter_ids) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of every completion token, flat ``[n_tokens]``, plus the batch row of each token.
+    def _response_logprobs(self, prompts, completions, adapter_ids, temperatures=None, entropy: bool = False,
+                           entropy_grad: bool = True) -> tuple[Any, torch.Tensor]:
+        """Log-probs of every completion token, flat ``[n_tokens]``, plus the batch row of each token; with
+        ``entropy``, a tuple (log-probs, entropies) in place of the log-probs (the entropies outside autograd
+        unless ``entropy_grad``). Row ``k`` is scored at ``temperatures[k]`` (default 1).
 
         Right padding: a real token never attends to the pads after it, so its value does not depend on which other
         rows share the batch. Only the hidden states of response positions reach the vocabulary projection, in
@@ -377,31 +341,31 @@ class TorchEngine:
         row_t = torch.tensor(rows, dtype=torch.long, device=dev)
         h = hidden[row_t, torch.tensor(src, dtype=torch.long, device=dev)]
         tgt_t = torch.tensor(tgt, dtype=torch.long, device=dev)
-        head = self.model.get_output_embeddings()
-
-        def chunk_logp(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
-            logits = head(hc)
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up to float32; float64 kept
-            return logits.gather(-1, tc[:, None]).squeeze(-1) - logits.logsumexp(-1)
-
+        temps = torch.tensor([1.0] * b if temperatures is None else [float(t) for t in temperatures],
+                             dtype=torch.float32, device=dev)[row_t]
+        fn = partial(chunk_scores, self.model.get_output_embeddings(), entropy=entropy, entropy_grad=entropy_grad)
         n = max(1, self.cfg.logprob_chunk_size)
         parts = []
         for i in range(0, h.shape[0], n):
-            hc, tc = h[i:i + n], tgt_t[i:i + n]
-            if torch.is_grad_enabled() and hc.requires_grad:
-                parts.append(checkpoint(chunk_logp, hc, tc, use_reentrant=False))
+            args = (h[i:i + n], tgt_t[i:i + n], temps[i:i + n])
+            if torch.is_grad_enabled() and args[0].requires_grad:
+                parts.append(checkpoint(fn, *args, use_reentrant=False))
             else:
-                parts.append(chunk_logp(hc, tc))
-        logp = torch.cat(parts) if parts else h.new_zeros(0)
-        return logp, row_t
+                parts.append(fn(*args))
+        logp = torch.cat([p[0] for p in parts]) if parts else h.new_zeros(0, dtype=torch.float32)
+        if not entropy:
+            return logp, row_t
+        return (logp, torch.cat([p[1] for p in parts]) if parts else logp), row_t
 
     @torch.no_grad()
-    def token_logprobs(self, prompts: list[list[int]], completions: list[list[int]],
-                       adapter_ids: list[int]) -> list[list[float]]:
-        """Per-token log p(completion token | prefix) under each row's adapter (-1 = base), temperature 1."""
+    def token_logprobs(self, prompts: list[list[int]], completions: list[list[int]], adapter_ids: list[int],
+                       temperatures: list[float] | None = None) -> list[list[float]]:
+        """Per-token log p(completion token | prefix) under each row's adapter (-1 = base), at each row's
+        temperature (default 1), as train_step scores them."""
         self._check_rows(prompts, adapter_ids)
         if len(completions) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        temps = [1.0] * len(prompts) if temperatures is None else [float(t) for t in temperatures]
         out: list[list[float]] = [[] for _ in prompts]
         order = sorted(range(len(prompts)), key=lambda k: len(prompts[k]) + len(completions[k]))
         try:
@@ -410,7 +374,7 @@ class TorchEngine:
                 if not rows:
                     continue
                 logp, row_t = self._response_logprobs([prompts[k] for k in rows], [completions[k] for k in rows],
-                                                      [adapter_ids[k] for k in rows])
+                                                      [adapter_ids[k] for k in rows], [temps[k] for k in rows])
                 for r, v in zip(row_t.tolist(), logp.tolist()):
                     out[rows[r]].append(v)
         finally:
@@ -428,33 +392,61 @@ class TorchEngine:
         The per-adapter loss is normalised by that adapter's response-token count over *all* samples, so splitting
         into micro-batches (or mixing adapters in one) does not change any adapter's gradient. ``token_counts``
         (adapter -> tokens) overrides those counts: a data-parallel replica given a share of the step's samples
-        normalises by the whole step's counts, so the replicas' summed gradients equal one engine's."""
+        normalises by the whole step's counts, so the replicas' summed gradients equal one engine's.
+
+        Beside the loss, per adapter over the tokens the update scored (``n_scored``): the mean ``entropy`` (at the
+        scoring temperature) and, over those whose sample carries ``sampler_logprobs`` (``n_compared``), the mean
+        ``logprob_mismatch`` |scored - sampler| log-prob; both 0.0 with no such token."""
         self._check_samples(samples)
+        coeff = float(self.cfg.entropy_coeff)
         stats: dict[int, dict[str, float]] = {}
         for s in samples:
-            st = stats.setdefault(int(s.adapter_id), {"loss": 0.0, "grad_norm": 0.0, "n_tokens": 0, "n_samples": 0})
+            st = stats.setdefault(int(s.adapter_id), {"loss": 0.0, "grad_norm": 0.0, "n_tokens": 0, "n_samples": 0,
+                                                      "entropy": 0.0, "logprob_mismatch": 0.0, "n_scored": 0,
+                                                      "n_compared": 0})
             st["n_tokens"] += len(s.completion_ids)
             st["n_samples"] += 1
         denom = {a: st["n_tokens"] for a, st in stats.items()}
         if token_counts is not None:
             denom.update({int(a): int(n) for a, n in token_counts.items()})
-        # Rows with no tokens or zero advantage add nothing to any gradient: skip their forward entirely.
-        work = [s for s in samples if s.completion_ids and float(s.advantage) != 0.0]
-        mbs = _train_micro_batches(work, max(1, self.cfg.train_micro_batch_size))
+        # Rows with no tokens, or zero advantage and no entropy bonus, add nothing to any gradient: no forward.
+        work = [s for s in samples if s.completion_ids and (float(s.advantage) != 0.0 or coeff > 0)]
+        mbs = train_micro_batches(work, max(1, self.cfg.train_micro_batch_size))
         with progress("update", total=len(mbs), unit="micro-batches") as bar, self._checkpointing():
             for mb in mbs:
-                logp, row_t = self._response_logprobs([s.prompt_ids for s in mb], [s.completion_ids for s in mb],
-                                                      [int(s.adapter_id) for s in mb])
-                w = torch.tensor([-float(s.advantage) / denom[int(s.adapter_id)] for s in mb],
-                                 device=logp.device, dtype=logp.dtype)
-                per_tok = logp * w[row_t]
+                (logp, ent), row_t = self._response_logprobs(
+                    [s.prompt_ids for s in mb], [s.completion_ids for s in mb], [int(s.adapter_id) for s in mb],
+                    [s.temperature for s in mb], entropy=True, entropy_grad=coeff > 0)
+                inv = torch.tensor([1.0 / denom[int(s.adapter_id)] for s in mb], device=logp.device,
+                                   dtype=logp.dtype)[row_t]
+                adv = torch.tensor([float(s.advantage) for s in mb], device=logp.device, dtype=logp.dtype)[row_t]
+                per_tok = (-adv * logp - coeff * ent if coeff > 0 else -adv * logp) * inv
                 per_tok.sum().backward()
-                per_row = torch.zeros(len(mb), device=logp.device, dtype=logp.dtype)
-                per_row.index_add_(0, row_t, per_tok.detach())
-                for s, v in zip(mb, per_row.tolist()):
-                    stats[int(s.adapter_id)]["loss"] += v
+                self._add_stats(stats, mb, row_t, per_tok.detach(), logp.detach(), ent.detach())
                 bar.advance(1)
+        for st in stats.values():
+            st["entropy"] /= max(st["n_scored"], 1)
+            st["logprob_mismatch"] /= max(st["n_compared"], 1)
         return stats
+
+    @staticmethod
+    def _add_stats(stats, mb, row_t, per_tok, logp, ent) -> None:
+        """Sums into ``stats`` per adapter: loss, entropy, |scored - sampler| log-prob and their token counts."""
+        n, dev, dt = len(mb), logp.device, logp.dtype
+        per_row = torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, per_tok)
+        ent_row = torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, ent)
+        have = [s.sampler_logprobs is not None for s in mb]
+        sampler = torch.tensor([v for s in mb for v in (s.sampler_logprobs or [0.0] * len(s.completion_ids))],
+                               dtype=dt, device=dev)
+        gap_row = torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, (logp - sampler).abs())
+        for s, loss, e, gap, h in zip(mb, per_row.tolist(), ent_row.tolist(), gap_row.tolist(), have):
+            st = stats[int(s.adapter_id)]
+            st["loss"] += loss
+            st["entropy"] += e
+            st["n_scored"] += len(s.completion_ids)
+            if h:
+                st["logprob_mismatch"] += gap
+                st["n_compared"] += len(s.completion_ids)
 
     @contextmanager
     def _checkpointing(self):
@@ -488,8 +480,10 @@ class TorchEngine:
             self._ctx.set(None)
 
     def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
-        """One AdamW step for every adapter in ``samples``; loss per adapter = token-mean of -advantage * logp over
-        its response tokens. Returns per adapter {"loss", "grad_norm" (before clipping), "n_tokens", "n_samples"}."""
+        """One AdamW step for every adapter in ``samples``; loss per adapter = token-mean of -advantage * logp -
+        entropy_coeff * entropy over its response tokens, each scored at its sample's temperature. Returns per
+        adapter {"loss", "grad_norm" (before clipping), "n_tokens", "n_samples", "entropy", "logprob_mismatch",
+        "n_scored", "n_compared"} (see accumulate_gradients)."""
         if self.device.type == "cuda":
             self.release_kv_cache()  # its memory goes to the update's activations
         self.optimizer.zero_grad()
@@ -504,8 +498,9 @@ class TorchEngine:
         self.optimizer.zero_grad()
         for a, st in stats.items():
             st["grad_norm"] = norms.get(a, 0.0)
-            st["n_tokens"] = int(st["n_tokens"])
-            st["n_samples"] = int(st["n_samples"])
+            for k in ("n_tokens", "n_samples", "n_scored", "n_compared"):
+                if k in st:
+                    st[k] = int(st[k])
         return stats
 
     # ------------------------------------------------------------------ adapters by index

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lorapop.train.population import Population
@@ -22,6 +22,18 @@ def _mean(xs: list[float]) -> float:
 
 def _std(xs: list[float]) -> float:
     return statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def train_means(train_stats: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """``train/entropy`` and ``train/logprob_mismatch``: engine.train_step's per-adapter means pooled over the
+    adapters, weighted by the tokens each was measured on; absent when no adapter measured any. The mismatch is the
+    mean |update's - sampler's| log-prob of the sampled tokens: ~0 when the update is on-policy (docs/METHOD.md)."""
+    out = {}
+    for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared")):
+        tokens = sum(st.get(n, 0) for st in train_stats.values())
+        if tokens:
+            out[f"train/{k}"] = sum(st[k] * st.get(n, 0) for st in train_stats.values()) / tokens
+    return out
 
 
 def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], ratings: Ratings,
@@ -68,6 +80,8 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
         if mine:
             m[f"{tt}/matched_solve_rate"] = _mean(mine)
 
+    m.update(train_means(train_stats))
+
     # per member: a teacher's numbers come from its proposals, a student's from its answers, the agent has both
     by_member: dict[str, list[Rollout]] = defaultdict(list)
     for r in proposals + answers:
@@ -99,6 +113,9 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
         stats = train_stats.get(mem.slot, {})
         for k in ("loss", "grad_norm"):
             if k in stats:
+                m[f"{key}/{k}"] = float(stats[k])
+        for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared")):
+            if stats.get(n):  # a member whose update scored no token has no figure, not 0
                 m[f"{key}/{k}"] = float(stats[k])
         m[f"{key}/age"] = mem.age(step)
         m[f"{key}/rated_matches"] = ratings.matches(mem.id)

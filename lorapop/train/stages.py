@@ -100,7 +100,7 @@ class StepResult:
     proposals: tuple[Rollout, ...]
     jobs: tuple[SolveJob, ...]
     batch: tuple[Rollout, ...]             # what each member trained on
-    train_stats: Mapping[int, Mapping[str, float]]  # engine slot -> loss, grad_norm
+    train_stats: Mapping[int, Mapping[str, float]]  # engine slot -> engine.train_step's statistics
     lineage: tuple[dict[str, Any], ...]    # births of this step's evolve stage
     times: Mapping[str, float]             # seconds per stage
     evolve_skipped: tuple[str, ...] = ()   # members this step's PBT round left out (too few rated matches)
@@ -306,7 +306,9 @@ def trr_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float
 
 def update(engine: Engine, batch: Sequence[Rollout]) -> dict[int, dict[str, float]]:
     adv = trr_advantages(batch)
-    samples = [TrainSample(r.prompt_ids, r.completion.token_ids, r.member.slot, a) for r, a in zip(batch, adv)]
+    # scored at the temperature each sample was drawn at, so the update is the sampling policy's gradient
+    samples = [TrainSample(r.prompt_ids, r.completion.token_ids, r.member.slot, a, r.completion.temperature,
+                           r.completion.logprobs) for r, a in zip(batch, adv)]
     return engine.train_step(samples) if samples else {}
 
 
