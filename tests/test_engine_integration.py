@@ -116,12 +116,21 @@ def test_real_train_step_moves_only_its_adapter(eng):
     assert stats[2]["n_tokens"] == 3 and stats[2]["grad_norm"] > 0
 
 
-def test_real_compiled_greedy_decode_equals_eager(eng):
+def test_real_compiled_greedy_decode_equals_eager():
     """Issue 24: the compiled step (inductor, dense LoRA path) on the embedded model gives the eager step's greedy
-    tokens, for an adapted row and a base row. Kept to one batch bucket and 8 tokens: one inductor compile of the
-    30-layer model (~1 min on 2 quiet cores) is the cost; more buckets or tokens would test the same code again."""
+    tokens, for an adapted row and a base row. Kept to one batch bucket and 8 tokens, and to the embedded model's
+    first 4 of 30 layers (its weights, hidden size, 9 query / 3 KV heads and vocabulary): inductor lowers every layer
+    with the same code, so the other 26 compile the same kernels again; the whole model's compile took about 5 min
+    on a 2-core AVX2 EPYC, most of the suite's longest tests. More buckets or tokens would test the same code again."""
     from torch._dynamo.utils import counters
 
+    from lorapop.model import load_base_model
+
+    model, tok = load_base_model("embedded")
+    model.model.layers = model.model.layers[:4]
+    model.config.num_hidden_layers = 4
+    eng = TorchEngine(model, tok, 3, EngineConfig(device="cpu", lr=1e-3), seed=0)
+    randomize_adapters(eng, seed=2, scale=0.05, slots=[0, 1])
     prompts = [eng.chat_prompt("Write a Python function that reverses a list."), eng.chat_prompt("Name a fruit.")]
     p = SamplingParams(max_new_tokens=8, min_new_tokens=8, greedy=True)  # rows end together: one bucket
     want = [c.token_ids for c in eng.generate(prompts, [0, -1], p)]
@@ -131,6 +140,6 @@ def test_real_compiled_greedy_decode_equals_eager(eng):
     try:
         got = [c.token_ids for c in eng.generate(prompts, [0, -1], p)]
     finally:
-        eng.cfg.compile = False
+        eng.close()
     assert got == want
     assert counters["stats"]["unique_graphs"] == 1
