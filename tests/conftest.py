@@ -17,6 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_var] = "1"
 
+# Under pytest-xdist (scripts/test.sh: 2 workers on 2 cores) every worker and the processes it starts (CLI runs,
+# sandbox workers) use one torch thread: two multi-threaded torch jobs on the same cores spin on each other's threads
+# and run many times slower, where two one-threaded ones each keep a core. Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
