@@ -194,18 +194,16 @@ def test_azr_round_trip_code_f(tok, ex):
 
 def test_both_readings_of_azrs_teacher_penalties():
     t = identity_task("code_o")
-    paper = {"format": teacher_reward(ParseError("x"), reading="azr_paper"),
-             "invalid": teacher_reward(Invalid("x"), reading="azr_paper"),
-             "never": teacher_reward(t, 0.0, "learnability", "azr_paper"),
-             "always": teacher_reward(t, 1.0, "learnability", "azr_paper"),
-             "learnable": teacher_reward(t, 0.25, "learnability", "azr_paper"),
-             "adv_always": teacher_reward(t, 1.0, "adversarial", "azr_paper")}
-    code = {"format": teacher_reward(ParseError("x"), reading="azr_code"),
-            "invalid": teacher_reward(Invalid("x"), reading="azr_code"),
-            "never": teacher_reward(t, 0.0, "learnability", "azr_code"),
-            "always": teacher_reward(t, 1.0, "learnability", "azr_code"),
-            "learnable": teacher_reward(t, 0.25, "learnability", "azr_code"),
-            "adv_always": teacher_reward(t, 1.0, "adversarial", "azr_code")}
+
+    def pays(reading: str) -> dict[str, float]:
+        return {"format": teacher_reward(ParseError("x"), reading=reading),
+                "invalid": teacher_reward(Invalid("x"), reading=reading),
+                "never": teacher_reward(t, 0.0, "learnability", reading),
+                "always": teacher_reward(t, 1.0, "learnability", reading),
+                "learnable": teacher_reward(t, 0.25, "learnability", reading),
+                "adv_always": teacher_reward(t, 1.0, "adversarial", reading)}
+
+    paper, code = pays("azr_paper"), pays("azr_code")
     assert paper == {"format": -1.0, "invalid": -0.5, "never": 0.0, "always": 0.0, "learnable": 0.75,
                      "adv_always": 0.0}
     assert code == {"format": -1.0, "invalid": -1.0, "never": -0.5, "always": -0.5, "learnable": 0.75,

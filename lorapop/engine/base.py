@@ -63,12 +63,11 @@ class EngineConfig:
         "help": "dtype of the frozen base model (auto | float32 | bfloat16 | float16 | float64). 'auto' picks "
                 "bfloat16 on a GPU that supports it and, on CPU, only where the CPU has native bf16 (AVX512-BF16/AMX) "
                 "and a quick probe shows bf16 matmuls at least as fast as float32, else float32 (see "
-                "lorapop/engine/dtype.py); "
-                "the run's config.yaml records the resolved name. The library default is float32 so a model handed "
-                "to TorchEngine is never cast behind the caller's back; the training and eval configs default to "
-                "auto. LoRA weights and optimizer state stay float32 (master weights; see lora_compute_dtype), "
-                "float64 on a float64 base: the numerical reference the identity tests run in (about 2x float32's "
-                "time), never chosen by auto."})
+                "lorapop/engine/dtype.py); the run's config.yaml records the resolved name. The library default is "
+                "float32 so a model handed to TorchEngine is never cast behind the caller's back; the training and "
+                "eval configs default to auto. LoRA weights and optimizer state stay float32 (master weights; see "
+                "lora_compute_dtype), float64 on a float64 base: the numerical reference the identity tests run in "
+                "(about 2x float32's time), never chosen by auto."})
     lora_compute_dtype: str = field(default="auto", metadata={
         "help": "dtype of the LoRA matmuls (auto | float32 | bfloat16 | float16). The LoRA weights, their gradients "
                 "and AdamW state stay float32 (master weights); only the products run in this dtype, as in "
