@@ -196,7 +196,7 @@ def _measure(fn) -> int:
 
 def _train_peak(eng, rows: int, prompt: int, completion: int, checkpointing: bool) -> int:
     """One train micro-batch (forward, backward into the LoRA gradients) as accumulate_gradients runs it: rows in
-    equal runs per adapter, as _train_micro_batches makes them."""
+    equal runs per adapter, as engine/scoring.py's train_micro_batches makes them."""
     import torch
 
     ids = sorted(k % eng.n_adapters for k in range(rows))

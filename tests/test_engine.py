@@ -380,13 +380,13 @@ def test_mixed_decode_equals_each_adapter_alone_and_follows_weight_changes(eng):
 def test_train_micro_batches_are_bounded_complete_and_balanced(counts, size):
     from types import SimpleNamespace
 
-    from lorapop.engine.torch_engine import _train_micro_batches
+    from lorapop.engine.scoring import train_micro_batches
 
     g = torch.Generator().manual_seed(sum(counts) + size)
     work = [SimpleNamespace(adapter_id=a, prompt_ids=[0] * int(torch.randint(1, 9, (), generator=g)),
                             completion_ids=[1] * int(torch.randint(1, 9, (), generator=g)))
             for a, c in enumerate(counts) for _ in range(c)]
-    mbs = _train_micro_batches(list(reversed(work)), size)
+    mbs = train_micro_batches(list(reversed(work)), size)
     assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in work)  # every row exactly once
     for mb in mbs:
         assert 1 <= len(mb) <= size
@@ -399,17 +399,17 @@ def test_train_micro_batches_are_bounded_complete_and_balanced(counts, size):
 def test_train_micro_batches_fill_up_with_equal_lengths_and_keep_long_and_short_rows_apart():
     from types import SimpleNamespace
 
-    from lorapop.engine.torch_engine import _train_micro_batches
+    from lorapop.engine.scoring import train_micro_batches
 
     def row(a, n):
         return SimpleNamespace(adapter_id=a, prompt_ids=[0] * n, completion_ids=[1])
 
     same = [row(a, 50) for a in range(8) for _ in range(2)]
-    mbs = _train_micro_batches(same, 16)
+    mbs = train_micro_batches(same, 16)
     assert len(mbs) == 1 and [s.adapter_id for s in mbs[0]] == sorted(a for a in range(8) for _ in range(2))
     # teachers (slots 0-3) with ~400-token rows, students (4-7) with ~100: mixing them would pad students 4x
     mixed = [row(a, (400 if a < 4 else 100) + i) for a in range(8) for i in range(6)]
-    mbs = _train_micro_batches(mixed, 8)
+    mbs = train_micro_batches(mixed, 8)
     for mb in mbs:
         assert len({s.adapter_id < 4 for s in mb}) == 1
     assert sum(len(mb) for mb in mbs) == 48 and max(len(mb) for mb in mbs) == 8

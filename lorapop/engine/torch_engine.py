@@ -35,9 +35,7 @@ from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
-from .scoring import MAX_PAD_FRACTION, chunk_scores, train_micro_batches  # noqa: F401 - MAX_PAD_FRACTION: re-export
-
-_train_micro_batches = train_micro_batches  # the name tests and older callers import
+from .scoring import chunk_scores, train_micro_batches
 
 
 def resolve_device(device: str) -> torch.device:
