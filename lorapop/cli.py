@@ -26,6 +26,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lorapop.configlib import ConfigError
+    from lorapop.engine.vllm_engine import VLLMUnavailable, vllm_missing  # light: vllm itself loads on use
 
     if args.help_config:
         from lorapop.config import Config
@@ -47,8 +48,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
                                  args.overrides)
         else:
             cfg = load_config(resolve_config_path(args.config) if args.config else None, args.overrides)
+        if cfg.engine.backend == "vllm":  # before the run directory exists: one clear error, nothing left behind
+            missing = vllm_missing()
+            if missing:
+                raise VLLMUnavailable(f"engine.backend vllm: {missing}; or set --engine.backend=torch")
         run_dir, resume = prepare_run_dir(cfg, resume=bool(args.resume))
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, VLLMUnavailable) as e:
         print(f"lorapop train: {e}", file=sys.stderr)
         return 2
     from lorapop.train.loop import Trainer

@@ -135,6 +135,11 @@ def test_stop_string_ends_a_row_after_it_and_the_others_continue_unchanged(eng):
     late = eng.generate(prompts[:1], [0], SamplingParams(max_new_tokens=8, greedy=True, stop=(stop,),
                                                          min_new_tokens=6))[0]
     assert len(late.token_ids) >= 6 and late.token_ids[:6] == free[0].token_ids[:6]
+    # vLLM's rule: a stop string completed while min_new_tokens held stops back is not found later either; the row
+    # runs on past token j + 1 (it used to end there, one token after min_new_tokens let stops count)
+    held = eng.generate(prompts[:1], [0], SamplingParams(max_new_tokens=8, greedy=True, stop=(stop,),
+                                                         min_new_tokens=j + 1))[0]
+    assert len(held.token_ids) > j + 1 and held.token_ids[:j + 1] == free[0].token_ids[:j + 1]
 
 
 def test_gen_batch_size_splits_without_changing_results():

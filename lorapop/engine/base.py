@@ -172,9 +172,9 @@ class EngineConfig:
                 "weights, activations and KV cache (vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The "
                 "TorchEngine's base copy, adapters, optimizer and the update use the rest; `lorapop plan` checks "
                 "both fit."})
-    vllm_kv_cache_gib: float = field(default=1.0, metadata={
-        "help": "backend vllm off CUDA: GiB of vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE; vLLM's default asks "
-                "for most of the machine's memory and is refused on small machines)."})
+    vllm_kv_cache_gib: int = field(default=1, metadata={
+        "help": "backend vllm off CUDA: whole GiB of vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, an integer; "
+                "vLLM's default asks for most of the machine's memory and is refused on small machines)."})
     vllm_enable_sleep_mode: bool = field(default=True, metadata={
         "help": "backend vllm on CUDA: put vLLM to sleep (level 1: KV cache freed, weights offloaded to host "
                 "memory) for each update and wake it for the next generate, so the update gets the GPU memory "
@@ -321,5 +321,7 @@ class Engine(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def pop_metrics(self) -> dict[str, float]: ...  # the engine's own metrics (engine/...) since the last call
 
     def close(self) -> None: ...

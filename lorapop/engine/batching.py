@@ -29,17 +29,22 @@ from .decode import LlamaFamilyDecoder, StaticKVCache
 
 
 def stop_checker(tokenizer: Any, stop: tuple[str, ...] | list[str]) -> Callable[[list[int]], bool] | None:
-    """``fn(row_ids) -> True`` once the decoded text of a row's generated ids contains a stop string; None without
-    any. Checked after every token, so only the tail can hold a new match: it decodes the last few ids (a token is at
-    least one character, plus slack for ids that decode to partial UTF-8), not the whole row."""
+    """``fn(row_ids) -> True`` when the row's last id completes a stop string; None without any. vLLM's rule
+    (``check_stop_strings``): a stop string counts only where it ends inside the newest token's characters, so one
+    completed while ``min_new_tokens`` held stops back is never found later (the batcher calls this only past
+    ``min_new_tokens``), and both backends end the same rows at the same token. Called after every token, it decodes
+    a short tail (a token is at least one character, plus slack for ids that decode to partial UTF-8), with and
+    without its last id."""
     stop = tuple(s for s in stop if s)
     if not stop:
         return None
     n_tail = max(len(s) for s in stop) + 8
 
     def hit(row: list[int]) -> bool:
-        text = tokenizer.decode(row[-n_tail:], skip_special_tokens=True)
-        return any(s in text for s in stop)
+        tail = row[-n_tail:]
+        text = tokenizer.decode(tail, skip_special_tokens=True)
+        before = len(tokenizer.decode(tail[:-1], skip_special_tokens=True)) if len(tail) > 1 else 0
+        return any(text.find(s, max(0, before - len(s) + 1)) != -1 for s in stop)
 
     return hit
 
@@ -244,7 +249,7 @@ class ContinuousBatcher:
                 if t in self.eos:
                     self.reasons[r] = "eos"
                     break
-                if self.stop_fn is not None and len(row) >= self.min_new and self.stop_fn(row):
+                if self.stop_fn is not None and len(row) > self.min_new and self.stop_fn(row):
                     self.reasons[r] = "stop"  # tokens sampled after it in this interval are dropped
                     break
                 if len(row) >= self.row_max[r]:

@@ -366,6 +366,9 @@ class ReplicatedEngine:
         self._check_open()
         return self._all("digest", [a.digest.remote() for a in self.actors])
 
+    def pop_metrics(self) -> dict[str, float]:
+        return {}  # the replicas generate with the weights they train: nothing to sync
+
     def close(self) -> None:
         """Kill the replicas and let go of Ray (stopping it when this engine started it). Idempotent."""
         if self._closed:

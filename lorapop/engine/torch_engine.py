@@ -142,6 +142,10 @@ class TorchEngine:
         model, tok = load_base_model(model_name, dtype=cfg.dtype, device=str(resolve_device(cfg.device)))
         return cls(model, tok, n_adapters, cfg, seed)
 
+    def pop_metrics(self) -> dict[str, float]:
+        """Nothing to report: generation and the update share the weights, so there is no sync to time."""
+        return {}
+
     def close(self) -> None:
         """Remove the LoRA layers from the model (it becomes the plain base again)."""
         remove_lora(self.model)

@@ -170,15 +170,9 @@ class Trainer:
             self._own(RayHold(e.ray_address, cpus))
 
     def _make_engine(self) -> Engine:
-        if self.cfg.engine.replicas > 1:
-            from lorapop.engine.replicas import ReplicatedEngine
+        from lorapop.engine.factory import make_engine
 
-            return ReplicatedEngine(self.cfg.model.name, self.cfg.population.n_members, self.cfg.engine,
-                                    seed=self.cfg.run.seed)
-        from lorapop.engine.torch_engine import TorchEngine
-
-        return TorchEngine.from_config(self.cfg.model.name, self.cfg.population.n_members, self.cfg.engine,
-                                       seed=self.cfg.run.seed)
+        return make_engine(self.cfg.model.name, self.cfg.population.n_members, self.cfg.engine, seed=self.cfg.run.seed)
 
     def _make_executor(self) -> Executor:
         if self.cfg.executor.ray:
@@ -311,6 +305,7 @@ class Trainer:
                                    tuple(lineage), {k: v for k, v in times.items() if k != "log"},
                                    evolve_skipped=tuple(m.id for m in self.evolve_skipped))
         metrics = step_metrics(result, rows, self.ratings, self.coverage, sp.task_types)
+        metrics.update(self.engine.pop_metrics())  # e.g. engine/sync_s under the vllm backend
         self.logger.log_tasks(rows)
         self.logger.log_step(step, metrics)
         self.step = step

