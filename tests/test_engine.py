@@ -237,10 +237,11 @@ def test_loss_is_token_mean_of_minus_advantage_logp_per_adapter():
         tol = logprob_atol() * max(abs(s.advantage) for s, _ in mine)
         assert stats[a]["loss"] == pytest.approx(want, rel=0, abs=tol)
         assert stats[a]["grad_norm"] > 0
-    assert set(stats[0]) == {"loss", "grad_norm", "n_tokens", "n_samples", "entropy", "logprob_mismatch", "n_scored",
-                             "n_compared"}
+    assert set(stats[0]) == {"loss", "grad_norm", "n_tokens", "n_samples", "entropy", "logprob_mismatch",
+                             "is_capped_frac", "is_ratio_mean", "n_scored", "n_compared"}
     # no sampler log-probs on these samples: scored (non-zero advantage rows), compared with nothing
     assert stats[2]["n_scored"] == 4 and stats[2]["n_compared"] == 0 and stats[2]["logprob_mismatch"] == 0.0
+    assert stats[2]["is_capped_frac"] == 0.0 and stats[2]["is_ratio_mean"] == 1.0
 
 
 def test_train_step_updates_only_the_adapters_present_and_improves_them():

@@ -96,8 +96,11 @@ def test_the_update_scores_each_sample_at_its_sampling_temperature_through_the_p
         n = sum(len(c.token_ids) for c in comps[3 * a:3 * a + 3])
         assert stats[a]["n_compared"] == stats[a]["n_scored"] == n
         assert stats[a]["logprob_mismatch"] <= atol
+        # the importance ratio exp(update's - sampler's) is 1 up to that rounding: the cap truncates nothing
+        assert stats[a]["is_capped_frac"] == 0.0 and abs(stats[a]["is_ratio_mean"] - 1.0) <= 2 * atol
     pooled = train_means(stats)
     assert pooled["train/logprob_mismatch"] <= atol and pooled["train/entropy"] > 0
+    assert pooled["train/is_capped_frac"] == 0.0 and abs(pooled["train/is_ratio_mean"] - 1.0) <= 2 * atol
 
     eng = _peaked_engine(n_adapters=2)  # fresh weights: the update above moved them
     at_one = [TrainSample(c.prompt_ids, c.token_ids, 0, 1.0, 1.0, c.logprobs) for c in comps[:3]]
@@ -160,8 +163,9 @@ def test_replica_shares_merge_into_one_engines_statistics():
         for k in ("n_tokens", "n_samples", "n_scored", "n_compared"):
             assert merged[a][k] == whole[a][k]
         # the same terms from rows batched differently: each log-prob within logprob_atol, weights up to |adv| = 2
-        for k in ("loss", "entropy", "logprob_mismatch"):
+        for k in ("loss", "entropy", "logprob_mismatch", "is_ratio_mean"):
             assert merged[a][k] == pytest.approx(whole[a][k], rel=0, abs=2 * logprob_atol(K_TINY))
+        assert merged[a]["is_capped_frac"] == whole[a]["is_capped_frac"] == 0.0  # on-policy: nothing capped
 
 
 # ---- the entropy bonus ----------------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ class Completion:
     text: str  # decoded generated text, special tokens skipped
     finish_reason: str  # "eos" | "length" | "stop" (a SamplingParams.stop string)
     # The sampler's log-probability of each generated id under the distribution it was drawn from (temperature-
-    # scaled, within the nucleus; a greedy row's at temperature 1), for the update's off-policy check (and a
-    # future truncated importance-sampling correction). None where an engine does not report them.
+    # scaled, within the nucleus; a greedy row's at temperature 1), for the update's off-policy check and its
+    # truncated importance-sampling correction. None where an engine does not report them.
     logprobs: list[float] | None = None
     temperature: float = 1.0  # the temperature the ids were sampled at; 0.0 for greedy rows
 
@@ -46,7 +46,8 @@ class TrainSample:
     # The update scores completion_ids at this temperature, the one they were sampled at, so its log-probs are
     # those of the sampling distribution (verl's way; docs/METHOD.md, "On-policy updates").
     temperature: float = 1.0
-    # Completion.logprobs: train_step reports the mean |its log-prob - this| per adapter (logprob_mismatch).
+    # Completion.logprobs: train_step weights each token's policy-gradient term by the truncated ratio against it
+    # (EngineConfig.importance_sampling_cap) and reports the mean |its log-prob - this| per adapter (logprob_mismatch).
     sampler_logprobs: list[float] | None = None
 
 

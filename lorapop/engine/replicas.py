@@ -42,8 +42,12 @@ START_TIMEOUT_S = 1200.0
 
 # Per-adapter train statistics of a replica's own share of the samples: the loss (already divided by the step's
 # token totals) adds up over replicas; the means are weighted by their token counts (merge_stats).
-SHARE_STATS = ("loss", "entropy", "logprob_mismatch", "n_scored", "n_compared")
-_MEANS = {"entropy": "n_scored", "logprob_mismatch": "n_compared"}
+SHARE_STATS = ("loss", "entropy", "logprob_mismatch", "is_capped_frac", "is_ratio_mean", "n_scored", "n_compared")
+_MEANS = {"entropy": "n_scored", "logprob_mismatch": "n_compared", "is_capped_frac": "n_compared",
+          "is_ratio_mean": "n_compared"}
+_COUNTS = tuple(dict.fromkeys(_MEANS.values()))  # each count once: it is summed once, however many means it weighs
+# A mean over no token: what accumulate_gradients reports for it (the importance ratio of an uncompared token is 1).
+_EMPTY_MEAN = {"is_ratio_mean": 1.0}
 
 
 def share_stats(local: dict[int, dict[str, float]], totals: dict[int, dict[str, int]]
@@ -61,12 +65,12 @@ def merge_stats(parts: list[dict[int, dict[str, float]]]) -> dict[int, dict[str,
         for mean, count in _MEANS.items():
             st[mean] *= st[count]
         for part in parts[1:]:
-            for k in ("loss", *_MEANS.values()):
+            for k in ("loss", *_COUNTS):
                 st[k] += part[a][k]
             for mean, count in _MEANS.items():
                 st[mean] += part[a][mean] * part[a][count]
         for mean, count in _MEANS.items():
-            st[mean] /= max(st[count], 1)
+            st[mean] = st[mean] / st[count] if st[count] else _EMPTY_MEAN.get(mean, 0.0)
     return out
 
 

@@ -6,9 +6,9 @@ batch that mixes adapters; see :mod:`lorapop.engine.lora` for the stacked layers
 for the per-slot AdamW.
 
 Not implemented: a KL penalty against the base model (``kl_coef``). The loss is the token-mean of
-``-advantage * logp - entropy_coeff * H`` per adapter, each token scored at its sample's temperature
-(:mod:`.scoring`), as in docs/METHOD.md (Rewards); a KL term would need a second (base, id -1) forward per
-micro-batch.
+``-advantage * w * logp - entropy_coeff * H`` per adapter, each token scored at its sample's temperature
+(:mod:`.scoring`), as in docs/METHOD.md (Rewards), ``w`` the truncated importance weight against the sampler's
+log-probs (there, "On-policy updates"); a KL term would need a second (base, id -1) forward per micro-batch.
 """
 
 from __future__ import annotations
@@ -396,16 +396,23 @@ class TorchEngine:
         (adapter -> tokens) overrides those counts: a data-parallel replica given a share of the step's samples
         normalises by the whole step's counts, so the replicas' summed gradients equal one engine's.
 
+        A token whose sample carries ``sampler_logprobs`` has its policy-gradient term weighted by the truncated
+        importance ratio ``min(exp(logp - sampler), engine.importance_sampling_cap)``, detached (:meth:`_is_weights`);
+        the entropy term and the normalisation are not weighted.
+
         Beside the loss, per adapter over the tokens the update scored (``n_scored``): the mean ``entropy`` (at the
         scoring temperature) and, over those whose sample carries ``sampler_logprobs`` (``n_compared``), the mean
-        ``logprob_mismatch`` |scored - sampler| log-prob; both 0.0 with no such token."""
+        ``logprob_mismatch`` |scored - sampler| log-prob, the share ``is_capped_frac`` of raw ratios above the cap
+        (0.0 with the correction off) and the mean raw ratio ``is_ratio_mean``; with no such token the means are 0.0
+        and the ratio 1.0."""
         self._check_samples(samples)
         coeff = float(self.cfg.entropy_coeff)
+        cap = float(self.cfg.importance_sampling_cap)
         stats: dict[int, dict[str, float]] = {}
         for s in samples:
             st = stats.setdefault(int(s.adapter_id), {"loss": 0.0, "grad_norm": 0.0, "n_tokens": 0, "n_samples": 0,
-                                                      "entropy": 0.0, "logprob_mismatch": 0.0, "n_scored": 0,
-                                                      "n_compared": 0})
+                                                      "entropy": 0.0, "logprob_mismatch": 0.0, "is_capped_frac": 0.0,
+                                                      "is_ratio_mean": 0.0, "n_scored": 0, "n_compared": 0})
             st["n_tokens"] += len(s.completion_ids)
             st["n_samples"] += 1
         denom = {a: st["n_tokens"] for a, st in stats.items()}
@@ -422,32 +429,61 @@ class TorchEngine:
                 inv = torch.tensor([1.0 / denom[int(s.adapter_id)] for s in mb], device=logp.device,
                                    dtype=logp.dtype)[row_t]
                 adv = torch.tensor([float(s.advantage) for s in mb], device=logp.device, dtype=logp.dtype)[row_t]
-                per_tok = (-adv * logp - coeff * ent if coeff > 0 else -adv * logp) * inv
+                sampler = self._sampler_logprobs(mb, logp)
+                ratio, w = self._is_weights(mb, row_t, logp.detach(), sampler, cap)
+                pg = -adv * w * logp
+                per_tok = (pg - coeff * ent if coeff > 0 else pg) * inv
                 per_tok.sum().backward()
-                self._add_stats(stats, mb, row_t, per_tok.detach(), logp.detach(), ent.detach())
+                self._add_stats(stats, mb, row_t, per_tok.detach(), logp.detach(), ent.detach(), sampler, ratio, cap)
                 bar.advance(1)
         for st in stats.values():
             st["entropy"] /= max(st["n_scored"], 1)
-            st["logprob_mismatch"] /= max(st["n_compared"], 1)
+            for k in ("logprob_mismatch", "is_capped_frac"):
+                st[k] /= max(st["n_compared"], 1)
+            st["is_ratio_mean"] = st["is_ratio_mean"] / st["n_compared"] if st["n_compared"] else 1.0
         return stats
 
     @staticmethod
-    def _add_stats(stats, mb, row_t, per_tok, logp, ent) -> None:
-        """Sums into ``stats`` per adapter: loss, entropy, |scored - sampler| log-prob and their token counts."""
+    def _sampler_logprobs(mb, logp):
+        """The sampler's log-prob of each token of ``mb``, in the update's token order (0.0 for a sample without
+        them: such rows are never compared, see _is_weights and _add_stats)."""
+        return torch.tensor([v for s in mb for v in (s.sampler_logprobs or [0.0] * len(s.completion_ids))],
+                            dtype=logp.dtype, device=logp.device)
+
+    @staticmethod
+    def _is_weights(mb, row_t, logp, sampler, cap):
+        """Per token the raw importance ratio exp(update's - sampler's log-prob) and the policy-gradient weight
+        min(ratio, cap) (verl's tis_imp_ratio_cap, TRL's vllm_importance_sampling_cap in token mode). Detached: the
+        weight corrects for which distribution drew the token, it is not a quantity to optimise. 1 for a sample
+        without the sampler's log-probs (nothing to correct against) and everywhere when ``cap`` <= 0 (off). A
+        weight of exactly 1 leaves the product -adv * w * logp bit-identical to -adv * logp."""
+        ratio = (logp - sampler).exp()
+        if cap <= 0 or all(s.sampler_logprobs is None for s in mb):
+            return ratio, torch.ones_like(logp)
+        have = torch.tensor([s.sampler_logprobs is not None for s in mb], device=logp.device)[row_t]
+        return ratio, torch.where(have, ratio.clamp(max=cap), torch.ones_like(logp))
+
+    @staticmethod
+    def _add_stats(stats, mb, row_t, per_tok, logp, ent, sampler, ratio, cap) -> None:
+        """Sums into ``stats`` per adapter: loss, entropy, |scored - sampler| log-prob, the importance ratio, the
+        tokens whose ratio the cap truncated, and their token counts."""
         n, dev, dt = len(mb), logp.device, logp.dtype
-        per_row = torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, per_tok)
-        ent_row = torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, ent)
+
+        def by_row(x):
+            return torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, x.to(dt)).tolist()
+
+        capped = ratio > cap if cap > 0 else torch.zeros_like(ratio)
         have = [s.sampler_logprobs is not None for s in mb]
-        sampler = torch.tensor([v for s in mb for v in (s.sampler_logprobs or [0.0] * len(s.completion_ids))],
-                               dtype=dt, device=dev)
-        gap_row = torch.zeros(n, device=dev, dtype=dt).index_add_(0, row_t, (logp - sampler).abs())
-        for s, loss, e, gap, h in zip(mb, per_row.tolist(), ent_row.tolist(), gap_row.tolist(), have):
+        for s, loss, e, gap, r, c, h in zip(mb, by_row(per_tok), by_row(ent), by_row((logp - sampler).abs()),
+                                            by_row(ratio), by_row(capped), have):
             st = stats[int(s.adapter_id)]
             st["loss"] += loss
             st["entropy"] += e
             st["n_scored"] += len(s.completion_ids)
             if h:
                 st["logprob_mismatch"] += gap
+                st["is_ratio_mean"] += r
+                st["is_capped_frac"] += c
                 st["n_compared"] += len(s.completion_ids)
 
     @contextmanager
@@ -482,10 +518,11 @@ class TorchEngine:
             self._ctx.set(None)
 
     def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
-        """One AdamW step for every adapter in ``samples``; loss per adapter = token-mean of -advantage * logp -
-        entropy_coeff * entropy over its response tokens, each scored at its sample's temperature. Returns per
-        adapter {"loss", "grad_norm" (before clipping), "n_tokens", "n_samples", "entropy", "logprob_mismatch",
-        "n_scored", "n_compared"} (see accumulate_gradients)."""
+        """One AdamW step for every adapter in ``samples``; loss per adapter = token-mean of -advantage * w * logp -
+        entropy_coeff * entropy over its response tokens, each scored at its sample's temperature, w the truncated
+        importance weight against the sampler's log-probs (1 without them). Returns per adapter {"loss",
+        "grad_norm" (before clipping), "n_tokens", "n_samples", "entropy", "logprob_mismatch", "is_capped_frac",
+        "is_ratio_mean", "n_scored", "n_compared"} (see accumulate_gradients)."""
         if self.device.type == "cuda":
             self.release_kv_cache()  # its memory goes to the update's activations
         self.optimizer.zero_grad()

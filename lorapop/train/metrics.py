@@ -24,15 +24,23 @@ def _std(xs: list[float]) -> float:
     return statistics.pstdev(xs) if len(xs) > 1 else 0.0
 
 
+# engine.train_step's per-adapter means and the token count each is a mean over.
+_TRAIN_MEANS = (("entropy", "n_scored"), ("logprob_mismatch", "n_compared"), ("is_capped_frac", "n_compared"),
+                ("is_ratio_mean", "n_compared"))
+
+
 def train_means(train_stats: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
-    """``train/entropy`` and ``train/logprob_mismatch``: engine.train_step's per-adapter means pooled over the
-    adapters, weighted by the tokens each was measured on; absent when no adapter measured any. The mismatch is the
-    mean |update's - sampler's| log-prob of the sampled tokens: ~0 when the update is on-policy (docs/METHOD.md)."""
+    """``train/entropy``, ``train/logprob_mismatch``, ``train/is_capped_frac`` and ``train/is_ratio_mean``:
+    engine.train_step's per-adapter means pooled over the adapters, weighted by the tokens each was measured on;
+    absent when no adapter measured any. The mismatch is the mean |update's - sampler's| log-prob of the sampled
+    tokens: ~0 when the update is on-policy (docs/METHOD.md); the importance ratio exp(update's - sampler's) is then
+    ~1 and the cap truncates none of them."""
     out = {}
-    for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared")):
-        tokens = sum(st.get(n, 0) for st in train_stats.values())
+    for k, n in _TRAIN_MEANS:
+        have = [st for st in train_stats.values() if k in st]  # an engine that does not report k adds no figure
+        tokens = sum(st.get(n, 0) for st in have)
         if tokens:
-            out[f"train/{k}"] = sum(st[k] * st.get(n, 0) for st in train_stats.values()) / tokens
+            out[f"train/{k}"] = sum(st[k] * st.get(n, 0) for st in have) / tokens
     return out
 
 
@@ -114,8 +122,8 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
         for k in ("loss", "grad_norm"):
             if k in stats:
                 m[f"{key}/{k}"] = float(stats[k])
-        for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared")):
-            if stats.get(n):  # a member whose update scored no token has no figure, not 0
+        for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared"), ("is_capped_frac", "n_compared")):
+            if stats.get(n) and k in stats:  # a member whose update scored (compared) no token has no figure, not 0
                 m[f"{key}/{k}"] = float(stats[k])
         m[f"{key}/age"] = mem.age(step)
         m[f"{key}/rated_matches"] = ratings.matches(mem.id)
