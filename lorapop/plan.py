@@ -13,16 +13,23 @@ cache (``local_files_only``), or :data:`SHAPES`, a table of the shipped configs'
 SmolLM2-135M-Instruct and Qwen2.5-Coder-7B). The name follows ``accelerate estimate-memory`` (which sizes a model
 from its config on the meta device), but plans a whole run's phases, so it takes a run config like ``lorapop train``.
 
-Fit rule: generation needs the resident state (base, adapters with their AdamW moments and gradients, the
-inference copies of the adapters) plus the KV cache and the prefill chunk's peak; training needs the resident
-state plus one micro-batch's peak (train_step releases the KV cache first on CUDA). Both must stay under
-``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces and allocator fragmentation take the rest.
+Fit rule, ``engine.backend`` torch: generation needs the resident state (base, adapters with their AdamW moments
+and gradients, the inference copies of the adapters) plus the KV cache and the prefill chunk's peak; training needs
+the resident state plus one micro-batch's peak (train_step releases the KV cache first on CUDA). Backend vllm: the
+TorchEngine never generates, so its resident state is the base and the adapters with their moments and gradients;
+generation needs that plus vLLM's share, ``vllm_gpu_memory_utilization`` of the GPU's total memory; training needs
+it plus one micro-batch's peak plus what vLLM keeps during the update (:data:`VLLM_ASLEEP_BYTES`, nothing, under
+``vllm_enable_sleep_mode``; its whole share without). vLLM's share must hold its own copy of the base weights, its
+LoRA slots, an activation allowance and at least one row of KV cache (see :func:`_assemble_vllm`). Both phases must
+stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces, CUDA-graph pools and allocator
+fragmentation take the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -140,12 +147,19 @@ class LiveBytes:
 class MemoryPlan:
     model: str
     gpu_bytes: int
+    backend: str = "torch"  # engine.backend planned for: what generates (see EngineConfig.backend)
     phases: dict[str, int] = field(default_factory=dict)  # name -> bytes
     notes: dict[str, str] = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
     generation_bytes: int = 0
     train_bytes: int = 0
-    kv_slots_fit: int = 0
+    kv_slots_fit: int = 0  # rows of prompt + max_new_tokens the KV cache can hold (torch: slots; vllm: in its share)
+    # backend vllm only: vLLM's share (vllm_gpu_memory_utilization of the memory), the KV cache left in it after its
+    # weights, LoRA slots and activations (negative when they do not fit), and the range of the fraction that fits
+    vllm_bytes: int = 0
+    vllm_kv_bytes: int = 0
+    vllm_fraction_min: float = 0.0
+    vllm_fraction_max: float = 0.0
 
     @property
     def limit(self) -> int:
@@ -153,19 +167,39 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.generation_bytes <= self.limit and self.train_bytes <= self.limit
+        return self.generation_bytes <= self.limit and self.train_bytes <= self.limit and (
+            self.backend != "vllm" or self.kv_slots_fit >= 1)
 
     def render(self) -> str:
         lines = [f"memory plan for {self.model} on {self.gpu_bytes / GIB:.1f} GiB "
-                 f"(tensors may take {HEADROOM:.0%}: {self.limit / GIB:.1f} GiB)"]
+                 f"(tensors may take {HEADROOM:.0%}: {self.limit / GIB:.1f} GiB), backend {self.backend}"]
+        gen = "peak in generation"
+        if self.backend == "vllm":
+            lines.append("  vLLM generates in its share of the GPU; the TorchEngine beside it holds the base, the "
+                         "adapters and their optimizer, and runs the update")
+            gen = "peak in generation (vLLM)"
         for name, b in self.phases.items():
             note = self.notes.get(name, "")
             lines.append(f"  {name:<44} {b / GIB:8.2f} GiB" + (f"  ({note})" if note else ""))
-        lines.append(f"  {'peak in generation':<44} {self.generation_bytes / GIB:8.2f} GiB")
+        lines.append(f"  {gen:<44} {self.generation_bytes / GIB:8.2f} GiB")
         lines.append(f"  {'peak in the update':<44} {self.train_bytes / GIB:8.2f} GiB")
+        if self.backend == "vllm":
+            lo, hi = _ceil2(self.vllm_fraction_min), _floor2(self.vllm_fraction_max)
+            lines.append(f"  engine.vllm_gpu_memory_utilization that fits: "
+                         + (f"{lo:.2f} to {hi:.2f}" if lo <= hi else f"none (vLLM needs {lo:.2f}, the rest leaves "
+                                                                     f"it {max(0.0, hi):.2f})"))
         lines.append("fits" if self.fits else "does NOT fit")
         lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
+
+
+def _ceil2(x: float) -> float:
+    """``x`` rounded up to 2 decimals (a fraction to raise a setting to), immune to float noise like 0.30000001."""
+    return math.ceil(round(x * 100, 6)) / 100
+
+
+def _floor2(x: float) -> float:
+    return math.floor(round(x * 100, 6)) / 100
 
 
 def _fake_engine(mcfg: Any, n_adapters: int, fake_mode: Any, ecfg: Any):
@@ -251,20 +285,29 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
     width = min(prompt_tokens, ecfg.prefill_chunk_tokens)
 
-    def prefill():  # one chunk as ContinuousBatcher._prefill runs it: rows into their slots, positions 0..width-1
-        pos = torch.arange(width)[None].expand(chunk_rows, width)
-        eng._ctx.set(torch.tensor(sorted(k % n for k in range(chunk_rows))))
+    def prefill(cache, rows: int, width: int):
+        """One chunk as ContinuousBatcher._prefill runs it: rows into their slots, positions 0..width-1."""
+        pos = torch.arange(width)[None].expand(rows, width)
+        eng._ctx.set(torch.tensor(sorted(k % n for k in range(rows))))
         eng._ctx.low_precision = True  # as generate() runs it: the adapters' base-dtype copies
         try:
             with torch.no_grad():
-                dec.forward(cache, torch.ones(chunk_rows, width, dtype=torch.long), pos, pos, width,
-                            torch.arange(chunk_rows), None)
+                dec.forward(cache, torch.ones(rows, width, dtype=torch.long), pos, pos, width, torch.arange(rows),
+                            None)
         finally:
             eng._ctx.low_precision = False
             eng._ctx.set(None)
 
-    out["prefill"] = _measure(prefill)
+    out["prefill"] = _measure(lambda: prefill(cache, chunk_rows, width))
     del cache
+    if ecfg.backend == "vllm":  # the figures the plan sizes vLLM's share with (see _assemble_vllm)
+        out["vllm_lora"] = sum(t.numel() for t in eng._params) * torch.empty((), dtype=dtype).element_size()
+        out["vllm_kv_token"] = (StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 1, dtype)
+                                - StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 0, dtype))
+        tokens = max(1, ecfg.prefill_chunk_tokens)
+        one = StaticKVCache(dec.n_layers, 1, dec.n_kv, dec.head_dim, kv_capacity(tokens), dtype, torch.device("cpu"))
+        out["vllm_forward"] = _measure(lambda: prefill(one, 1, tokens))
+        del one
     rows = max(1, ecfg.train_micro_batch_size)
     out["train_ckpt"] = _train_peak(eng, rows, prompt_tokens, new_tokens, True)
     out["train"] = _train_peak(eng, rows, prompt_tokens, new_tokens, False)
@@ -333,27 +376,36 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
 
     ecfg, m, n = measured.engine, measured.phases, measured.n_adapters
     prompt_tokens, new_tokens = measured.prompt_tokens, measured.new_tokens
-    p = MemoryPlan(model=measured.model, gpu_bytes=int(gpu_gib * GIB))
+    p = MemoryPlan(model=measured.model, gpu_bytes=int(gpu_gib * GIB), backend=ecfg.backend)
     rows = max(1, ecfg.train_micro_batch_size)
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
     capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
     lc = ecfg.lora_compute_dtype
     ckpt = ecfg.gradient_checkpointing
-    table = [
+    torch_state = [
         ("base weights", m["base"], ecfg.dtype),
         ("adapters + AdamW moments + gradients", m["adapters"],
          f"{n} adapter{'s' if n != 1 else ''}, rank {ecfg.rank}, float32"),
+    ]
+    update = [
+        ("train micro-batch, checkpointing (peak)", m["train_ckpt"],
+         f"{rows} rows x ({prompt_tokens} + {new_tokens}), LoRA in {lc}" + (", as configured" if ckpt else "")),
+        ("train micro-batch, no checkpointing (peak)", m["train"], "" if ckpt else "as configured"),
+        ("log-prob micro-batch (peak)", m["logprobs"], f"{rows} rows, vocabulary in chunks of "
+                                                       f"{ecfg.logprob_chunk_size}"),
+    ]
+    if ecfg.backend == "vllm":
+        _assemble_vllm(p, measured, capacity, torch_state, update)
+        return p
+    table = [
+        *torch_state,
         ("adapters' inference copies", m["copies"], "base dtype" + (", and the compiled step's dense copy"
                                                                     if ecfg.compile else "")),
         ("KV cache", m["kv"], f"{ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} prompt + "
                               f"{new_tokens} new)"),
         ("prefill chunk (peak)", m["prefill"], f"{chunk_rows} rows x {min(prompt_tokens, ecfg.prefill_chunk_tokens)}"
                                                " tokens (prefill_chunk_tokens)"),
-        ("train micro-batch, checkpointing (peak)", m["train_ckpt"],
-         f"{rows} rows x ({prompt_tokens} + {new_tokens}), LoRA in {lc}" + (", as configured" if ckpt else "")),
-        ("train micro-batch, no checkpointing (peak)", m["train"], "" if ckpt else "as configured"),
-        ("log-prob micro-batch (peak)", m["logprobs"], f"{rows} rows, vocabulary in chunks of "
-                                                       f"{ecfg.logprob_chunk_size}"),
+        *update,
     ]
     for name, b, note in table:
         p.phases[name], p.notes[name] = int(b), note
@@ -361,11 +413,6 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     p.generation_bytes = resident + m["kv"] + m["prefill"]
     p.train_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
     p.kv_slots_fit = max(0, (p.limit - resident - m["prefill"]) // m["per_slot"])
-    _advise(p, ecfg, resident, m["train_ckpt"], m["train"], rows)
-    return p
-
-
-def _advise(p: MemoryPlan, ecfg: Any, resident: int, with_ckpt: int, without: int, rows: int) -> None:
     if p.generation_bytes > p.limit:
         if p.kv_slots_fit >= 1:
             p.advice.append(f"generation: the KV cache holds {p.kv_slots_fit} of engine.gen_batch_size="
@@ -373,6 +420,106 @@ def _advise(p: MemoryPlan, ecfg: Any, resident: int, with_ckpt: int, without: in
         else:
             p.advice.append("generation: not one row of KV cache fits beside the prefill chunk: lower "
                             f"--engine.prefill_chunk_tokens (now {ecfg.prefill_chunk_tokens}) or the max_new_tokens")
+    _advise_update(p, ecfg, resident, m["train_ckpt"], m["train"], rows)
+    return p
+
+
+# What vLLM keeps on the GPU while it sleeps through the update (engine.vllm_enable_sleep_mode, level 1: its weights
+# and LoRA slots offloaded to host memory, its KV cache freed). Counted as nothing: what does stay (the CUDA context
+# it shares with the TorchEngine, its CUDA-graph pool and the few buffers it allocates outside its sleep-aware pool)
+# is left to the share of the memory HEADROOM keeps back, as is the CUDA-graph pool while it is awake (captured
+# after vLLM sizes its KV cache, so outside its fraction).
+VLLM_ASLEEP_BYTES = 0
+
+
+def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state: list, update: list) -> None:
+    """backend vllm: an in-process vLLM engine takes ``vllm_gpu_memory_utilization`` of the GPU's total memory for
+    its own copy of the base weights, its LoRA slots, its activations and, in the rest, its KV cache; the TorchEngine
+    beside it holds the base weights and the adapters with their optimizer state and runs the update, but never
+    generates (no inference copies, no static KV cache, no prefill). vLLM itself refuses to start when its KV cache
+    cannot hold one row of ``max_model_len`` tokens, so the plan refuses the same.
+
+    vLLM's figures, as vLLM sizes them when it starts (its profile run), without importing vLLM:
+
+    - its weights: the base's parameters in engine.dtype, the TorchEngine's base weights' bytes;
+    - its LoRA slots: vLLM preallocates ``max_loras`` stacked adapters of ``max_lora_rank`` in the base dtype for
+      every adapted module; planned with one slot per member (every member's rows in one batch) at engine.rank;
+    - its activations: vLLM profiles one forward of ``max_num_batched_tokens`` tokens and keeps that peak free;
+      bounded by the TorchEngine's own prefill forward of one engine.prefill_chunk_tokens-token row (measured like
+      the prefill chunk; it also materialises an attention mask and gathers K/V, which vLLM's attention kernels do
+      not, so it overstates vLLM's peak), assuming vLLM's max_num_batched_tokens is engine.prefill_chunk_tokens;
+    - its KV cache: the rest of the fraction, the same bytes per token as the TorchEngine's cache
+      (2 x layers x KV heads x head_dim in the base dtype); rows of ``capacity`` positions (prompt + max_new_tokens
+      rounded up, or engine.max_model_len, vLLM's max_model_len).
+    """
+    ecfg, m = measured.engine, measured.phases
+    frac, asleep_ok = ecfg.vllm_gpu_memory_utilization, ecfg.vllm_enable_sleep_mode
+    share = int(frac * p.gpu_bytes)
+    weights, lora, act, per_token = m["base"], m["vllm_lora"], m["vllm_forward"], m["vllm_kv_token"]
+    row = per_token * capacity
+    p.vllm_bytes = share
+    p.vllm_kv_bytes = share - weights - lora - act
+    p.kv_slots_fit = max(0, p.vllm_kv_bytes // row)
+    torch_resident = sum(b for _, b, _ in torch_state)
+    ckpt = ecfg.gradient_checkpointing
+    train_peak = m["train_ckpt"] if ckpt else m["train"]
+    in_update = VLLM_ASLEEP_BYTES if asleep_ok else share
+    p.generation_bytes = torch_resident + share
+    p.train_bytes = torch_resident + train_peak + in_update
+    need = weights + lora + act + row
+    p.vllm_fraction_min = need / p.gpu_bytes
+    p.vllm_fraction_max = (p.limit - torch_resident - (0 if asleep_ok else train_peak)) / p.gpu_bytes
+    n = measured.n_adapters
+    kv_tokens = max(0, p.vllm_kv_bytes) // per_token
+    table = [
+        *torch_state,
+        ("vLLM (vllm_gpu_memory_utilization)", share,
+         f"{frac:g} x {p.gpu_bytes / GIB:.1f} GiB; " + ("asleep in the update" if asleep_ok
+                                                        else "resident in the update: sleep mode off")),
+        ("  vLLM base weights", weights, f"its own copy, {ecfg.dtype}"),
+        ("  vLLM LoRA slots", lora, f"max_loras {n}, rank {ecfg.rank}, {ecfg.dtype}"),
+        ("  vLLM activations (allowance)", act, f"one {ecfg.prefill_chunk_tokens}-token forward: "
+                                                "max_num_batched_tokens = prefill_chunk_tokens"),
+        ("  vLLM KV cache (the rest of its share)", max(0, p.vllm_kv_bytes),
+         f"{kv_tokens} tokens: {p.kv_slots_fit} rows of {capacity}"),
+        *update,
+    ]
+    for name, b, note in table:
+        p.phases[name], p.notes[name] = int(b), note
+    total = p.gpu_bytes / GIB
+    if p.kv_slots_fit < 1:
+        lo = _ceil2(p.vllm_fraction_min)
+        p.advice.append(
+            f"vLLM: engine.vllm_gpu_memory_utilization={frac:g} gives vLLM {share / GIB:.1f} GiB, less than its "
+            f"weights ({weights / GIB:.1f} GiB), LoRA slots ({lora / GIB:.2f}), activations ({act / GIB:.2f}) and "
+            f"one {capacity}-token row of KV cache ({row / GIB:.2f}) take ({need / GIB:.1f} GiB): raise it to "
+            f"--engine.vllm_gpu_memory_utilization={lo:.2f} (+{lo - frac:.2f})")
+    if p.generation_bytes > p.limit:
+        hi = _floor2((p.limit - torch_resident) / p.gpu_bytes)
+        if hi >= _ceil2(p.vllm_fraction_min) and hi > 0:
+            p.advice.append(f"generation: vLLM's {share / GIB:.1f} GiB do not fit beside the TorchEngine's "
+                            f"{torch_resident / GIB:.1f} GiB: lower --engine.vllm_gpu_memory_utilization={hi:.2f} "
+                            f"(now {frac:g}; {hi * total:.1f} GiB)")
+        else:
+            p.advice.append(f"generation: the smallest share vLLM starts with "
+                            f"({_ceil2(p.vllm_fraction_min):.2f} of the memory) does not fit beside the "
+                            f"TorchEngine's base and adapters ({torch_resident / GIB:.1f} GiB): fewer adapters, "
+                            "shorter rows (max_new_tokens, engine.max_model_len) or a larger GPU")
+    if p.train_bytes > p.limit and not asleep_ok:
+        alone = torch_resident + train_peak + VLLM_ASLEEP_BYTES
+        if alone <= p.limit:
+            p.advice.append(f"update: set --engine.vllm_enable_sleep_mode=true (vLLM's {share / GIB:.1f} GiB go "
+                            f"while the update runs; peak {alone / GIB:.1f} GiB)")
+        hi = _floor2(p.vllm_fraction_max)
+        if _ceil2(p.vllm_fraction_min) <= hi < frac:
+            p.advice.append(f"update: {'or ' if alone <= p.limit else ''}lower --engine.vllm_gpu_memory_utilization="
+                            f"{hi:.2f} (now {frac:g}) to keep vLLM awake beside the update")
+    _advise_update(p, ecfg, torch_resident + in_update, m["train_ckpt"], m["train"],
+                   max(1, ecfg.train_micro_batch_size))
+
+
+def _advise_update(p: MemoryPlan, ecfg: Any, resident: int, with_ckpt: int, without: int, rows: int) -> None:
+    """Advice when the update does not fit; ``resident``: what stays on the GPU beside the micro-batch."""
     if p.train_bytes > p.limit:
         if not ecfg.gradient_checkpointing and resident + with_ckpt <= p.limit:
             p.advice.append("update: set --engine.gradient_checkpointing=true "
@@ -393,10 +540,12 @@ def _advise(p: MemoryPlan, ecfg: Any, resident: int, with_ckpt: int, without: in
 def check_fits(cfg: Any, gpu_bytes: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan:
     """The plan at ``gpu_bytes``; raises :class:`PlanError` with the plan's advice when the update cannot fit.
 
-    Only the update refuses a run: generation with too small a memory decodes fewer rows at once (the KV budget caps
-    the slots), which is slower but works, so it is a warning in the plan's text."""
+    Under backend torch only the update refuses a run: generation with too small a memory decodes fewer rows at once
+    (the KV budget caps the slots), which is slower but works, so it is a warning in the plan's text. Under backend
+    vllm generation refuses too: vLLM will not start without its whole fraction free, nor when that fraction cannot
+    hold its weights, activations and one row of KV cache."""
     p = plan(cfg, gpu_bytes / GIB, prompt_tokens)
-    if p.train_bytes > p.limit or p.kv_slots_fit < 1:
+    if p.train_bytes > p.limit or p.kv_slots_fit < 1 or (p.backend == "vllm" and p.generation_bytes > p.limit):
         raise PlanError("the config cannot fit this GPU:\n" + p.render())
     return p
 

@@ -5,6 +5,8 @@ so each config is measured once per module and the assertions read that measurem
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lorapop import plan as planmod
@@ -57,6 +59,7 @@ def test_embedded_plan_has_every_phase_and_its_fit_follows_the_memory(embedded):
     assert list(big.phases) == PHASES and all(v > 0 for v in big.phases.values())
     assert big.fits and not small.fits
     assert "does NOT fit" in small.render() and "fits" in big.render()
+    assert big.render().splitlines()[0].endswith("backend torch")
     # the update is over the limit without checkpointing but fits with it: the advice says so
     tight = assemble(embedded, (big.train_bytes - big.phases["train micro-batch, no checkpointing (peak)"]
                                 + big.phases["train micro-batch, checkpointing (peak)"]) / 0.9 / GIB)
@@ -127,3 +130,84 @@ def test_unknown_model_shape(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": GIB}))
     assert check_on_cuda(cfg) is None
     assert "no memory plan" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- engine.backend vllm
+
+VLLM_SHARE = "vLLM (vllm_gpu_memory_utilization)"
+ADAPTERS = "adapters + AdamW moments + gradients"
+
+
+@pytest.fixture(scope="module")
+def vllm_7b():
+    """8T+8S as shipped (AZR's prompt cap, 8096 new tokens), the 7B config with the most adapters, under vllm."""
+    cfg = load_config("lorapop/configs/8T+8S.yaml", ["--engine.backend=vllm"])
+    return cfg, measure(cfg, planmod.default_prompt_tokens(cfg))
+
+
+def _with(measured, **engine):
+    """The same measurement planned with other engine settings (the fraction and sleep mode change no phase)."""
+    return dataclasses.replace(measured, engine=dataclasses.replace(measured.engine, **engine))
+
+
+def test_vllm_7b_fits_80gb_at_the_default_fraction(vllm_7b):
+    from lorapop.engine.base import EngineConfig
+    from lorapop.engine.decode import kv_capacity
+
+    cfg, m = vllm_7b
+    frac = EngineConfig().vllm_gpu_memory_utilization
+    assert cfg.engine.vllm_gpu_memory_utilization == frac  # the shipped config keeps the default
+    p = assemble(m, 80.0)
+    ph = p.phases
+    assert p.backend == "vllm" and "backend vllm" in p.render().splitlines()[0]
+    assert ph[VLLM_SHARE] == p.vllm_bytes == int(frac * p.gpu_bytes)
+    assert ph["  vLLM base weights"] == ph["base weights"]  # vLLM's own copy of the same parameters
+    # its KV cache is what its share leaves after its weights, LoRA slots and activation allowance
+    kv = p.vllm_bytes - ph["  vLLM base weights"] - ph["  vLLM LoRA slots"] - ph["  vLLM activations (allowance)"]
+    assert ph["  vLLM KV cache (the rest of its share)"] == p.vllm_kv_bytes == kv > 0
+    row = m.phases["vllm_kv_token"] * kv_capacity(m.prompt_tokens + m.new_tokens, m.engine.max_model_len)
+    assert p.kv_slots_fit == kv // row >= 1
+    # the TorchEngine never generates under vllm: no inference copies, static KV cache or prefill chunk
+    assert not {"adapters' inference copies", "KV cache", "prefill chunk (peak)"} & set(ph)
+    torch_state = ph["base weights"] + ph[ADAPTERS]
+    assert p.generation_bytes == torch_state + p.vllm_bytes
+    assert p.train_bytes == torch_state + ph["train micro-batch, checkpointing (peak)"] + planmod.VLLM_ASLEEP_BYTES
+    assert p.fits and p.vllm_fraction_min <= frac <= p.vllm_fraction_max
+
+
+def test_vllm_fraction_out_of_range_is_refused(vllm_7b, monkeypatch):
+    """A share too small for vLLM's weights, activations and one row of KV cache is refused naming the fraction that
+    is enough; one too large for the TorchEngine beside it is refused naming the largest that fits."""
+    import math
+
+    cfg, m = vllm_7b
+    p = assemble(m, 80.0)
+    lo, hi = math.ceil(p.vllm_fraction_min * 100) / 100, math.floor(p.vllm_fraction_max * 100) / 100
+    assert assemble(_with(m, vllm_gpu_memory_utilization=lo), 80.0).fits
+    assert assemble(_with(m, vllm_gpu_memory_utilization=hi), 80.0).fits
+    for frac, match in ((lo - 0.05, rf"raise it to --engine\.vllm_gpu_memory_utilization={lo:.2f} \(\+0\.05\)"),
+                        (hi + 0.05, rf"lower --engine\.vllm_gpu_memory_utilization={hi:.2f} ")):
+        bad = _with(m, vllm_gpu_memory_utilization=frac)
+        assert not assemble(bad, 80.0).fits
+        monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0, bad=bad: bad)  # measured once above
+        with pytest.raises(PlanError, match=match):
+            check_fits(cfg, 80 * GIB)
+
+
+def test_vllm_sleep_mode_off_keeps_its_share_through_the_update(vllm_7b):
+    _, m = vllm_7b
+    on, off = assemble(m, 80.0), assemble(_with(m, vllm_enable_sleep_mode=False), 80.0)
+    assert off.generation_bytes == on.generation_bytes
+    assert off.train_bytes == on.train_bytes - planmod.VLLM_ASLEEP_BYTES + off.vllm_bytes
+    # 8T+8S's update does not fit beside vLLM's awake share; the advice names the settings that make it fit
+    assert off.train_bytes > off.limit and not off.fits
+    advice = "\n".join(off.advice)
+    assert "--engine.vllm_enable_sleep_mode=true" in advice and "--engine.train_micro_batch_size=" in advice
+
+
+def test_cli_plan_vllm_backend(capsys):
+    from lorapop.cli import main
+
+    assert main(["plan", "cpu_demo", "--engine.backend=vllm", "--prompt-tokens", "128", *SHORT]) == 0
+    out = capsys.readouterr().out
+    assert "backend vllm" in out and VLLM_SHARE in out and "peak in generation (vLLM)" in out
