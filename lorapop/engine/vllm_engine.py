@@ -108,10 +108,11 @@ class VLLMEngine:
         self._sleep = cuda and bool(cfg.vllm_enable_sleep_mode)
         kw: dict[str, Any] = dict(
             model=model, tokenizer=model, dtype=cfg.dtype, seed=0, enable_lora=True,
-            max_loras=self.n_adapters + 1, max_cpu_loras=self.n_adapters + 1,
+            max_loras=self.n_adapters + self._base_as_adapter, max_cpu_loras=self.n_adapters + 1,
             max_lora_rank=vllm_lora_rank(cfg.rank), logprobs_mode="processed_logprobs",
             enable_prefix_caching=True, enforce_eager=bool(cfg.vllm_enforce_eager),
-            max_num_seqs=max(1, int(cfg.gen_batch_size)))
+            # the rows and tokens per forward `lorapop plan` sizes vLLM's activation allowance with
+            max_num_seqs=max(1, int(cfg.gen_batch_size)), max_num_batched_tokens=int(cfg.prefill_chunk_tokens))
         if cfg.max_model_len:
             kw["max_model_len"] = int(cfg.max_model_len)
         if cuda:
