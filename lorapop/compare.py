@@ -125,7 +125,7 @@ def run_compare(config: str | None, overrides: list[str], ccfg: CompareConfig, n
         ecfg = EvalConfig(benchmarks=ccfg.eval_benchmarks, limit=ccfg.eval_limit,
                           max_new_tokens_code=ccfg.eval_max_new_tokens, max_new_tokens_math=ccfg.eval_max_new_tokens,
                           baseline=str(single_dir), out=str(root / "eval.json"), threads=ccfg.eval_threads,
-                          device=pop_cfg.engine.device, dtype=pop_cfg.engine.dtype)
+                          device=pop_cfg.engine.device, dtype=pop_cfg.engine.dtype, backend=pop_cfg.engine.backend)
         note(f"compare: evaluating both runs ({ccfg.eval_benchmarks}, limit {ccfg.eval_limit})")
         ev = run_eval([str(pop_dir), str(single_dir)], ecfg)
         result["eval_table"] = format_table(ev)

@@ -170,7 +170,7 @@ class VLLMEngine:
         self._sleep = cuda and bool(cfg.vllm_enable_sleep_mode)
         kw: dict[str, Any] = dict(
             model=model, tokenizer=model, dtype=cfg.dtype, seed=0, enable_lora=True,
-            max_loras=self.n_adapters + self._base_as_adapter, max_cpu_loras=self.n_adapters + 1,
+            max_loras=self.n_adapters + self._base_as_adapter, max_cpu_loras=self.n_adapters + 1,  # one version each
             max_lora_rank=vllm_lora_rank(cfg.rank), logprobs_mode="processed_logprobs",
             enable_prefix_caching=True, enforce_eager=bool(cfg.vllm_enforce_eager),
             max_num_seqs=max(1, int(cfg.gen_batch_size)))
@@ -196,13 +196,12 @@ class VLLMEngine:
         self._stale: set[int] = set(range(self.n_adapters))
         self._base_req = self._zero_adapter() if self._base_as_adapter else None
         self._sync_s, self._synced = 0.0, 0
-        self.sync_count = 0  # adapters handed to vLLM over the engine's life (tests read it)
 
     # ------------------------------------------------------------------ sync
-    def _request(self, name: str, path: Path) -> Any:
+    def _request(self, name: str, lora_id: int, path: Path) -> Any:
         from vllm.lora.request import LoRARequest
 
-        req = LoRARequest(name, next(self._ids), str(path))
+        req = LoRARequest(name, lora_id, str(path))
         self.llm.llm_engine.add_lora(req)
         return req
 
@@ -215,7 +214,7 @@ class VLLMEngine:
         save_peft_adapter(zero, path, rank=self.cfg.rank, lora_alpha=self.cfg.lora_alpha,
                           target_modules=list(self.cfg.target_modules),
                           base_model_name_or_path=self.trainer.base_model_name)
-        return self._request("base", path)
+        return self._request("base", next(self._ids), path)
 
     def sync(self) -> list[int]:
         """Hand vLLM every stale slot under a new LoRA id, then drop the old id and its files; returns the slots."""
@@ -225,19 +224,17 @@ class VLLMEngine:
         t0 = time.perf_counter()
         slots = sorted(self._stale)
         for i in slots:
-            version = next(self._ids)
-            path = self._dir / f"slot{i}-v{version}"
-            self.trainer.save_adapter(i, path)
-            new = self._request(f"slot{i}-v{version}", path)
-            old = self._live.get(i)
-            self._live[i] = new
-            if old is not None:
+            old = self._live.pop(i, None)
+            if old is not None:  # dropped first, so vLLM never holds more than one version of a slot
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
                 shutil.rmtree(old.lora_path, ignore_errors=True)
+            lora_id = next(self._ids)
+            path = self._dir / f"slot{i}-v{lora_id}"
+            self.trainer.save_adapter(i, path)
+            self._live[i] = self._request(f"slot{i}-v{lora_id}", lora_id, path)
         self._stale.clear()
         self._sync_s += time.perf_counter() - t0
         self._synced += len(slots)
-        self.sync_count += len(slots)
         return slots
 
     def lora_request(self, i: int) -> Any:
