@@ -58,8 +58,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
     from lorapop.train.loop import Trainer
 
-    with Trainer(cfg, run_dir, resume=resume) as trainer:
-        trainer.run()
+    from lorapop.rundir import RunDirError
+
+    try:
+        with Trainer(cfg, run_dir, resume=resume) as trainer:
+            trainer.run()
+    except RunDirError as e:  # e.g. a full disk at checkpoint time: the message says what is intact and what to do
+        print(f"lorapop train: {e}", file=sys.stderr)
+        return 1
     print(f"run finished: {run_dir}")
     return 0
 

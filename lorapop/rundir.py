@@ -28,6 +28,7 @@ Crash consistency, so that every state of a run directory has a way forward:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -450,13 +451,27 @@ class RunDir:
         final = self.checkpoints / checkpoint_name(step)
         tmp = self.checkpoints / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        yield tmp
-        pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
-        if pause > 0:
-            time.sleep(pause)
-        (tmp / COMPLETE).write_text(str(step))
-        _fsync_dir(tmp)
+        try:
+            tmp.mkdir()
+            yield tmp
+            pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+            if pause > 0:
+                time.sleep(pause)
+            (tmp / COMPLETE).write_text(str(step))
+            _fsync_dir(tmp)
+        except OSError as e:
+            # A full disk (or quota) mid-write: the partial copy goes, so the space it took is free again, and the
+            # last complete checkpoint was never touched: the run can be resumed once there is room.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            last = self.latest_checkpoint()
+            raise RunDirError(
+                f"checkpoint of step {step} not written: {os.strerror(e.errno)} under {self.checkpoints}. "
+                + (f"The last complete checkpoint, {last.name}, is intact" if last is not None
+                   else "No complete checkpoint exists yet")
+                + f"; free some space (run.keep_checkpoints bounds what a run keeps), then `lorapop train --resume "
+                  f"{self.path}`") from e
         if final.exists():  # re-running a step after a resume: the new write replaces the old one whole
             shutil.rmtree(final)
         os.replace(tmp, final)

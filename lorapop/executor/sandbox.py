@@ -57,6 +57,7 @@ from lorapop.progress import progress
 
 _HDR = struct.Struct(">I")
 WORKER_PY = Path(__file__).with_name("worker.py")
+WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
 
 DEFAULT_PRELOAD = (
     "re", "math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
@@ -215,7 +216,7 @@ class _Worker:
             late = time.perf_counter() - t0 >= timeout_s
             self.kill()
             return ExecResult("timeout" if late else "crashed", None,
-                              "worker stopped answering" if late else "worker died", time.perf_counter() - t0)
+                              "worker stopped answering" if late else WORKER_DIED, time.perf_counter() - t0)
         return ExecResult(resp["status"], resp["value"], resp["error"], float(resp["duration"]))
 
     def kill(self) -> None:
@@ -330,7 +331,12 @@ class SandboxExecutor:
         t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
         w = pool.get()
         try:
-            return self._started(w).call(code, t)
+            res = self._started(w).call(code, t)
+            if res.status == "crashed" and res.error == WORKER_DIED:
+                # Killed from outside (the OOM killer, an operator): a run cannot signal its worker (PID 1 of its
+                # namespace, another uid), so the code is not to blame and gets one fresh worker.
+                res = self._started(w).call(code, t)
+            return res
         except Exception as exc:  # a worker that cannot start must not take the caller down
             return ExecResult("crashed", None, f"sandbox: {type(exc).__name__}: {exc}"[:300], 0.0)
         finally:

@@ -1,0 +1,163 @@
+"""Long-run memory soak (issue 39): one run's resident memory and in-memory structures after every step.
+
+    PYTHONPATH=. .venv/bin/python bench/soak.py [--config cpu_demo] [--steps 100] [--out runs/soak] [--resume]
+                                                 [--section.key=value ...]
+
+Trains CONFIG (default: ``cpu_demo`` at a soak shape, SOAK below: PBT every 4 steps, short replies, so 100 steps
+fit in under an hour on 2 cores) in this process, step by step, and after every step appends to
+``<out>/soak.jsonl``: resident memory of this process and of its children (the sandbox workers), on CUDA
+``memory_allocated`` / ``max_memory_reserved``, the sizes of the run's own in-memory structures (task buffers,
+coverage archive, ratings, lineage, live Python objects, compiled graphs, the engine's KV cache allocations) and the
+run directory's bytes. Killed, ``--resume`` continues the run from its last checkpoint and appends.
+
+At the end it prints the growth per step over the second half of the steps (ordinary least squares slope of RSS in
+MB per step with its 95% interval; the first half holds warm-up: allocator arenas, caches filling) and one line of
+JSON: ``rss_mb_per_step``, its interval, ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
+structure sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SOAK = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2",
+        "--selfplay.propose.max_new_tokens=64", "--selfplay.solve.max_new_tokens=32",
+        "--evolve.perturbation_interval=4", "--evolve.burn_in_period=2", "--evolve.min_rated_matches=0",
+        "--run.save_interval=5", "--run.keep_checkpoints=2", "--run.progress=plain"]
+
+
+def _kb(field: str, pid: int | str = "self") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def children_rss_mb() -> float:
+    """Resident MB of this process's descendants (the sandbox's workers and their forks)."""
+    me, total = os.getpid(), 0
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    for pid in parents:
+        p, seen = pid, 0
+        while p in parents and p != me and seen < 64:
+            p, seen = parents[p], seen + 1
+        if p == me and pid != me:
+            total += _kb("VmRSS", pid)
+    return total / 1024
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def structures(tr) -> dict:
+    """Sizes of what the run keeps in memory and could grow with steps."""
+    import torch
+
+    out = {
+        "buffer_tasks": sum(len(b) for b in tr.buffers.values()),
+        "buffer_json_kb": round(sum(len(json.dumps(b.state_dict())) for b in tr.buffers.values()) / 1024, 1),
+        "coverage_filled": len(tr.coverage.filled),
+        "coverage_member_keys": len(tr.coverage.by_teacher) + len(tr.coverage.by_student),
+        "ratings": len(tr.ratings.ratings),
+        "lineage": len(tr.population.lineage),
+        "members": len(tr.population.members),
+        "py_objects": len(gc.get_objects()),
+        "kv_cache_allocations": getattr(getattr(tr.engine, "trainer", tr.engine), "kv_cache_allocations", 0),
+    }
+    try:
+        from torch._dynamo.utils import counters
+
+        out["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a private counter; absent is fine
+        pass
+    if torch.cuda.is_available():
+        out["cuda_allocated_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
+        out["cuda_max_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    return out
+
+
+def slope(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """OLS slope and its 95% interval (t quantile, n - 2 degrees of freedom)."""
+    n = len(xs)
+    if n < 3:
+        return float("nan"), float("nan"), float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    resid = [y - (my + b * (x - mx)) for x, y in zip(xs, ys)]
+    se = math.sqrt(sum(r * r for r in resid) / (n - 2) / sxx)
+    from scipy.stats import t  # scipy comes with pyribs
+
+    h = float(t.ppf(0.975, n - 2)) * se
+    return b, b - h, b + h
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="cpu_demo")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--out", default="runs/soak")
+    ap.add_argument("--resume", action="store_true")
+    args, overrides = ap.parse_known_args()
+
+    from lorapop.config import load_config, resolve_config_path
+    from lorapop.train.loop import Trainer, load_run_config, prepare_run_dir
+
+    out = Path(args.out)
+    run = out / "run"
+    log = out / "soak.jsonl"
+    if args.resume:
+        cfg = load_run_config(run, [f"--run.steps={args.steps}"])
+    else:
+        if run.exists():
+            raise SystemExit(f"{run} exists: --resume continues it, or choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        log.unlink(missing_ok=True)
+        cfg = load_config(resolve_config_path(args.config),
+                          SOAK + overrides + [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"])
+    run_dir, resume = prepare_run_dir(cfg, resume=args.resume)
+    t0 = time.time()
+    with Trainer(cfg, run_dir, resume=resume) as tr, log.open("a") as f:
+        if tr.step == 0:
+            tr.probe(0)
+        while tr.step < cfg.run.steps:
+            tr.train_step(tr.step + 1)
+            row = {"step": tr.step, "time": round(time.time() - t0, 1), "rss_mb": round(_kb("VmRSS") / 1024, 1),
+                   "hwm_mb": round(_kb("VmHWM") / 1024, 1), "children_rss_mb": round(children_rss_mb(), 1),
+                   "dir_mb": round(dir_bytes(run_dir) / 2**20, 2), **structures(tr)}
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    half = rows[len(rows) // 2:]
+    b, lo, hi = slope([r["step"] for r in half], [r["rss_mb"] for r in half])
+    db, _, _ = slope([r["step"] for r in half], [r["dir_mb"] for r in half])
+    print(f"RSS {rows[0]['rss_mb']:.0f} MB after step {rows[0]['step']} -> {rows[-1]['rss_mb']:.0f} MB after step "
+          f"{rows[-1]['step']}; second half: {b:+.2f} MB/step (95% interval {lo:+.2f} to {hi:+.2f}); run directory "
+          f"{db:+.3f} MB/step")
+    res = {"rss_mb_per_step": round(b, 3), "rss_mb_per_step_ci95": [round(lo, 3), round(hi, 3)],
+           "rss_start_mb": rows[0]["rss_mb"], "rss_end_mb": rows[-1]["rss_mb"], "dir_mb_per_step": round(db, 4),
+           "steps": len(rows), **{k: v for k, v in rows[-1].items() if k not in ("step", "time", "rss_mb")}}
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
