@@ -3,6 +3,8 @@
     PYTHONPATH=. .venv/bin/python bench/soak.py [--config cpu_demo] [--steps 100] [--out runs/soak] [--resume]
                                                  [--section.key=value ...]
 
+    PYTHONPATH=. .venv/bin/python bench/soak.py --steps 40 --kills 2 --out runs/soak-kills   # resume exactness
+
 Trains CONFIG (default: ``cpu_demo`` at a soak shape, SOAK below: PBT every 4 steps, short replies, so 100 steps
 fit in under an hour on 2 cores) in this process, step by step, and after every step appends to
 ``<out>/soak.jsonl``: resident memory of this process and of its children (the sandbox workers), on CUDA
@@ -14,6 +16,12 @@ At the end it prints the growth per step over the second half of the steps (ordi
 MB per step with its 95% interval; the first half holds warm-up: allocator arenas, caches filling) and one line of
 JSON: ``rss_mb_per_step``, its interval, ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
 structure sizes.
+
+``--kills K``: after the uninterrupted run, the same run again in child processes, each SIGKILLed (with its
+sandbox workers) at a random moment (seeded by ``--kill-seed``) and continued with ``--resume``, K times, then to the
+end. Its ``metrics.jsonl`` must equal the uninterrupted run's line for line, wall-clock fields aside
+(``resume_equal``, with the first differing step and keys), and its checkpoint directory must hold no more than
+``run.keep_checkpoints`` checkpoints (``checkpoints_kept``).
 """
 
 from __future__ import annotations
@@ -111,12 +119,56 @@ def slope(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return b, b - h, b + h
 
 
+WALL_CLOCK = ("time", "engine/sync_s")
+
+
+def _comparable(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k not in WALL_CLOCK and not k.startswith("time/")}
+
+
+def killed_and_resumed(args, overrides: list[str], duration_s: float) -> dict:
+    """The run of ``args.out`` again under ``<out>/killed``, SIGKILLed ``args.kills`` times at random moments."""
+    import random
+    import signal
+    import subprocess
+
+    rng = random.Random(args.kill_seed)
+    out = Path(args.out) / "killed"
+    base = [sys.executable, __file__, "--config", args.config, "--steps", str(args.steps), "--out", str(out)]
+    kills, first = [], True
+    for _ in range(args.kills):
+        at = rng.uniform(0.15, 0.85) * duration_s
+        cmd = base + overrides if first else base + ["--resume"]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            p.wait(timeout=at)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            kills.append(round(at, 1))
+        first = False
+    subprocess.run(base + ["--resume"], check=True, stdout=subprocess.DEVNULL)
+    want = [_comparable(json.loads(x)) for x in (Path(args.out) / "run" / "metrics.jsonl").read_text().splitlines()]
+    got = [_comparable(json.loads(x)) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    diff = next(((w.get("step"), sorted(k for k in set(w) | set(g) if w.get(k) != g.get(k)))
+                 for w, g in zip(want, got) if w != g), None)
+    from lorapop.rundir import RunDir
+
+    kept = len(RunDir(out / "run").list_checkpoints())
+    where = "" if diff is None else f"; first at step {diff[0]}: {diff[1][:8]}"
+    print(f"killed at {kills} s and resumed: metrics {'equal' if want == got else 'DIFFER'} to the uninterrupted "
+          f"run's ({len(got)} vs {len(want)} steps{where}); {kept} checkpoints kept")
+    return {"resume_equal": want == got, "kills_at_s": kills, "first_difference": diff, "checkpoints_kept": kept}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="cpu_demo")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default="runs/soak")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--kills", type=int, default=0, help="then the same run again, SIGKILLed and resumed K times")
+    ap.add_argument("--kill-seed", type=int, default=0)
     args, overrides = ap.parse_known_args()
 
     from lorapop.config import load_config, resolve_config_path
@@ -156,6 +208,8 @@ def main() -> None:
     res = {"rss_mb_per_step": round(b, 3), "rss_mb_per_step_ci95": [round(lo, 3), round(hi, 3)],
            "rss_start_mb": rows[0]["rss_mb"], "rss_end_mb": rows[-1]["rss_mb"], "dir_mb_per_step": round(db, 4),
            "steps": len(rows), **{k: v for k, v in rows[-1].items() if k not in ("step", "time", "rss_mb")}}
+    if args.kills and not args.resume:
+        res.update(killed_and_resumed(args, overrides, rows[-1]["time"]))
     print(json.dumps(res))
 
 
