@@ -137,7 +137,8 @@ def killed_and_resumed(args, overrides: list[str], duration_s: float) -> dict:
     base = [sys.executable, __file__, "--config", args.config, "--steps", str(args.steps), "--out", str(out)]
     kills, first = [], True
     for _ in range(args.kills):
-        at = rng.uniform(0.15, 0.85) * duration_s
+        # each life gets a random share of one K-th of the run, so all K kills land before it could finish
+        at = rng.uniform(0.2, 0.8) * duration_s / args.kills
         cmd = base + overrides if first else base + ["--resume"]
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
