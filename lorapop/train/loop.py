@@ -448,8 +448,8 @@ class Trainer:
 def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
     """The config of an existing run; only run.steps/run.progress/run.report_to (run.tensorboard)/run.save_interval
     and where it runs (engine.replicas, engine.ray_address, executor.ray*, engine.backend, engine.vllm_*) may be
-    overridden on resume. A tracker
-    added to run.report_to on resume gets the run's steps so far first (lorapop/train/trackers.py)."""
+    overridden on resume. A tracker added to run.report_to on resume gets the run's steps so far first
+    (lorapop/train/trackers.py)."""
     from lorapop.config import load_config
 
     if not RunDir(run_dir).has_config():
