@@ -269,3 +269,19 @@ def test_sync_directories_of_killed_processes_are_removed_at_the_next_start(tmp_
     (tmp_path / f"{SYNC_PREFIX}notapid").mkdir()
     _remove_orphans(tmp_path)
     assert mine.exists() and live.exists() and not gone.exists() and (tmp_path / f"{SYNC_PREFIX}notapid").exists()
+
+
+def test_a_run_may_switch_backend_on_resume_but_not_what_it_computes(tmp_path):
+    """A vLLM run continued on torch replicas: engine.backend and engine.vllm_* are where it runs, like replicas."""
+    from lorapop.config import config_to_yaml, load_config, resolve_config_path
+    from lorapop.configlib import ConfigError
+    from lorapop.rundir import RunDir
+    from lorapop.train.loop import load_run_config
+
+    run = tmp_path / "r"
+    RunDir(run).create(config_to_yaml(load_config(str(resolve_config_path("cpu_demo")), ["--engine.backend=vllm"])))
+    cfg = load_run_config(run, ["--engine.backend=torch", "--engine.replicas=2",
+                                "--engine.vllm_gpu_memory_utilization=0.5"])
+    assert (cfg.engine.backend, cfg.engine.replicas) == ("torch", 2)
+    with pytest.raises(ConfigError, match="engine.backend and engine.vllm_"):
+        load_run_config(run, ["--engine.rank=8"])
