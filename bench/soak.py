@@ -170,6 +170,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--kills", type=int, default=0, help="then the same run again, SIGKILLed and resumed K times")
     ap.add_argument("--kill-seed", type=int, default=0)
+    ap.add_argument("--config-shape", action="store_true",
+                    help="keep CONFIG's own shapes (only SOAK's checkpoint and progress settings apply)")
     args, overrides = ap.parse_known_args()
 
     from lorapop.config import load_config, resolve_config_path
@@ -185,8 +187,9 @@ def main() -> None:
             raise SystemExit(f"{run} exists: --resume continues it, or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
         log.unlink(missing_ok=True)
+        shape = [o for o in SOAK if o.startswith("--run.")] if args.config_shape else SOAK
         cfg = load_config(resolve_config_path(args.config),
-                          SOAK + overrides + [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"])
+                          shape + overrides + [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"])
     run_dir, resume = prepare_run_dir(cfg, resume=args.resume)
     t0 = time.time()
     with Trainer(cfg, run_dir, resume=resume) as tr, log.open("a") as f:
