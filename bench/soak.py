@@ -188,8 +188,8 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         log.unlink(missing_ok=True)
         shape = [o for o in SOAK if o.startswith("--run.")] if args.config_shape else SOAK
-        cfg = load_config(resolve_config_path(args.config),
-                          shape + overrides + [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"])
+        where = [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"]
+        cfg = load_config(resolve_config_path(args.config), shape + overrides + where)
     run_dir, resume = prepare_run_dir(cfg, resume=args.resume)
     t0 = time.time()
     with Trainer(cfg, run_dir, resume=resume) as tr, log.open("a") as f:
