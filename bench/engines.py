@@ -32,19 +32,7 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = [
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain what a hash map is in two sentences.",
-    "Write a function f(a, b) that merges two sorted lists.",
-    "What is the derivative of x^3 + 2x?",
-]
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
-
+from multilora import PROMPTS, _timed  # bench/multilora.py: the same prompts and timer
 
 def generation(args) -> dict:
     from lorapop.engine import EngineConfig, SamplingParams

@@ -240,6 +240,21 @@ def check_rows(prompts: list[list[int]], adapter_ids: list[int], n_adapters: int
         check_slot(int(a), n_adapters, allow_base=allow_base)
 
 
+def check_generate_args(prompts: list[list[int]], adapter_ids: list[int], n_adapters: int, params: SamplingParams,
+                        seeds: list[int] | None, max_new_tokens: list[int] | None) -> list[int]:
+    """The checks every engine's ``generate`` makes before any work; returns the seeds (default: the row index)."""
+    check_rows(prompts, adapter_ids, n_adapters)
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if max_new_tokens is not None and (len(max_new_tokens) != len(prompts) or
+                                       not all(1 <= int(m) <= params.max_new_tokens for m in max_new_tokens)):
+        raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
+    return seeds
+
+
 def check_samples(samples: list[TrainSample], n_adapters: int) -> None:
     if not samples:
         raise ValueError("train_step got no samples")

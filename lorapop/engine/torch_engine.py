@@ -26,8 +26,8 @@ from torch.utils.checkpoint import checkpoint
 
 from lorapop.progress import progress
 
-from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_rows,
-                   check_samples, check_slot, end_of_turn_ids)
+from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_generate_args,
+                   check_rows, check_samples, check_slot, end_of_turn_ids)
 from .batching import ContinuousBatcher, stop_checker
 from .cudamem import allocatable_bytes
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32, kv_capacity
@@ -188,16 +188,7 @@ class TorchEngine:
         ``max_new_tokens`` optionally caps each row below ``params.max_new_tokens`` (bench/gpu.py uses it for
         rows of known, unequal lengths)."""
         params = params if params is not None else SamplingParams()
-        self._check_rows(prompts, adapter_ids)
-        if seeds is None:
-            seeds = list(range(len(prompts)))
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        if max_new_tokens is not None and (len(max_new_tokens) != len(prompts) or
-                                           not all(1 <= int(m) <= params.max_new_tokens for m in max_new_tokens)):
-            raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
+        seeds = check_generate_args(prompts, adapter_ids, self.n_adapters, params, seeds, max_new_tokens)
         prompts = [[int(t) for t in p] for p in prompts]
         dec = self._decoder()
         cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)

@@ -39,7 +39,7 @@ from typing import Any
 
 from lorapop.progress import progress
 
-from .base import Completion, EngineConfig, SamplingParams, TrainSample, check_rows
+from .base import Completion, EngineConfig, SamplingParams, TrainSample, check_generate_args
 
 # vLLM accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -265,15 +265,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VSP
 
         params = params if params is not None else SamplingParams()
-        check_rows(prompts, adapter_ids, self.n_adapters)
-        seeds = list(range(len(prompts))) if seeds is None else list(seeds)
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        if max_new_tokens is not None and (len(max_new_tokens) != len(prompts) or
-                                           not all(1 <= int(m) <= params.max_new_tokens for m in max_new_tokens)):
-            raise ValueError(f"max_new_tokens: one value per prompt in 1..{params.max_new_tokens}")
+        seeds = check_generate_args(prompts, adapter_ids, self.n_adapters, params, seeds, max_new_tokens)
         self.sync()
         self._wake()
         greedy = bool(params.greedy) or params.temperature <= 0
