@@ -14,8 +14,11 @@ run directory's bytes. Killed, ``--resume`` continues the run from its last chec
 
 At the end it prints the growth per step over the second half of the steps (ordinary least squares slope of RSS in
 MB per step with its 95% interval; the first half holds warm-up: allocator arenas, caches filling) and one line of
-JSON: ``rss_mb_per_step``, its interval, ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
+JSON: ``rss_mb_per_step``, its interval, the same for the peak (``hwm_mb_per_step``), ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
 structure sizes.
+
+``--runs N``: N runs of ``--steps`` in one process, resident memory after each (issue 39's 8.9 GB grew in a
+bench/dynamics.py process that ran several).
 
 ``--kills K``: after the uninterrupted run, the same run again in child processes, each SIGKILLed (with its
 sandbox workers) at a random moment (seeded by ``--kill-seed``) and continued with ``--resume``, K times, then to the
@@ -123,7 +126,41 @@ WALL_CLOCK = ("time", "engine/sync_s")
 
 
 def _comparable(line: dict) -> dict:
-    return {k: v for k, v in line.items() if k not in WALL_CLOCK and not k.startswith("time/")}
+    """A metrics line without what a kill changes: wall clock and the process's memory (``perf/``)."""
+    return {k: v for k, v in line.items() if k not in WALL_CLOCK and not k.startswith(("time/", "perf/"))}
+
+
+class TrimMeter:
+    """Times the trainer's ``malloc_trim`` calls (lorapop/hostmem.py) and measures what each handed back: resident
+    memory and glibc's free heap just before, resident memory just after. Instrumentation only: the trim runs."""
+
+    def __init__(self):
+        from lorapop.train import loop
+
+        self.loop, self.real = loop, loop.release_free_memory
+        loop.release_free_memory = self
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls, self.seconds, self.released_mb, self.free_before_mb = 0, 0.0, 0.0, 0.0
+
+    def __call__(self) -> bool:
+        from lorapop.hostmem import heap_stats
+
+        before, heap = _kb("VmRSS"), heap_stats() or {}
+        t = time.perf_counter()
+        ok = self.real()
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        self.released_mb += (before - _kb("VmRSS")) / 1024
+        self.free_before_mb = max(self.free_before_mb, heap.get("heap_free_mb", 0.0))
+        return ok
+
+    def take(self) -> dict:
+        out = {"trims": self.calls, "trim_s": round(self.seconds, 3), "trim_released_mb": round(self.released_mb, 1),
+               "heap_free_before_trim_mb": self.free_before_mb}
+        self.reset()
+        return out
 
 
 def killed_and_resumed(args, overrides: list[str], duration_s: float) -> dict:
@@ -162,6 +199,31 @@ def killed_and_resumed(args, overrides: list[str], duration_s: float) -> dict:
     return {"resume_equal": want == got, "kills_at_s": kills, "first_difference": diff, "checkpoints_kept": kept}
 
 
+def runs_in_one_process(args, overrides: list[str]) -> dict:
+    """``--runs N``: CONFIG trained N times one after another in this process, as bench/dynamics.py and ``lorapop
+    compare`` do; resident memory after each run is closed (its engine freed), before and after a ``malloc_trim``."""
+    from lorapop.config import load_config, resolve_config_path
+    from lorapop.hostmem import release_free_memory
+    from lorapop.train.loop import Trainer, prepare_run_dir
+
+    after, trimmed = [], []
+    for i in range(args.runs):
+        shape = [o for o in SOAK if o.startswith("--run.")] if args.config_shape else SOAK
+        cfg = load_config(resolve_config_path(args.config), shape + overrides + [
+            f"--run.steps={args.steps}", f"--run.output_dir={args.out}", f"--run.name=run{i}"])
+        run_dir, resume = prepare_run_dir(cfg, resume=False)
+        with Trainer(cfg, run_dir, resume=resume) as tr:
+            tr.run()
+        del tr
+        gc.collect()
+        after.append(round(_kb("VmRSS") / 1024, 1))
+        release_free_memory()
+        trimmed.append(round(_kb("VmRSS") / 1024, 1))
+        print(f"run {i + 1}/{args.runs} closed: resident {after[-1]:.0f} MB, {trimmed[-1]:.0f} MB after malloc_trim")
+    return {"runs": args.runs, "rss_after_run_mb": after, "rss_after_run_trimmed_mb": trimmed,
+            "hwm_mb": round(_kb("VmHWM") / 1024, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="cpu_demo")
@@ -172,9 +234,15 @@ def main() -> None:
     ap.add_argument("--kill-seed", type=int, default=0)
     ap.add_argument("--config-shape", action="store_true",
                     help="keep CONFIG's own shapes (only SOAK's checkpoint and progress settings apply)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="N runs of --steps one after another in this process (what bench/dynamics.py does)")
     args, overrides = ap.parse_known_args()
+    if args.runs > 1:
+        print(json.dumps(runs_in_one_process(args, overrides)))
+        return
 
     from lorapop.config import load_config, resolve_config_path
+    from lorapop.hostmem import heap_stats
     from lorapop.train.loop import Trainer, load_run_config, prepare_run_dir
 
     out = Path(args.out)
@@ -191,7 +259,7 @@ def main() -> None:
         where = [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"]
         cfg = load_config(resolve_config_path(args.config), shape + overrides + where)
     run_dir, resume = prepare_run_dir(cfg, resume=args.resume)
-    t0 = time.time()
+    t0, trims = time.time(), TrimMeter()
     with Trainer(cfg, run_dir, resume=resume) as tr, log.open("a") as f:
         if tr.step == 0:
             tr.probe(0)
@@ -199,18 +267,22 @@ def main() -> None:
             tr.train_step(tr.step + 1)
             row = {"step": tr.step, "time": round(time.time() - t0, 1), "rss_mb": round(_kb("VmRSS") / 1024, 1),
                    "hwm_mb": round(_kb("VmHWM") / 1024, 1), "children_rss_mb": round(children_rss_mb(), 1),
-                   "dir_mb": round(dir_bytes(run_dir) / 2**20, 2), **structures(tr)}
+                   "dir_mb": round(dir_bytes(run_dir) / 2**20, 2), **(heap_stats() or {}), **trims.take(),
+                   **structures(tr)}
             f.write(json.dumps(row) + "\n")
             f.flush()
     rows = [json.loads(x) for x in log.read_text().splitlines()]
     half = rows[len(rows) // 2:]
     b, lo, hi = slope([r["step"] for r in half], [r["rss_mb"] for r in half])
+    hb, hlo, hhi = slope([r["step"] for r in half], [r["hwm_mb"] for r in half])
     db, _, _ = slope([r["step"] for r in half], [r["dir_mb"] for r in half])
     print(f"RSS {rows[0]['rss_mb']:.0f} MB after step {rows[0]['step']} -> {rows[-1]['rss_mb']:.0f} MB after step "
           f"{rows[-1]['step']}; second half: {b:+.2f} MB/step (95% interval {lo:+.2f} to {hi:+.2f}); run directory "
-          f"{db:+.3f} MB/step")
+          f"{db:+.3f} MB/step; peak resident {rows[-1]['hwm_mb']:.0f} MB, second half {hb:+.2f} MB/step "
+          f"({hlo:+.2f} to {hhi:+.2f})")
     res = {"rss_mb_per_step": round(b, 3), "rss_mb_per_step_ci95": [round(lo, 3), round(hi, 3)],
-           "rss_start_mb": rows[0]["rss_mb"], "rss_end_mb": rows[-1]["rss_mb"], "dir_mb_per_step": round(db, 4),
+           "hwm_mb_per_step": round(hb, 3),
+           "hwm_mb_per_step_ci95": [round(hlo, 3), round(hhi, 3)], "rss_start_mb": rows[0]["rss_mb"], "rss_end_mb": rows[-1]["rss_mb"], "dir_mb_per_step": round(db, 4),
            "steps": len(rows), **{k: v for k, v in rows[-1].items() if k not in ("step", "time", "rss_mb")}}
     if args.kills and not args.resume:
         res.update(killed_and_resumed(args, overrides, rows[-1]["time"]))

@@ -103,6 +103,11 @@ class SelfPlayConfig:
     n_solve: int = doc(2, "samples per task from the matched student (8 on GPU); they set solve rates, ratings and "
                           "teacher rewards")
     n_references: int = doc(6, "K reference tasks from the buffer shown to a proposing teacher")
+    buffer_max_tasks: int = doc(100_000, "most tasks each task type's buffer keeps; past it the oldest proposed task "
+                                         "leaves (seed tasks stay). AZR keeps every valid task; this bounds a run of "
+                                         "any length (about 0.5 KB a task, in memory and in every checkpoint) and "
+                                         "is not reached by the paper's 200 steps unless nearly every proposal of 8 "
+                                         "teachers x 64 is valid. 0 keeps all")
     teacher_reward: Literal["auto", "adversarial", "learnability"] = doc(
         "auto", "'adversarial' (the paper's population reward: 1 - s), 'learnability' (AZR's: 1 - s if 0 < s < 1 "
                 "else 0) or 'auto': learnability in population.mode single (the baseline is AZR), adversarial in "
@@ -154,6 +159,9 @@ class SelfPlayConfig:
         for name in ("tasks_per_type", "n_solve", "n_references"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"selfplay.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.buffer_max_tasks < 0:
+            raise ConfigError(f"selfplay.buffer_max_tasks: must be >= 0 (0 keeps every task), got "
+                              f"{self.buffer_max_tasks}")
         if self.tasks_per_type < 2:
             # every TRR++ group (member, task type, role) holds tasks_per_type samples; one sample is its own mean
             raise ConfigError(f"selfplay.tasks_per_type: must be >= 2, got {self.tasks_per_type}: TRR++ normalises "
@@ -272,6 +280,11 @@ class RunConfig:
                                  "0 turns it off")
     probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels")
     probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
+    malloc_trim: bool = doc(True, "hand the C heap's free pages back to the OS (glibc malloc_trim) before each "
+                                  "update and after each step, so resident memory stays what is live "
+                                  "(lorapop/hostmem.py; on cpu_dynamics without it resident memory swung between "
+                                  "2.6 and 7.3 GB of freed-but-kept heap). A no-op where the C library is not "
+                                  "glibc")
     probe_min_age: int = doc(5, "a PBT child enters the probe's aggregate once it has trained this many steps since "
                                 "its birth; a younger child is still probed, its probe.jsonl rows marked "
                                 "counted: false, and lorapop/criteria.py and the report leave them out. Members of "

@@ -67,7 +67,7 @@ def test_the_map_parser_sees_nested_and_grouped_entries():
 # package for a member of that package.
 LAYERS = {
     "lorapop": 0, "lorapop.configlib": 0, "lorapop.progress": 0, "lorapop.rundir": 0, "lorapop.raycluster": 0,
-    "lorapop.model": 0, "lorapop.data": 0,  # leaf utilities and package data
+    "lorapop.model": 0, "lorapop.data": 0, "lorapop.hostmem": 0, "lorapop.tmpdirs": 0,  # leaf utilities, data
     "lorapop.engine": 1, "lorapop.executor": 1, "lorapop.diagnostics": 1,  # the bottom the docs name
     "lorapop.tasks": 2, "lorapop.evolve": 2,
     "lorapop.adapters": 2,  # reads PEFT dirs and run members for population.init_from; config validates with it

@@ -64,6 +64,11 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
             line = (f"{rec['role']} {rec['replaced']} replaced by {rec['child']}, child of "
                     f"{' and '.join(rec['parents'])} by full_gaussian (M4)")
             assert any(line in m for m in said), (line, said)
+        # a long run's tables stay the population's size: the replaced members are forgotten once logged
+        live = {m.id for m in trainer.population.members}
+        assert set(trainer.ratings.ratings) == set(trainer.ratings.n_matches) == live
+        assert set(trainer.coverage.by_teacher) | set(trainer.coverage.by_student) <= live
+        replaced = [rec["replaced"] for rec in lineage]
         survivors = [m for m in trainer.population.members if m.born_step == 0]
         assert all(int(trainer.engine.optimizer.step_count[m.slot]) == 2 for m in survivors)
         # with too few rated matches (the children have none) the next round replaces nobody and says who sat out
@@ -81,6 +86,9 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
         counts = {k: v for k, v in m.items() if k.endswith("/n_samples")}
         assert len(counts) == 4 and set(counts.values()) == {4}  # 2 task types x T = 2: compute matched
     assert metrics[1]["evolve/replacements"] == 2
+    assert all(f"trueskill/{r}/mu" in metrics[1] for r in replaced)  # logged at its last step, then forgotten
+    for m in metrics:  # verl's names; after run.malloc_trim, resident memory is at most the peak
+        assert 0 < m["perf/cpu_memory_used_gb"] <= m["perf/cpu_memory_peak_gb"]
     # the update scores what was sampled, at its temperature: on the same weights the mismatch is rounding
     # (float32; a bfloat16 base decodes through another LoRA compute path, so only its presence is checked there)
     dtype = yaml.safe_load((run / "config.yaml").read_text())["engine"]["dtype"]

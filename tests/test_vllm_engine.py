@@ -257,20 +257,6 @@ def test_lorapop_train_without_vllm_exits_2_naming_the_extra_and_leaves_no_run_d
     assert not (tmp_path / "runs").exists()
 
 
-def test_sync_directories_of_killed_processes_are_removed_at_the_next_start(tmp_path):
-    """A run killed with -9 leaves its adapter files behind (in /dev/shm: memory); the next engine removes them."""
-    from lorapop.engine.vllm_engine import SYNC_PREFIX, _remove_orphans
-
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    mine, gone, live = (tmp_path / f"{SYNC_PREFIX}{pid}-x" for pid in (os.getpid(), dead.pid, os.getppid()))
-    for d in (mine, gone, live):
-        (d / "slot0-v1").mkdir(parents=True)
-    (tmp_path / f"{SYNC_PREFIX}notapid").mkdir()
-    _remove_orphans(tmp_path)
-    assert mine.exists() and live.exists() and not gone.exists() and (tmp_path / f"{SYNC_PREFIX}notapid").exists()
-
-
 def test_a_run_may_switch_backend_on_resume_but_not_what_it_computes(tmp_path):
     """A vLLM run continued on torch replicas: engine.backend and engine.vllm_* are where it runs, like replicas."""
     from lorapop.config import config_to_yaml, load_config, resolve_config_path

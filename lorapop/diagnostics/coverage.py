@@ -149,6 +149,12 @@ class CoverageTracker:
         self.n_added += 1
         return cell
 
+    def forget(self, keep: set[str]) -> None:
+        """Drop the per-member cells of members not in ``keep`` (the live ones; their series ended when they were
+        replaced). The run's own ``filled`` cells stay."""
+        self.by_teacher = {k: v for k, v in self.by_teacher.items() if k in keep}
+        self.by_student = {k: v for k, v in self.by_student.items() if k in keep}
+
     def coverage(self) -> float:
         return len(self.filled) / self.n_cells
 

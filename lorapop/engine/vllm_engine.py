@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any
 
 from lorapop.progress import progress
+from lorapop.tmpdirs import owned_tempdir
 
 from .base import Completion, EngineConfig, SamplingParams, TrainSample, check_generate_args
 
@@ -120,32 +121,9 @@ def _sync_root() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
-
-
-def _remove_orphans(root: Path) -> None:
-    """A process killed with -9 never cleans up, and /dev/shm is memory: remove the sync directories of lorapop
-    processes that no longer run (the directory name carries its owner's pid)."""
-    for d in root.glob(SYNC_PREFIX + "*"):
-        try:
-            pid = int(d.name[len(SYNC_PREFIX):].split("-", 1)[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(d, ignore_errors=True)
-
-
 def _sync_dir() -> Path:
-    root = _sync_root()
-    _remove_orphans(root)
-    return Path(tempfile.mkdtemp(prefix=f"{SYNC_PREFIX}{os.getpid()}-", dir=root))
+    # /dev/shm is memory and a process killed with -9 never cleans up: owned_tempdir removes the dead ones' dirs
+    return owned_tempdir(SYNC_PREFIX, _sync_root())
 
 
 class VLLMEngine:

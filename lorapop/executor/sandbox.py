@@ -54,9 +54,11 @@ from pathlib import Path
 from typing import Protocol
 
 from lorapop.progress import progress
+from lorapop.tmpdirs import owned_tempdir
 
 _HDR = struct.Struct(">I")
 WORKER_PY = Path(__file__).with_name("worker.py")
+SANDBOX_PREFIX = "lorapop-sbx-"  # + owner pid: each worker's scratch root under the temp directory
 WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
 
 DEFAULT_PRELOAD = (
@@ -159,7 +161,8 @@ class _Worker:
 
     def start(self) -> None:
         c, mode = self.ex.config, self.ex.mode
-        self.root = tempfile.mkdtemp(prefix="lorapop-sbx-")
+        # named after this process, so a run killed with -9 does not leave them behind for good (lorapop/tmpdirs.py)
+        self.root = str(owned_tempdir(SANDBOX_PREFIX))
         os.chmod(self.root, 0o755)
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,

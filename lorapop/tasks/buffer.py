@@ -51,8 +51,14 @@ def read_seed_file(path, type_name: str) -> list[Task]:
 
 
 class TaskBuffer:
-    def __init__(self, type_name: str, seed_identity: bool = True):
+    """One task type's valid tasks, deduplicated by normalised program and inputs. ``max_tasks`` (0: no bound) caps
+    its length: adding past it drops the oldest proposed task (seed tasks stay; only a buffer of seeds alone drops
+    its oldest seed), so a long run's buffer stops growing. A dropped task's key goes with it: proposed again, it
+    counts as new."""
+
+    def __init__(self, type_name: str, seed_identity: bool = True, max_tasks: int = 0):
         self.type = type_name
+        self.max_tasks = int(max_tasks)
         self.tasks: list[Task] = []
         self._keys: set[str] = set()
         if seed_identity:
@@ -69,6 +75,9 @@ class TaskBuffer:
             return False
         self._keys.add(k)
         self.tasks.append(task)
+        if self.max_tasks and len(self.tasks) > self.max_tasks:
+            i = next((j for j, t in enumerate(self.tasks) if t.proposer != "seed"), 0)
+            self._keys.discard(self.key(self.tasks.pop(i)))
         return True
 
     def load_seed_file(self, path, executor: Executor | None = None, task_type=None) -> int:

@@ -13,6 +13,7 @@ from lorapop.configlib import ConfigError, to_dict
 from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
 from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
+from lorapop.hostmem import process_memory, release_free_memory
 from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.buffer import TaskBuffer
@@ -187,7 +188,8 @@ class Trainer:
         """Per-type buffers with the identity seed, plus seed files validated in the sandbox (outputs recomputed).
         A file in AZR's code_f layout (``inputs``/``outputs``/``message``) seeds code_f; the I/O layout seeds
         code_o and code_i. On resume the checkpoint's buffers replace all of this."""
-        buffers = {tt: TaskBuffer(tt) for tt in self.cfg.selfplay.task_types}
+        buffers = {tt: TaskBuffer(tt, max_tasks=self.cfg.selfplay.buffer_max_tasks)
+                   for tt in self.cfg.selfplay.task_types}
         for name in self.cfg.selfplay.seed_files if load_seeds else []:
             path = resolve_data_file(name)
             if path is None:
@@ -274,6 +276,8 @@ class Trainer:
         done("reward")
 
         stage("update")
+        if cfg.run.malloc_trim:  # generation's freed buffers go back before the update reaches its peak
+            release_free_memory()
         batch = stages.update_batch(proposals, jobs, sp.tasks_per_type, ctx.rng("update"))
         train_stats = stages.update(self.engine, batch)
         done("update")
@@ -306,8 +310,12 @@ class Trainer:
                                    evolve_skipped=tuple(m.id for m in self.evolve_skipped))
         metrics = step_metrics(result, rows, self.ratings, self.coverage, sp.task_types)
         metrics.update(self.engine.pop_metrics())  # e.g. engine/sync_s under the vllm backend
+        metrics.update(self.memory_metrics())
         self.logger.log_tasks(rows)
         self.logger.log_step(step, metrics)
+        live = {m.id for m in pop.members}  # members replaced this step were logged above for the last time
+        self.ratings.forget(live)
+        self.coverage.forget(live)
         self.step = step
         self.write_population()
         done("log")
@@ -319,6 +327,19 @@ class Trainer:
             done("checkpoint")
         self.progress.end_step(step, metrics, times)
         return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """verl's ``perf/`` memory figures after the step's work (and, with ``run.malloc_trim``, the C heap's free
+        pages handed back first, so ``perf/cpu_memory_used_gb`` is what the run holds, not what malloc kept)."""
+        if self.cfg.run.malloc_trim:
+            release_free_memory()
+        out = process_memory()
+        if str(self.cfg.engine.device).startswith("cuda"):
+            import torch
+
+            out["perf/max_memory_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            out["perf/max_memory_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+        return out
 
     def probe(self, step: int) -> None:
         """The capability probe (lorapop/train/probe.py) after ``step``'s update and before its PBT replacement:
@@ -376,7 +397,7 @@ class Trainer:
         for rep, params in zip(plan, used):
             self.engine.reset_optimizer(rep.slot)
             child, record = self.population.replace(rep, params, step)
-            # the replaced member's rating stays on record (logs, report); matchmaking only sees live members
+            # the replaced member's rating is logged once more at this step's end, then forgotten (Ratings.forget)
             self.ratings.add(child.id, mu=parent_mu[rep.slot])
             born.append(record)
             self.progress.message(f"[step {step}] evolve: {rep.role} {rep.old_id} replaced by {child.id}, child of "

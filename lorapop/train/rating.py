@@ -62,6 +62,13 @@ class Ratings:
         for k in (match.teacher, match.student):
             self.n_matches[k] = self.n_matches.get(k, 0) + 1
 
+    def forget(self, keep: set[str]) -> None:
+        """Drop every member not in ``keep`` (the live ones): a replaced member's rating was logged up to its last
+        step and nothing reads it again, so a long run's table stays the population's size."""
+        for k in [k for k in self.ratings if k not in keep]:
+            del self.ratings[k]
+            self.n_matches.pop(k, None)
+
     def matches(self, member_id: str) -> int:
         """Rated matches the member has played since it was added."""
         return self.n_matches.get(member_id, 0)
