@@ -14,7 +14,8 @@ run directory's bytes. Killed, ``--resume`` continues the run from its last chec
 
 At the end it prints the growth per step over the second half of the steps (ordinary least squares slope of RSS in
 MB per step with its 95% interval; the first half holds warm-up: allocator arenas, caches filling) and one line of
-JSON: ``rss_mb_per_step``, its interval, the same for the peak (``hwm_mb_per_step``), ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
+JSON: ``rss_mb_per_step``, its interval, the same for each step's own peak resident memory (``peak_mb_per_step``:
+VmHWM reset before every step), ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
 structure sizes.
 
 ``--runs N``: N runs of ``--steps`` in one process, resident memory after each (issue 39's 8.9 GB grew in a
@@ -73,6 +74,16 @@ def children_rss_mb() -> float:
         if p == me and pid != me:
             total += _kb("VmRSS", pid)
     return total / 1024
+
+
+def reset_peak() -> bool:
+    """Start VmHWM again from the current resident size (Linux >= 4.0: ``5`` to /proc/self/clear_refs), so the peak
+    read after a step is that step's own; False where the kernel refuses."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 def dir_bytes(path: Path) -> int:
@@ -260,29 +271,37 @@ def main() -> None:
         cfg = load_config(resolve_config_path(args.config), shape + overrides + where)
     run_dir, resume = prepare_run_dir(cfg, resume=args.resume)
     t0, trims = time.time(), TrimMeter()
+    last_hwm = json.loads(log.read_text().splitlines()[-1])["hwm_mb"] if log.is_file() and log.stat().st_size else 0.0
     with Trainer(cfg, run_dir, resume=resume) as tr, log.open("a") as f:
         if tr.step == 0:
             tr.probe(0)
         while tr.step < cfg.run.steps:
+            per_step = reset_peak()
             tr.train_step(tr.step + 1)
+            peak = round(_kb("VmHWM") / 1024, 1)
             row = {"step": tr.step, "time": round(time.time() - t0, 1), "rss_mb": round(_kb("VmRSS") / 1024, 1),
-                   "hwm_mb": round(_kb("VmHWM") / 1024, 1), "children_rss_mb": round(children_rss_mb(), 1),
+                   "hwm_mb": max(peak, last_hwm), "step_peak_mb": peak if per_step else None,
+                   "children_rss_mb": round(children_rss_mb(), 1),
                    "dir_mb": round(dir_bytes(run_dir) / 2**20, 2), **(heap_stats() or {}), **trims.take(),
                    **structures(tr)}
+            last_hwm = row["hwm_mb"]
             f.write(json.dumps(row) + "\n")
             f.flush()
     rows = [json.loads(x) for x in log.read_text().splitlines()]
     half = rows[len(rows) // 2:]
     b, lo, hi = slope([r["step"] for r in half], [r["rss_mb"] for r in half])
-    hb, hlo, hhi = slope([r["step"] for r in half], [r["hwm_mb"] for r in half])
+    # the trend of each step's own peak where the kernel resets it (else of the running peak, which never falls)
+    peak_key = "step_peak_mb" if all(r.get("step_peak_mb") for r in half) else "hwm_mb"
+    hb, hlo, hhi = slope([r["step"] for r in half], [r[peak_key] for r in half])
     db, _, _ = slope([r["step"] for r in half], [r["dir_mb"] for r in half])
     print(f"RSS {rows[0]['rss_mb']:.0f} MB after step {rows[0]['step']} -> {rows[-1]['rss_mb']:.0f} MB after step "
           f"{rows[-1]['step']}; second half: {b:+.2f} MB/step (95% interval {lo:+.2f} to {hi:+.2f}); run directory "
-          f"{db:+.3f} MB/step; peak resident {rows[-1]['hwm_mb']:.0f} MB, second half {hb:+.2f} MB/step "
+          f"{db:+.3f} MB/step; peak resident {rows[-1]['hwm_mb']:.0f} MB, {peak_key} second half {hb:+.2f} MB/step "
           f"({hlo:+.2f} to {hhi:+.2f})")
     res = {"rss_mb_per_step": round(b, 3), "rss_mb_per_step_ci95": [round(lo, 3), round(hi, 3)],
-           "hwm_mb_per_step": round(hb, 3),
-           "hwm_mb_per_step_ci95": [round(hlo, 3), round(hhi, 3)], "rss_start_mb": rows[0]["rss_mb"], "rss_end_mb": rows[-1]["rss_mb"], "dir_mb_per_step": round(db, 4),
+           "peak_mb_per_step": round(hb, 3), "peak_series": peak_key,
+           "peak_mb_per_step_ci95": [round(hlo, 3), round(hhi, 3)], "rss_start_mb": rows[0]["rss_mb"],
+           "rss_end_mb": rows[-1]["rss_mb"], "dir_mb_per_step": round(db, 4),
            "steps": len(rows), **{k: v for k, v in rows[-1].items() if k not in ("step", "time", "rss_mb")}}
     if args.kills and not args.resume:
         res.update(killed_and_resumed(args, overrides, rows[-1]["time"]))

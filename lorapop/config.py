@@ -281,7 +281,7 @@ class RunConfig:
     probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels")
     probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
     malloc_trim: bool = doc(True, "hand the C heap's free pages back to the OS (glibc malloc_trim) before each "
-                                  "update and after each step, so resident memory stays what is live "
+                                  "update and after each step (and checkpoint), so resident memory stays what is live "
                                   "(lorapop/hostmem.py; on cpu_dynamics without it resident memory swung between "
                                   "2.6 and 7.3 GB of freed-but-kept heap). A no-op where the C library is not "
                                   "glibc")

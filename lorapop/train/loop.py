@@ -324,6 +324,8 @@ class Trainer:
             stage("checkpoint")
             self.save_checkpoint()
             self.logger.flush()
+            if cfg.run.malloc_trim:  # serialising the state freed hundreds of MB the heap would otherwise keep
+                release_free_memory()
             done("checkpoint")
         self.progress.end_step(step, metrics, times)
         return metrics
