@@ -8,7 +8,7 @@ from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.common import ProgramInputTask, answer_text, fence, run_checks
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.selections import selection_student_prompt
+from lorapop.tasks.selections import code_i_student_prompt
 from lorapop.tasks.validity import SAME_SRC, check_call_args
 
 
@@ -30,7 +30,7 @@ class CodeI(ProgramInputTask):
         if fmt == "azr":
             return azr_prompts.solve_input(task)
         if style == "selection":
-            return selection_student_prompt(task, "code_i")
+            return code_i_student_prompt(task)
         return ("Find arguments for f that make it return the output below.\n"
                 f"{fence('python', task.program)}\nOutput: {task.outputs[0]}\n\n"
                 # no example arguments and no "think" line, as in code_o (small bases copy the example)

@@ -8,7 +8,6 @@ from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.common import ProgramInputTask, answer_text, fence, run_checks
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.selections import selection_student_prompt
 from lorapop.tasks.validity import check_literal, compare_code
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
@@ -23,10 +22,11 @@ class CodeO(ProgramInputTask):
     goal = "A solver will see f and the input and must predict the output, so make it take careful reasoning."
 
     def student_prompt(self, task: Task, fmt: str = "short", style: str = "azr") -> str:
+        # One prompt for every style: under selection, the list shown in the teacher's layout (`nums = [...]` above
+        # f, "Call: f(nums)") made the base solve 0.14 of fixed tasks against 0.18 with the list in the call
+        # (docs/RESULTS.md, "Dynamics, second design: the step-0 gate").
         if fmt == "azr":
             return azr_prompts.solve_output(task)
-        if style == "selection":
-            return selection_student_prompt(task, "code_o")
         return ("Predict the value returned by f for the input below.\n"
                 f"{fence('python', task.program)}\nCall: f({task.inputs[0]})\n\n"
                 # No example value: the 135M base copied the old one ([1, 'a']) into most answers. No "think step by

@@ -74,6 +74,23 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     return results  # type: ignore[return-value]
 
 
+def validate_selection(type_name: str, proposals: list[Proposal], executor: Executor, *,
+                       count_tokens=None, answer_budget: int | None = None, **kw) -> list[Task | Invalid]:
+    """proposal_style selection (lorapop/tasks/selections.py): its static shape checks, then :func:`validate_many`
+    on the proposals that pass them, then its checks on the tasks that returns (output not None, the answer within
+    ``answer_budget`` tokens as ``count_tokens`` counts them)."""
+    results: list[Task | Invalid | None] = [None] * len(proposals)
+    todo = []
+    for i, p in enumerate(proposals):
+        results[i] = selections.check_shape(p.program, p.inputs[0] if len(p.inputs) == 1 else "")
+        if results[i] is None:
+            todo.append(i)
+    for i, res in zip(todo, validate_many(type_name, [proposals[i] for i in todo], executor, **kw)):
+        results[i] = (selections.check_task(type_name, res, count_tokens, answer_budget) or res
+                      if isinstance(res, Task) else res)
+    return results  # type: ignore[return-value]
+
+
 def answer_text(reply, fmt: str):
     """What the block parser reads: the reply itself (``short``), or under ``azr`` the content of its answer block
     once the reply passes AZR's format check (a ParseError, a format error, when it does not)."""
@@ -198,8 +215,8 @@ class ProgramInputTask:
         ``count_tokens`` (text -> tokens, the model's tokenizer) and ``answer_budget`` (selfplay.solve's
         max_new_tokens). The other styles ignore both."""
         if style == "selection":
-            return selections.validate_selection(self.name, proposals, executor, count_tokens=count_tokens,
-                                                 answer_budget=answer_budget, **kw)
+            return validate_selection(self.name, proposals, executor, count_tokens=count_tokens,
+                                      answer_budget=answer_budget, **kw)
         return validate_many(self.name, proposals, executor, **kw)
 
     def check(self, task: Task, answer, executor: Executor) -> bool:

@@ -13,7 +13,8 @@ computed indices, composition of two selections. ``seeds/select_seed_io.jsonl`` 
 (``python -m lorapop.tasks.selections`` rewrites it; a test checks it still is). The expressions are written here,
 never by a model; outputs come from running them in this process.
 
-Validity beyond the shared checks (:func:`validate_selection`, called by the validate stage for code_o and code_i):
+Validity beyond the shared checks (:func:`check_shape` before them, :func:`check_task` after; both applied by
+``lorapop.tasks.common.validate_selection``, which the validate stage calls for code_o and code_i):
 the input is one list of ints, f's body is exactly one ``return <expr>``, the output is not None, and the student's
 answer (the output's repr for code_o, the input for code_i) with its closing fence fits ``selfplay.solve``'s
 ``max_new_tokens`` as the model's tokenizer counts it: an answer the student cannot finish inside its budget can
@@ -25,12 +26,8 @@ from __future__ import annotations
 import ast
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from lorapop.tasks.base import Invalid, Proposal, Task
-
-if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+from lorapop.tasks.base import Invalid, Task
 
 # level -> expressions over nums. 1: one selection on a short list; 2: negative or sorted positions, a slice, a
 # conditional; 3: computed indices and two selections composed, on longer lists.
@@ -42,7 +39,7 @@ LEVELS: dict[int, tuple[str, ...]] = {
         "nums[1] if nums[2] > 5 else nums[-1]", "nums[nums[0] % len(nums)]", "sorted(nums[1:])[0]"),
 }
 # list length per level (the first knob): an element is three tokens ("3", ",", " ") to read and, for code_i, write
-LIST_LEN: dict[int, int] = {1: 3, 2: 4, 3: 5}
+LIST_LEN: dict[int, int] = {1: 2, 2: 3, 3: 4}
 SEED_FILE = "seeds/select_seed_io.jsonl"
 SEED_FILE_SEED = 38
 PARAM = "nums"
@@ -88,16 +85,12 @@ def teacher_prompt(references: list[Task], goal: str, rules: str) -> str:
             f"{refs}\n\nNow write your own ```python block in the same layout: the line nums = [...], then f.")
 
 
-def selection_student_prompt(task: Task, type_name: str) -> str:
-    """The student's prompt under this style: the program and its list in the teacher's layout. code_o asks for
-    f(nums)'s value; code_i shows the output and asks for a list (the answer is prefilled up to its ``[``)."""
-    if type_name == "code_i":
-        return ("Find a list nums for which f(nums) returns the output below.\n"
-                f"```python\n{task.program}\n```\nOutput: {task.outputs[0]}\n\n"
-                "Give the list nums in an ```input block.")
-    return ("Predict the value returned by f for the list below.\n"
-            f"{selection_block(task)}\nCall: f(nums)\n\n"
-            "Give the returned value as a Python literal in an ```output block.")
+def code_i_student_prompt(task: Task) -> str:
+    """code_i's student prompt under this style: the program and the output; the answer is a list (prefilled up to
+    its ``[``). code_o keeps its usual prompt (lorapop/tasks/code_o.py says why)."""
+    return ("Find a list nums for which f(nums) returns the output below.\n"
+            f"```python\n{task.program}\n```\nOutput: {task.outputs[0]}\n\n"
+            "Give the list nums in an ```input block.")
 
 
 def check_shape(program: str, inp: str) -> Invalid | None:
@@ -134,33 +127,19 @@ def answer_tokens(answer: str, count_tokens: Callable[[str], int]) -> int:
     return count_tokens(f"{answer}\n```")
 
 
-def validate_selection(type_name: str, proposals: list[Proposal], executor: Executor, *,
-                       count_tokens: Callable[[str], int] | None, answer_budget: int | None, **kw
-                       ) -> list[Task | Invalid]:
-    """The shared validation (lorapop/tasks/common.py) of the proposals that pass :func:`check_shape`, then the
-    output and budget checks on the tasks it returns. ``count_tokens`` None skips the budget check (a caller
-    without a tokenizer); the validate stage always passes the engine's."""
-    from lorapop.tasks.common import validate_many
-
-    results: list[Task | Invalid | None] = [None] * len(proposals)
-    todo = []
-    for i, p in enumerate(proposals):
-        bad = check_shape(p.program, p.inputs[0] if len(p.inputs) == 1 else "")
-        if bad is None:
-            todo.append(i)
-        else:
-            results[i] = bad
-    for i, res in zip(todo, validate_many(type_name, [proposals[i] for i in todo], executor, **kw)):
-        if isinstance(res, Task):
-            if res.outputs[0] == "None":
-                res = Invalid("output_none", "f returns None")
-            elif count_tokens is not None and answer_budget is not None:
-                n = answer_tokens(answer_of(type_name, res), count_tokens)
-                if n > answer_budget:
-                    res = Invalid("answer_over_budget", f"the {type_name} answer and its fence take {n} tokens > "
-                                                        f"selfplay.solve.max_new_tokens {answer_budget}")
-        results[i] = res
-    return results  # type: ignore[return-value]
+def check_task(type_name: str, task: Task, count_tokens: Callable[[str], int] | None,
+               answer_budget: int | None) -> Invalid | None:
+    """The checks on a task the shared validation passed: the output is not None, and the answer fits the budget.
+    ``count_tokens`` None skips the budget (a caller without a tokenizer; the validate stage always passes the
+    engine's). Under code_i the prefilled ``[`` is counted too: the check errs by one token on the safe side."""
+    if task.outputs[0] == "None":
+        return Invalid("output_none", "f returns None")
+    if count_tokens is not None and answer_budget is not None:
+        n = answer_tokens(answer_of(type_name, task), count_tokens)
+        if n > answer_budget:
+            return Invalid("answer_over_budget", f"the {type_name} answer and its fence take {n} tokens > "
+                                                 f"selfplay.solve.max_new_tokens {answer_budget}")
+    return None
 
 
 if __name__ == "__main__":  # regenerate the shipped seed file
