@@ -1,13 +1,14 @@
 """The capability probe of the dynamics experiment (docs/RESULTS.md, "Dynamics: pre-registration"): every
 ``run.probe_interval`` steps each student (the agent in single mode) answers a fixed set of held-out ``code_o``
-tasks at three levels (integer expressions; list selections when ``selfplay.proposal_style`` is ``selection``), ``probe_samples`` times each, and one ``probe.jsonl`` row per (member, task)
-records the share answered correctly. ``lorapop/criteria.py`` compares the population's students with the single
-agent on it.
+tasks at three levels (integer expressions; list selections when ``selfplay.proposal_style`` is ``selection``),
+``probe_samples`` times each, and one ``probe.jsonl`` row per (member, task) records the share answered correctly.
+``lorapop/criteria.py`` compares the population's students with the single agent on it.
 
 The probe tasks are drawn from :func:`probe_tasks` with their own seed (the same in every run and seed, so two runs
 are scored on the same tasks), from shapes written here, and none is a reference task of
-``seeds/expr_seed_io.jsonl`` (``seeds/select_seed_io.jsonl`` for selections, whose lists they do not reuse either). The probe only generates (no gradient, no rating, no buffer entry) and draws its
-sampling seeds from its own stage RNG, so a run with the probe on trains exactly like one with it off.
+``seeds/expr_seed_io.jsonl`` (``seeds/select_seed_io.jsonl`` for selections, whose lists they do not reuse either).
+The probe only generates (no gradient, no rating, no buffer entry) and draws its sampling seeds from its own stage
+RNG, so a run with the probe on trains exactly like one with it off.
 
 What a probe figure is made of:
 
