@@ -151,3 +151,23 @@ def test_seed_answers_fit_the_config_budget_with_the_real_tokenizer():
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
     for r in seed_rows():
         assert answer_tokens(r["output"], count) <= budget and answer_tokens(r["input"], count) <= budget, r
+
+
+def test_validate_stage_passes_the_engines_token_counter_and_the_solve_budget():
+    from types import SimpleNamespace
+
+    from lorapop.config import load_config
+    from lorapop.train.stages import StepContext, style_checks
+
+    class Tok:
+        def encode(self, text, add_special_tokens=False):
+            return list(text)  # one token per character
+
+    sp = load_config("lorapop/configs/cpu_selection.yaml", []).selfplay
+    ctx = StepContext(0, 0, SimpleNamespace(tokenizer=Tok()), None, sp, {})
+    got = style_checks(ctx, "code_i")
+    assert got["style"] == "selection" and got["answer_budget"] == sp.solve.max_new_tokens
+    assert got["count_tokens"]("[1]\n```") == 7
+    assert style_checks(ctx, "code_f") == {}
+    other = load_config("lorapop/configs/cpu_dynamics.yaml", []).selfplay
+    assert style_checks(StepContext(0, 0, SimpleNamespace(tokenizer=Tok()), None, other, {}), "code_o") == {}
