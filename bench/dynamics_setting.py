@@ -2,7 +2,8 @@
 own prompts, prefills, sampling and sandbox, proposes ``--proposals`` tasks; every valid one is answered
 ``n_solve`` times by the base. Prints the valid rate with the reasons proposals failed, the solve rate on valid
 tasks (overall and by AST depth of the program), the share of valid tasks solved sometimes but not always
-(``mixed_share``: 0 < s < 1), the share of trivial tasks, and ends with one line of JSON.
+(``mixed_share``: 0 < s < 1), the share of trivial tasks, the same figures per task type (``by_type``), and ends
+with one line of JSON.
 
     PYTHONPATH=. .venv/bin/python bench/dynamics_setting.py cpu_dynamics [--proposals 64] [--key=value ...]
 
@@ -72,17 +73,33 @@ def main(argv: list[str] | None = None) -> dict:
         "distinct_programs": len({j.task.program for j in jobs}),
         "solve_by_depth": {str(d): [round(statistics.fmean(v), 3), len(v)] for d, v in sorted(by_depth.items())},
         "failures": dict(reasons.most_common()),
+        # the same figures per task type (code_o and code_i see the same proposals' layout, not the same question)
+        "by_type": {tt: _figures([r for r in props if r.task_type == tt], [j for j in jobs if j.task_type == tt])
+                    for tt in cfg.selfplay.task_types},
     }
     shown: Counter = Counter()
     for r in props:
         if shown[r.status] < args.show:
             shown[r.status] += 1
             print(f"--- {r.status} {r.detail[:60]!r}\n{r.prefill + r.completion.text}")
-    for j in jobs[:args.show]:
-        print(f"--- task {j.task.program!r} f({j.task.inputs[0]}) = {j.task.outputs[0]}: "
+    for j in [j for tt in cfg.selfplay.task_types for j in [j for j in jobs if j.task_type == tt][:args.show]]:
+        print(f"--- {j.task_type} task {j.task.program!r} f({j.task.inputs[0]}) = {j.task.outputs[0]}: "
               f"{[r.completion.text.strip()[:20] for r in j.rollouts]} -> {j.solve_rate}")
     print(json.dumps(out))
     return out
+
+
+def _figures(props: list, jobs: list) -> dict:
+    rates = [j.solve_rate for j in jobs]
+    answers = [r for j in jobs for r in j.rollouts]
+    return {"proposals": len(props), "valid_rate": round(len(jobs) / len(props), 3) if props else 0.0,
+            "solve_rate": round(statistics.fmean(rates), 3) if rates else None,
+            "mixed_share": round(statistics.fmean(0.0 < s < 1.0 for s in rates), 3) if rates else None,
+            "n_valid": len(jobs),
+            "answer_format_error_rate": round(sum(r.status == "format_error" for r in answers) / len(answers), 3)
+            if answers else None,
+            "failures": dict(Counter(f"{r.status}:{r.detail.split(':')[0][:40]}" for r in props
+                                     if r.status != "valid").most_common())}
 
 
 def _parses(src: str) -> bool:

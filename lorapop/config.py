@@ -125,13 +125,17 @@ class SelfPlayConfig:
                                         "the prefill is prompt, not trained. For small base models that rarely "
                                         "open the right block by themselves (the CPU demo); the paper's setting "
                                         "leaves it off")
-    proposal_style: Literal["azr", "input_first", "expression"] = doc(
+    proposal_style: Literal["azr", "input_first", "expression", "selection"] = doc(
         "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
                "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
                "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
                "(the CPU configs; docs/RESULTS.md). 'expression': one ```python block, the line `x = <integer input>` "
                "then an f(x) whose body is one return expression, shown such references, the reply started after "
-               "`x = ` (the cpu_dynamics configs). code_f proposals (inputs and a message) are the same in all three")
+               "`x = ` (the cpu_dynamics configs). 'selection': the same one block over a list, the line "
+               "`nums = [<small ints>]` then an f(nums) whose body is one return line that copies or selects "
+               "(nums[k], max, sorted(nums)[k], a conditional...), the reply started after `nums = [`; valid only when "
+               "the student's answer fits selfplay.solve.max_new_tokens (lorapop/tasks/selections.py; the "
+               "cpu_selection config). code_f proposals (inputs and a message) are the same in all four")
     prompt_format: Literal["short", "azr"] = doc(
         "short", "how every proposal and answer is asked for and read. 'azr': AZR's R1 plain-text template (no chat "
                  "special tokens: the R1 sentence, 'User:' and the task, then 'Assistant: <think>'; the reply reasons "
@@ -178,9 +182,10 @@ class SelfPlayConfig:
             if self.proposal_style != "azr":
                 raise ConfigError(f"selfplay.proposal_style: must be azr with selfplay.prompt_format: azr (AZR's "
                                   f"proposer prompt has one layout), got {self.proposal_style}")
-        if self.proposal_style == "expression" and not self.response_prefill:
-            raise ConfigError("selfplay.proposal_style: 'expression' starts the reply inside its block, after "
-                              "`x = `, a prefill: set selfplay.response_prefill: true")
+        if self.proposal_style in ("expression", "selection") and not self.response_prefill:
+            start = "`x = `" if self.proposal_style == "expression" else "`nums = [`"
+            raise ConfigError(f"selfplay.proposal_style: '{self.proposal_style}' starts the reply inside its block, "
+                              f"after {start}, a prefill: set selfplay.response_prefill: true")
         for name in ("propose", "solve"):
             # Every proposal and answer may enter the update, which scores it at its sampling temperature over the
             # whole vocabulary (docs/METHOD.md, "On-policy updates"): a nucleus cut would make the update the gradient
@@ -199,9 +204,10 @@ class SelfPlayConfig:
                 # Without the prefill a reply opens its block itself: it would stop at its own opening fence.
                 raise ConfigError(f"selfplay.{name}.stop: '```' needs selfplay.response_prefill: true (without it "
                                   f"every reply ends at the fence that opens its first block)")
-            if name == "propose" and self.proposal_style != "expression":
+            if name == "propose" and self.proposal_style not in ("expression", "selection"):
                 raise ConfigError("selfplay.propose.stop: '```' would end a proposal after its first block, and "
-                                  "every proposal needs two or more (only proposal_style: expression is one block)")
+                                  "every proposal needs two or more (only proposal_styles expression and selection "
+                                  "are one block)")
 
 
 @dataclass
@@ -273,7 +279,8 @@ class RunConfig:
     progress: Literal["auto", "rich", "plain", "none"] = doc("auto", "live progress display; 'auto' uses rich on "
                                                                       "a terminal and plain lines otherwise")
     probe_interval: int = doc(0, "every this many steps (and before step 1) each student, or the single agent, "
-                                 "answers the fixed capability probe of held-out code_o expression tasks "
+                                 "answers the fixed capability probe of held-out code_o tasks (integer "
+                                 "expressions; list selections under proposal_style selection) "
                                  "(lorapop/train/probe.py) into probe.jsonl, after the step's update and before its "
                                  "PBT replacement; before step 1 it also records the probe's noise floor (the spread "
                                  "of identical members' scores). Generation only, it changes no training. "

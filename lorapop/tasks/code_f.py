@@ -66,7 +66,10 @@ class CodeF:
     def validate_many(self, proposals: list[Proposal], executor: Executor, **kw) -> list[Task | Invalid]:
         return validate_many(self.name, proposals, executor, min_inputs=self.n_inputs, **kw)
 
-    def student_prompt(self, task: Task, fmt: str = "short") -> str:
+    def answer_prefill_for(self, style: str) -> str:
+        return self.answer_prefill
+
+    def student_prompt(self, task: Task, fmt: str = "short", style: str = "azr") -> str:
         if fmt == "azr":
             return azr_prompts.solve_function(task, self.n_shown)
         pairs = "\n".join(f"f({i}) == {o}" for i, o in zip(task.inputs[: self.n_shown], task.outputs[: self.n_shown]))

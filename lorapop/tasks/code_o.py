@@ -21,7 +21,10 @@ class CodeO(ProgramInputTask):
     answer_prefill = "```output\n"
     goal = "A solver will see f and the input and must predict the output, so make it take careful reasoning."
 
-    def student_prompt(self, task: Task, fmt: str = "short") -> str:
+    def student_prompt(self, task: Task, fmt: str = "short", style: str = "azr") -> str:
+        # One prompt for every style: under selection, the list shown in the teacher's layout (`nums = [...]` above
+        # f, "Call: f(nums)") made the base solve 0.14 of fixed tasks against 0.18 with the list in the call
+        # (docs/RESULTS.md, "Dynamics, second design: the step-0 gate").
         if fmt == "azr":
             return azr_prompts.solve_output(task)
         return ("Predict the value returned by f for the input below.\n"

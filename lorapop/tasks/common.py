@@ -7,9 +7,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from lorapop.tasks import azr_prompts
+from lorapop.tasks import azr_prompts, selections
 from lorapop.tasks.azr_format import unwrap
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
+from lorapop.tasks.selections import SELECTION_PREFILL
 from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
                                     status_to_invalid)
 
@@ -73,6 +74,23 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     return results  # type: ignore[return-value]
 
 
+def validate_selection(type_name: str, proposals: list[Proposal], executor: Executor, *,
+                       count_tokens=None, answer_budget: int | None = None, **kw) -> list[Task | Invalid]:
+    """proposal_style selection (lorapop/tasks/selections.py): its static shape checks, then :func:`validate_many`
+    on the proposals that pass them, then its checks on the tasks that returns (output not None, the answer within
+    ``answer_budget`` tokens as ``count_tokens`` counts them)."""
+    results: list[Task | Invalid | None] = [None] * len(proposals)
+    todo = []
+    for i, p in enumerate(proposals):
+        results[i] = selections.check_shape(p.program, p.inputs[0] if len(p.inputs) == 1 else "")
+        if results[i] is None:
+            todo.append(i)
+    for i, res in zip(todo, validate_many(type_name, [proposals[i] for i in todo], executor, **kw)):
+        results[i] = (selections.check_task(type_name, res, count_tokens, answer_budget) or res
+                      if isinstance(res, Task) else res)
+    return results  # type: ignore[return-value]
+
+
 def answer_text(reply, fmt: str):
     """What the block parser reads: the reply itself (``short``), or under ``azr`` the content of its answer block
     once the reply passes AZR's format check (a ParseError, a format error, when it does not)."""
@@ -101,23 +119,27 @@ def render_reference(t: Task, with_output: bool = True) -> str:
 # block after it (0 of 16): docs/RESULTS.md, "Dynamics: the setting".
 EXPRESSION_PREFILL = "```python\nx = "
 _INPUT_LINE = re.compile(r"^x\s*=\s*(.+?)\s*$")
+# proposal_style "selection" (lorapop/tasks/selections.py): the same one-block layout over a list, `nums = [...]`
+_LIST_LINE = re.compile(r"^nums\s*=\s*(.+?)\s*$")
 
 
 def expression_block(t: Task) -> str:
     return fence("python", f"x = {t.inputs[0] if t.inputs else ''}\n{t.program}")
 
 
-def parse_expression_block(text: str, type_name: str = "code_o") -> Proposal | ParseError:
-    """The one-block layout of ``proposal_style: expression``: input line first, then the program."""
+def parse_expression_block(text: str, type_name: str = "code_o", style: str = "expression") -> Proposal | ParseError:
+    """The one-block layout of ``proposal_style: expression`` (and ``selection``): input line first, then the
+    program."""
     from lorapop.tasks.parsing import extract
 
     got = extract(text, {"python": 1})
     if isinstance(got, ParseError):
         return got
     first, _, program = got["python"][0].partition("\n")
-    m = _INPUT_LINE.match(first)
+    m = (_LIST_LINE if style == "selection" else _INPUT_LINE).match(first)
     if m is None or not program.strip():
-        return ParseError("missing_input", "the block must open with `x = <input>` and then define f")
+        line = "nums = [...]" if style == "selection" else "x = <input>"
+        return ParseError("missing_input", f"the block must open with `{line}` and then define f")
     return Proposal(type=type_name, program=program.strip("\n"), inputs=[m.group(1)])
 
 
@@ -127,10 +149,16 @@ class ProgramInputTask:
     name = ""
     goal = ""
     proposal_prefill = "```python\n"
+    answer_prefill = ""
+
+    def answer_prefill_for(self, style: str) -> str:
+        return self.answer_prefill
 
     def proposal_prefill_for(self, style: str) -> str:
         if style == "expression":
             return EXPRESSION_PREFILL
+        if style == "selection":
+            return SELECTION_PREFILL
         return "```input\n" if style == "input_first" else self.proposal_prefill
 
     def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr", fmt: str = "short") -> str:
@@ -148,6 +176,8 @@ class ProgramInputTask:
             return ("Write one integer input x and a new Python function f(x) whose body is a single return "
                     f"expression. {self.goal}\n{FORMAT_RULES}\n\n"
                     f"{refs}\n\nNow write your own ```python block in the same layout: the line x = ..., then f.")
+        if style == "selection":
+            return selections.teacher_prompt(references, self.goal, FORMAT_RULES)
         if style == "input_first":
             refs = "\n\n".join(f"Reference {i + 1}:\n" + "\n".join([fence("input", t.inputs[0] if t.inputs else ""),
                                                                   fence("python", t.program)])
@@ -169,8 +199,8 @@ class ProgramInputTask:
         text = answer_text(text, fmt)
         if isinstance(text, ParseError):
             return text
-        if style == "expression":
-            return parse_expression_block(text, self.name)
+        if style in ("expression", "selection"):
+            return parse_expression_block(text, self.name, style)
         got = extract(text, {"python": 1, "input": 1})
         if isinstance(got, ParseError):
             return got
@@ -179,7 +209,14 @@ class ProgramInputTask:
     def validate(self, proposal: Proposal, executor: Executor) -> Task | Invalid:
         return self.validate_many([proposal], executor)[0]
 
-    def validate_many(self, proposals: list[Proposal], executor: Executor, **kw) -> list[Task | Invalid]:
+    def validate_many(self, proposals: list[Proposal], executor: Executor, *, style: str = "azr",
+                      count_tokens=None, answer_budget: int | None = None, **kw) -> list[Task | Invalid]:
+        """``style`` selection adds its own checks (lorapop/tasks/selections.py), the answer budget among them:
+        ``count_tokens`` (text -> tokens, the model's tokenizer) and ``answer_budget`` (selfplay.solve's
+        max_new_tokens). The other styles ignore both."""
+        if style == "selection":
+            return validate_selection(self.name, proposals, executor, count_tokens=count_tokens,
+                                      answer_budget=answer_budget, **kw)
         return validate_many(self.name, proposals, executor, **kw)
 
     def check(self, task: Task, answer, executor: Executor) -> bool:

@@ -188,8 +188,11 @@ class Trainer:
         """Per-type buffers with the identity seed, plus seed files validated in the sandbox (outputs recomputed).
         A file in AZR's code_f layout (``inputs``/``outputs``/``message``) seeds code_f; the I/O layout seeds
         code_o and code_i. On resume the checkpoint's buffers replace all of this."""
-        buffers = {tt: TaskBuffer(tt, max_tasks=self.cfg.selfplay.buffer_max_tasks)
-                   for tt in self.cfg.selfplay.task_types}
+        sp = self.cfg.selfplay
+        # Under proposal_style selection the identity seed (f(a) on a string) would be shown in the list layout,
+        # `nums = "Hello world"`, against the style's own rules; its seed file stands in for it.
+        identity = not (sp.proposal_style == "selection" and sp.seed_files and load_seeds)
+        buffers = {tt: TaskBuffer(tt, seed_identity=identity, max_tasks=sp.buffer_max_tasks) for tt in sp.task_types}
         for name in self.cfg.selfplay.seed_files if load_seeds else []:
             path = resolve_data_file(name)
             if path is None:
@@ -352,13 +355,14 @@ class Trainer:
         if self.probe_log is None:
             return
         sp, run = self.cfg.selfplay, self.cfg.run
-        prefill = TASK_TYPES["code_o"].answer_prefill if sp.response_prefill else ""
+        prefill = TASK_TYPES["code_o"].answer_prefill_for(sp.proposal_style) if sp.response_prefill else ""
         rng = stages.step_rng(run.seed, step, "probe")
         members = self.population.students
 
         def score(who: list) -> list[dict[str, Any]]:
             return run_probe(self.engine, self.executor, who, step, stages.sampling_params(sp.solve),
-                             run.probe_samples, prefill, rng, per_level=run.probe_per_level, min_age=run.probe_min_age)
+                             run.probe_samples, prefill, rng, per_level=run.probe_per_level, min_age=run.probe_min_age,
+                             style=sp.proposal_style)
 
         rows = score(members)
         if step == 0:

@@ -1,13 +1,14 @@
 """The capability probe of the dynamics experiment (docs/RESULTS.md, "Dynamics: pre-registration"): every
 ``run.probe_interval`` steps each student (the agent in single mode) answers a fixed set of held-out ``code_o``
-expression tasks at three levels, ``probe_samples`` times each, and one ``probe.jsonl`` row per (member, task)
-records the share answered correctly. ``lorapop/criteria.py`` compares the population's students with the single
-agent on it.
+tasks at three levels (integer expressions; list selections when ``selfplay.proposal_style`` is ``selection``),
+``probe_samples`` times each, and one ``probe.jsonl`` row per (member, task) records the share answered correctly.
+``lorapop/criteria.py`` compares the population's students with the single agent on it.
 
 The probe tasks are drawn from :func:`probe_tasks` with their own seed (the same in every run and seed, so two runs
-are scored on the same tasks), from expression shapes written here, and none is a reference task of
-``seeds/expr_seed_io.jsonl``. The probe only generates (no gradient, no rating, no buffer entry) and draws its
-sampling seeds from its own stage RNG, so a run with the probe on trains exactly like one with it off.
+are scored on the same tasks), from shapes written here, and none is a reference task of
+``seeds/expr_seed_io.jsonl`` (``seeds/select_seed_io.jsonl`` for selections, whose lists they do not reuse either).
+The probe only generates (no gradient, no rating, no buffer entry) and draws its sampling seeds from its own stage
+RNG, so a run with the probe on trains exactly like one with it off.
 
 What a probe figure is made of:
 
@@ -42,8 +43,26 @@ SHAPES: dict[int, tuple[str, ...]] = {
 }
 
 
-def probe_tasks(per_level: int = 30, seed: int = PROBE_SEED) -> list[tuple[int, Task]]:
-    """(level, task) pairs, ``per_level`` distinct tasks at each level, the same for the same arguments."""
+# proposal_style selection (lorapop/tasks/selections.py): level -> selection shapes over nums; {i} a position in the
+# list but the last ({j}: but the last two, {l}: any), {m} one in 1..len, {k} a threshold (no constant programs:
+# they are answered from the page and would only pad the probe); a draw that indexes past its list is skipped. Held
+# out: a program of the seed file is skipped, and so is a list the seed file calls f on; the lists are one element
+# longer than the seed file's at each level.
+SELECT_SHAPES: dict[int, tuple[str, ...]] = {
+    1: ("nums[{l}]", "nums[-{m}]", "sorted(nums)[{l}]"),
+    2: ("max(nums[{i}:])", "min(nums[{i}:])", "sorted(nums)[-{m}]", "nums[{i}] if nums[{j}] > {k} else nums[{l}]",
+        "max(nums[:{m}])"),
+    3: ("sorted(nums[{i}:])[{j}]", "nums[len(nums) - {m}]", "min(nums[-{m}:]) if nums[{i}] > {k} else max(nums)",
+        "nums[nums[{i}] % len(nums)]", "sorted(nums)[len(nums) // 2]"),
+}
+SELECT_LIST_LEN = {1: 4, 2: 5, 3: 6}
+
+
+def probe_tasks(per_level: int = 30, seed: int = PROBE_SEED, style: str = "expression") -> list[tuple[int, Task]]:
+    """(level, task) pairs, ``per_level`` distinct tasks at each level, the same for the same arguments: integer
+    expressions, or under ``style`` selection list selections (:data:`SELECT_SHAPES`)."""
+    if style == "selection":
+        return _selection_tasks(per_level, seed)
     from lorapop.tasks.expressions import LEVELS, program
 
     refs = {program(e) for exprs in LEVELS.values() for e in exprs}
@@ -64,6 +83,33 @@ def probe_tasks(per_level: int = 30, seed: int = PROBE_SEED) -> list[tuple[int, 
     return out
 
 
+def _selection_tasks(per_level: int, seed: int) -> list[tuple[int, Task]]:
+    from lorapop.tasks.selections import draw_list, program, run, seed_rows
+
+    rows = seed_rows()
+    refs, ref_inputs = {r["snippet"] for r in rows}, {r["input"] for r in rows}
+    rng = random.Random(f"probe-select:{seed}")
+    out: list[tuple[int, Task]] = []
+    for level, shapes in sorted(SELECT_SHAPES.items()):
+        n = SELECT_LIST_LEN[level]
+        seen: set[tuple[str, str]] = set()
+        while len(seen) < per_level:
+            expr = rng.choice(shapes).format(i=rng.randrange(n - 1), j=rng.randrange(n - 2), l=rng.randrange(n),
+                                             m=rng.randint(1, n), k=rng.randint(2, 7))
+            nums = draw_list(rng, n)
+            prog, inp = program(expr), repr(nums)
+            if prog in refs or inp in ref_inputs or (prog, inp) in seen:
+                continue
+            try:
+                value = run(expr, nums)
+            except IndexError:
+                continue
+            seen.add((prog, inp))
+            out.append((level, Task(type="code_o", program=prog, inputs=[inp], outputs=[repr(value)],
+                                    proposer="probe", step=0)))
+    return out
+
+
 def counts(member: Any, step: int, min_age: int) -> bool:
     """Whether ``member``'s probe score at ``step`` enters the aggregate: a member of step 0 always (each curve starts
     from all of them), a PBT child once it has trained ``min_age`` steps. Every member trains in every step
@@ -73,16 +119,18 @@ def counts(member: Any, step: int, min_age: int) -> bool:
 
 
 def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, params: Any, n_samples: int,
-              prefill: str, rng: random.Random, per_level: int = 30, min_age: int = 0) -> list[dict[str, Any]]:
-    """One probe.jsonl row per (member, task): ``step, member, role, task, level, score, age, counted``."""
+              prefill: str, rng: random.Random, per_level: int = 30, min_age: int = 0, style: str = "expression"
+              ) -> list[dict[str, Any]]:
+    """One probe.jsonl row per (member, task): ``step, member, role, task, level, score, age, counted``. ``style``
+    (selfplay.proposal_style) picks the probe's family: list selections under ``selection``, else expressions."""
     from lorapop.tasks import TASK_TYPES
     from lorapop.train.stages import prompt_ids
 
-    code_o, tasks = TASK_TYPES["code_o"], probe_tasks(per_level)
+    code_o, tasks = TASK_TYPES["code_o"], probe_tasks(per_level, style=style)
     prompts, slots, who = [], [], []
     for m in members:
         for k, (_, task) in enumerate(tasks):
-            ids = prompt_ids(engine, code_o.student_prompt(task), prefill)
+            ids = prompt_ids(engine, code_o.student_prompt(task, style=style), prefill)
             prompts += [ids] * n_samples
             slots += [m.slot] * n_samples
             who += [(m, k)] * n_samples

@@ -175,7 +175,7 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
         else:
             by_type[r.task_type].append((i, proposal))
     for tt, items in by_type.items():
-        results = TASK_TYPES[tt].validate_many([p for _, p in items], ctx.executor)
+        results = TASK_TYPES[tt].validate_many([p for _, p in items], ctx.executor, **style_checks(ctx, tt))
         for (i, _), res in zip(items, results):
             r = out[i]
             if isinstance(res, Invalid):
@@ -185,6 +185,17 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
             out[i] = replace(r, status="valid", task=res, result=res)
             ctx.buffers[tt].add(res)
     return out
+
+
+def style_checks(ctx: StepContext, task_type: str) -> dict[str, Any]:
+    """The style's own validity arguments: under proposal_style selection (code_o and code_i) the style and the
+    answer budget, selfplay.solve's max_new_tokens counted with the engine's own tokenizer (what the student's
+    answer will be generated in)."""
+    if ctx.cfg.proposal_style != "selection" or task_type not in ("code_o", "code_i"):
+        return {}
+    tok = ctx.engine.tokenizer
+    return {"style": "selection", "answer_budget": ctx.cfg.solve.max_new_tokens,
+            "count_tokens": lambda text: len(tok.encode(text, add_special_tokens=False))}
 
 
 def solve_jobs(ctx: StepContext, pairs: Mapping[str, Member], teachers: Mapping[str, Member],
@@ -219,10 +230,12 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     engine, n_solve, rng = ctx.engine, ctx.cfg.n_solve, ctx.rng("solve")
     prompts, slots = [], []
     fmt = ctx.cfg.prompt_format
-    prefills = {tt: reply_start(ctx.cfg, TASK_TYPES[tt].answer_prefill if ctx.cfg.response_prefill else "")
+    style = ctx.cfg.proposal_style
+    prefills = {tt: reply_start(ctx.cfg, TASK_TYPES[tt].answer_prefill_for(style) if ctx.cfg.response_prefill else "")
                 for tt in ctx.cfg.task_types}
     for job in jobs:
-        ids = prompt_ids(engine, TASK_TYPES[job.task_type].student_prompt(job.task, fmt), prefills[job.task_type], fmt)
+        ids = prompt_ids(engine, TASK_TYPES[job.task_type].student_prompt(job.task, fmt, style),
+                         prefills[job.task_type], fmt)
         prompts += [ids] * n_solve
         slots += [job.student.slot] * n_solve
     seeds = [rng.getrandbits(31) for _ in prompts]

@@ -1,0 +1,204 @@
+"""The four arms of the dynamics experiment's second design (issue 38), every seed in one command:
+
+    PYTHONPATH=. .venv/bin/python bench/arms.py [--config cpu_selection] [--seeds 0,1,2]
+        [--arms single,1T+1S,2T+2S,null] [--out runs/arms] [--steps N] [--report-only] [--section.key=value ...]
+
+Per seed ``s`` and arm ``a`` one ordinary run directory ``<out>/seed<s>/<a>/``, trained by
+``lorapop.compare.train`` (killed, the same command continues it from its last checkpoint; a run whose checkpoint
+already holds ``run.steps`` is not loaded again). Every arm is the config (and the command line's overrides) plus:
+
+- ``single``: ``population.mode=single`` with ``teacher_reward=auto``, AZR's learnability-paid agent;
+- ``1T+1S``: one teacher and one student, adversarial reward; per step the two adapters make the agent's samples
+  between them (lorapop/compare.py says why that is the same total compute). PBT is off: with one member per role
+  a round could only log that it skipped;
+- ``2T+2S``: two and two with the config's PBT schedule (cpu_selection: rounds at steps 15 and 30 of 40) and
+  ``run.probe_min_age`` keeping untrained children out of the probe's aggregate;
+- ``null``: ``2T+2S`` with ``engine.lr=0`` and PBT off, the same sampling: adapters stay the base (LoRA B = 0), so
+  whatever its curves do is drift from the task buffers (teachers copying references) alone.
+
+PBT off means ``evolve.burn_in_period`` one past ``run.steps`` (lorapop/evolve/pbt.py: no round before it).
+
+Wall clock per arm (summed over invocations, with each invocation's step range) goes to ``<out>/seed<s>/arms.json``
+and is printed. At the end, and alone with ``--report-only``, ``<out>/arms.json`` holds per seed and arm the
+measured curves, saved raw (no verdicts; the criteria are registered separately): matched solve rate, mixed share
+(share of the step's valid tasks, tasks.jsonl's ``solve_rate``, with 0 < s < 1), valid rate, mean AST depth of valid
+proposals, the probe's mean score per step over counted rows, and the last of these; ``<out>/arms.svg`` draws them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
+
+ARMS: dict[str, list[str]] = {
+    "single": ["--population.mode=single", "--selfplay.teacher_reward=auto"],
+    "1T+1S": ["--population.n_teachers=1", "--population.n_students=1"],
+    "2T+2S": ["--population.n_teachers=2", "--population.n_students=2"],
+    "null": ["--population.n_teachers=2", "--population.n_students=2", "--engine.lr=0"],
+}
+NO_PBT = ("1T+1S", "null")
+STYLE = {"single": (PALETTE[0], "6 3"), "1T+1S": (PALETTE[2], "2 2"), "2T+2S": (PALETTE[1], ""),
+         "null": ("#888888", "1 3")}
+PANELS = (("matched_solve_rate", "matched solve rate", (0.0, 1.0)),
+          ("mixed_share", "mixed share (0 < s < 1)", (0.0, 1.0)),
+          ("ast_depth", "AST depth of valid proposals", None),
+          ("probe", "probe score (counted rows)", (0.0, 1.0)))
+SOLVE_KEYS = ("student/matched_solve_rate", "matched_solve_rate")
+
+
+def arm_config(config: str, arm: str, overrides: list[str], seed: int, out: Path, steps: int | None):
+    """The arm's resolved config: the config, the command line's overrides, then the arm's own (which win)."""
+    from lorapop.config import load_config, resolve_config_path
+
+    path = resolve_config_path(config)
+    common = overrides + ([f"--run.steps={steps}"] if steps is not None else []) + [
+        f"--run.seed={seed}", f"--run.output_dir={out / f'seed{seed}'}",
+        f"--run.name={json.dumps(arm)}"]  # quoted: the override's value is YAML, where a bare null is None
+    cfg = load_config(path, common + ARMS[arm])
+    if arm in NO_PBT:
+        cfg = load_config(path, common + ARMS[arm] + [f"--evolve.burn_in_period={cfg.run.steps + 1}"])
+    return cfg
+
+
+def done_steps(run_dir: Path) -> int:
+    """The step of the run's latest complete checkpoint (0 when none)."""
+    from lorapop.rundir import RunDir, checkpoint_step
+
+    ckpt = RunDir(run_dir).latest_checkpoint() if run_dir.is_dir() else None
+    return checkpoint_step(ckpt) if ckpt is not None else 0
+
+
+def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[str], out: Path,
+               steps: int | None) -> None:
+    from lorapop.compare import train
+
+    for s in seeds:
+        times_path = out / f"seed{s}" / "arms.json"
+        for arm in arms:
+            cfg = arm_config(config, arm, overrides, s, out, steps)
+            run_dir = out / f"seed{s}" / arm
+            start = done_steps(run_dir)
+            if start >= cfg.run.steps:  # finished: loading the model again would cost a minute for nothing
+                print(f"seed {s} {arm}: done ({start} steps), skipped", flush=True)
+                continue
+            t0 = time.perf_counter()
+            train(cfg)
+            wall = time.perf_counter() - t0
+            times = json.loads(times_path.read_text()) if times_path.is_file() else {}
+            rec = times.setdefault(arm, {"wall_s": 0.0, "sessions": []})
+            rec["wall_s"] = round(rec["wall_s"] + wall, 1)
+            rec["sessions"].append({"from_step": start, "to_step": cfg.run.steps, "wall_s": round(wall, 1),
+                                    "s_per_step": round(wall / max(1, cfg.run.steps - start), 1)})
+            times["seed_wall_s"] = round(sum(v["wall_s"] for k, v in times.items() if isinstance(v, dict)), 1)
+            times_path.write_text(json.dumps(times, indent=1))
+            print(f"seed {s} {arm}: steps {start}-{cfg.run.steps} in {wall / 60:.1f} min "
+                  f"({wall / max(1, cfg.run.steps - start):.1f} s/step); seed so far {times['seed_wall_s'] / 60:.1f} "
+                  "min", flush=True)
+
+
+def _by_step(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    out: dict[int, float] = {}
+    for r in rows:
+        if isinstance(r.get("step"), int) and isinstance(r.get(key), (int, float)):
+            out[r["step"]] = float(r[key])
+    return sorted(out.items())
+
+
+def arm_figures(run_dir: Path) -> dict[str, Any]:
+    """One arm's measured quantities, raw: per-step curves as [step, value] pairs and the last probe score."""
+    from lorapop.rundir import iter_jsonl
+    from lorapop.train.probe import step_means
+
+    notes: list[str] = []
+    metrics = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl", notes)]
+    solve: dict[int, float] = {}
+    for r in metrics:
+        v = next((r[k] for k in SOLVE_KEYS if isinstance(r.get(k), (int, float))), None)
+        if isinstance(r.get("step"), int) and v is not None:
+            solve[r["step"]] = float(v)
+    rates: dict[int, list[float]] = {}
+    for _, t in iter_jsonl(run_dir / "tasks.jsonl", notes):
+        if isinstance(t.get("step"), int) and isinstance(t.get("solve_rate"), (int, float)):
+            rates.setdefault(t["step"], []).append(float(t["solve_rate"]))
+    probe = step_means([r for _, r in iter_jsonl(run_dir / "probe.jsonl", notes)])
+    return {
+        "steps": max((r["step"] for r in metrics if isinstance(r.get("step"), int)), default=0),
+        "matched_solve_rate": sorted(solve.items()),
+        # the tasks a learnability reward pays (0 < s < 1), as a share of the step's valid tasks
+        "mixed_share": [(st, statistics.fmean(0.0 < x < 1.0 for x in v)) for st, v in sorted(rates.items())],
+        "n_valid_tasks": [(st, len(v)) for st, v in sorted(rates.items())],
+        "valid_rate": _by_step(metrics, "valid_rate"),
+        "ast_depth": _by_step(metrics, "complexity/ast_depth"),
+        "probe": [(st, v) for st, v in probe],
+        "last_probe": {"step": probe[-1][0], "score": probe[-1][1]} if probe else None,
+        "notes": notes,
+    }
+
+
+def report(out: Path, config: str) -> dict[str, Any]:
+    per_seed: dict[str, dict[str, Any]] = {}
+    for seed_dir in sorted(out.glob("seed*"), key=lambda p: p.name):
+        arms = {a: arm_figures(seed_dir / a) for a in ARMS if (seed_dir / a / "metrics.jsonl").is_file()}
+        if arms:
+            times = seed_dir / "arms.json"
+            per_seed[seed_dir.name] = {"arms": arms, "wall": json.loads(times.read_text()) if times.is_file()
+                                       else None}
+    result = {"config": config, "per_seed": per_seed}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "arms.json").write_text(json.dumps(result, indent=1))
+    if per_seed:
+        (out / "arms.svg").write_text(figure(per_seed, config))
+    for seed, d in per_seed.items():
+        for arm, f in d["arms"].items():
+            last = lambda k: f"{f[k][-1][1]:.3g}" if f[k] else "-"  # noqa: E731
+            print(f"{seed} {arm:<6} steps {f['steps']:>3}  solve {last('matched_solve_rate')}  mixed "
+                  f"{last('mixed_share')}  valid {last('valid_rate')}  depth {last('ast_depth')}  probe "
+                  f"{last('probe')}")
+    return result
+
+
+def figure(per_seed: dict[str, dict[str, Any]], config: str) -> str:
+    plots = []
+    for seed, d in per_seed.items():
+        for key, label, y_range in PANELS:
+            series = [Series(arm, [(float(x), y) for x, y in f[key]], color=STYLE[arm][0], dash=STYLE[arm][1])
+                      for arm, f in d["arms"].items()]
+            plots.append((f"{seed}: {label}", plot_svg(series, f"{seed}: {label}", y_range=y_range)))
+    return figure_svg(plots, cols=len(PANELS), title=f"{config}: the four arms",
+                      legend=[Series(a, [], color=c, dash=dash) for a, (c, dash) in STYLE.items()])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="cpu_selection")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--out", default="runs/arms")
+    ap.add_argument("--steps", type=int, default=None, help="run.steps for every arm (timing a short version)")
+    ap.add_argument("--report-only", action="store_true")
+    args, overrides = ap.parse_known_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        ap.error(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
+    for o in overrides:
+        if o.startswith(("--run.name=", "--run.output_dir=", "--run.seed=", "--population.mode=")):
+            ap.error(f"override '{o}': bench/arms.py sets run.name, run.output_dir, run.seed and population.mode "
+                     "itself (use --out, --seeds, --arms)")
+    out = Path(args.out)
+    if not args.report_only:
+        train_arms(args.config, [int(s) for s in args.seeds.split(",")], arms, overrides, out, args.steps)
+    return report(out, args.config)
+
+
+if __name__ == "__main__":
+    main()
