@@ -48,13 +48,9 @@ SOAK = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2",
 
 
 def _kb(field: str, pid: int | str = "self") -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    from lorapop.hostmem import proc_status_kb
+
+    return proc_status_kb(field, pid) or 0
 
 
 def children_rss_mb() -> float:
@@ -210,18 +206,25 @@ def killed_and_resumed(args, overrides: list[str], duration_s: float) -> dict:
     return {"resume_equal": want == got, "kills_at_s": kills, "first_difference": diff, "checkpoints_kept": kept}
 
 
+def soak_config(args, overrides: list[str], name: str):
+    """CONFIG at the soak shape (or, with ``--config-shape``, its own shapes with SOAK's run settings), the command
+    line's overrides, ``--steps`` and the run directory ``<out>/<name>``."""
+    from lorapop.config import load_config, resolve_config_path
+
+    shape = [o for o in SOAK if o.startswith("--run.")] if args.config_shape else SOAK
+    return load_config(resolve_config_path(args.config), shape + overrides + [
+        f"--run.steps={args.steps}", f"--run.output_dir={args.out}", f"--run.name={name}"])
+
+
 def runs_in_one_process(args, overrides: list[str]) -> dict:
     """``--runs N``: CONFIG trained N times one after another in this process, as bench/dynamics.py and ``lorapop
     compare`` do; resident memory after each run is closed (its engine freed), before and after a ``malloc_trim``."""
-    from lorapop.config import load_config, resolve_config_path
     from lorapop.hostmem import release_free_memory
     from lorapop.train.loop import Trainer, prepare_run_dir
 
     after, trimmed = [], []
     for i in range(args.runs):
-        shape = [o for o in SOAK if o.startswith("--run.")] if args.config_shape else SOAK
-        cfg = load_config(resolve_config_path(args.config), shape + overrides + [
-            f"--run.steps={args.steps}", f"--run.output_dir={args.out}", f"--run.name=run{i}"])
+        cfg = soak_config(args, overrides, f"run{i}")
         run_dir, resume = prepare_run_dir(cfg, resume=False)
         with Trainer(cfg, run_dir, resume=resume) as tr:
             tr.run()
@@ -252,7 +255,6 @@ def main() -> None:
         print(json.dumps(runs_in_one_process(args, overrides)))
         return
 
-    from lorapop.config import load_config, resolve_config_path
     from lorapop.hostmem import heap_stats
     from lorapop.train.loop import Trainer, load_run_config, prepare_run_dir
 
@@ -266,9 +268,7 @@ def main() -> None:
             raise SystemExit(f"{run} exists: --resume continues it, or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
         log.unlink(missing_ok=True)
-        shape = [o for o in SOAK if o.startswith("--run.")] if args.config_shape else SOAK
-        where = [f"--run.steps={args.steps}", f"--run.output_dir={out}", "--run.name=run"]
-        cfg = load_config(resolve_config_path(args.config), shape + overrides + where)
+        cfg = soak_config(args, overrides, "run")
     run_dir, resume = prepare_run_dir(cfg, resume=args.resume)
     t0, trims = time.time(), TrimMeter()
     last_hwm = json.loads(log.read_text().splitlines()[-1])["hwm_mb"] if log.is_file() and log.stat().st_size else 0.0

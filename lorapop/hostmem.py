@@ -56,9 +56,10 @@ def release_free_memory() -> bool:
     return True
 
 
-def _status_kb(field: str) -> int | None:
+def proc_status_kb(field: str, pid: int | str = "self") -> int | None:
+    """A kB field of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``...); None off Linux or for a process gone."""
     try:
-        with open("/proc/self/status") as fh:
+        with open(f"/proc/{pid}/status") as fh:
             for line in fh:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
@@ -70,7 +71,7 @@ def _status_kb(field: str) -> int | None:
 def process_memory() -> dict[str, float]:
     """Resident and peak resident memory of this process in GB (Linux ``/proc``; elsewhere the peak from
     ``getrusage``), under verl's metric names ``perf/cpu_memory_used_gb`` and ``perf/cpu_memory_peak_gb``."""
-    rss, hwm = _status_kb("VmRSS"), _status_kb("VmHWM")
+    rss, hwm = proc_status_kb("VmRSS"), proc_status_kb("VmHWM")
     if hwm is None:
         import resource
         import sys
