@@ -18,11 +18,14 @@ already holds ``run.steps`` is not loaded again). Every arm is the config (and t
 
 PBT off means ``evolve.burn_in_period`` one past ``run.steps`` (lorapop/evolve/pbt.py: no round before it).
 
-Wall clock per arm (summed over invocations, with each invocation's step range) goes to ``<out>/seed<s>/arms.json``
-and is printed. At the end, and alone with ``--report-only``, ``<out>/arms.json`` holds per seed and arm the
-measured curves, saved raw (no verdicts; the criteria are registered separately): matched solve rate, mixed share
+Wall clock per arm (summed over invocations, with each invocation's step range) goes to
+``<out>/seed<s>/<arm>/wall.json`` and is printed; ``arms.json`` also sums each arm's stage seconds from its
+metrics (``compute_s``), which counts the steps of an invocation killed before it could write its wall clock. At the end, and alone with ``--report-only``, ``<out>/arms.json`` holds per seed and arm the
+measured curves, saved raw (no verdicts in it): matched solve rate, mixed share
 (share of the step's valid tasks, tasks.jsonl's ``solve_rate``, with 0 < s < 1), valid rate, mean AST depth of valid
-proposals, the probe's mean score per step over counted rows, and the last of these; ``<out>/arms.svg`` draws them.
+proposals, the probe's mean score per step over counted rows, and the last of these; ``<out>/arms.svg`` draws them;
+``<out>/criteria.json`` holds the registered criteria (lorapop/criteria.py, ``arm_criteria``) per seed and across
+seeds.
 """
 
 from __future__ import annotations
@@ -82,7 +85,6 @@ def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[s
     from lorapop.compare import train
 
     for s in seeds:
-        times_path = out / f"seed{s}" / "arms.json"
         for arm in arms:
             cfg = arm_config(config, arm, overrides, s, out, steps)
             run_dir = out / f"seed{s}" / arm
@@ -93,16 +95,15 @@ def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[s
             t0 = time.perf_counter()
             train(cfg)
             wall = time.perf_counter() - t0
-            times = json.loads(times_path.read_text()) if times_path.is_file() else {}
-            rec = times.setdefault(arm, {"wall_s": 0.0, "sessions": []})
+            # one file per arm, in its run directory: two processes may train two arms of one seed at once
+            times_path = run_dir / "wall.json"
+            rec = json.loads(times_path.read_text()) if times_path.is_file() else {"wall_s": 0.0, "sessions": []}
             rec["wall_s"] = round(rec["wall_s"] + wall, 1)
             rec["sessions"].append({"from_step": start, "to_step": cfg.run.steps, "wall_s": round(wall, 1),
                                     "s_per_step": round(wall / max(1, cfg.run.steps - start), 1)})
-            times["seed_wall_s"] = round(sum(v["wall_s"] for k, v in times.items() if isinstance(v, dict)), 1)
-            times_path.write_text(json.dumps(times, indent=1))
+            times_path.write_text(json.dumps(rec, indent=1))
             print(f"seed {s} {arm}: steps {start}-{cfg.run.steps} in {wall / 60:.1f} min "
-                  f"({wall / max(1, cfg.run.steps - start):.1f} s/step); seed so far {times['seed_wall_s'] / 60:.1f} "
-                  "min", flush=True)
+                  f"({wall / max(1, cfg.run.steps - start):.1f} s/step)", flush=True)
 
 
 def _by_step(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
@@ -140,8 +141,20 @@ def arm_figures(run_dir: Path) -> dict[str, Any]:
         "ast_depth": _by_step(metrics, "complexity/ast_depth"),
         "probe": [(st, v) for st, v in probe],
         "last_probe": {"step": probe[-1][0], "score": probe[-1][1]} if probe else None,
+        # compute per step: the sum of its stages' seconds (model loads and waits between invocations left out),
+        # which also covers steps of an invocation that was killed before it could write wall.json
+        "step_s": [(r["step"], round(sum(v for k, v in r.items() if k.startswith("time/")
+                                         and isinstance(v, (int, float))), 2))
+                   for r in metrics if isinstance(r.get("step"), int)],
         "notes": notes,
     }
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    # replaced whole: two arms.py processes (two arms of a seed at once) may both report at their end
+    tmp = path.with_name(f".{path.name}.{time.time_ns()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
 
 
 def report(out: Path, config: str) -> dict[str, Any]:
@@ -149,12 +162,19 @@ def report(out: Path, config: str) -> dict[str, Any]:
     for seed_dir in sorted(out.glob("seed*"), key=lambda p: p.name):
         arms = {a: arm_figures(seed_dir / a) for a in ARMS if (seed_dir / a / "metrics.jsonl").is_file()}
         if arms:
-            times = seed_dir / "arms.json"
-            per_seed[seed_dir.name] = {"arms": arms, "wall": json.loads(times.read_text()) if times.is_file()
-                                       else None}
+            wall = {a: json.loads((seed_dir / a / "wall.json").read_text()) for a in arms
+                    if (seed_dir / a / "wall.json").is_file()}
+            compute = {a: round(sum(v for _, v in f["step_s"]), 1) for a, f in arms.items()}
+            per_seed[seed_dir.name] = {"arms": arms, "wall": wall, "compute_s": compute,
+                                       "seed_compute_s": round(sum(compute.values()), 1)}
     result = {"config": config, "per_seed": per_seed}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "arms.json").write_text(json.dumps(result, indent=1))
+    _write_json(out / "arms.json", result)
+    # the registered criteria (lorapop/criteria.py, arm_criteria), per seed and across seeds (2 of 3)
+    from lorapop.criteria import across_seeds, arm_criteria
+
+    crit = {seed: arm_criteria({a: out / seed / a for a in d["arms"]}) for seed, d in per_seed.items()}
+    _write_json(out / "criteria.json", {"per_seed": crit, "across_seeds": across_seeds(list(crit.values()))})
     if per_seed:
         (out / "arms.svg").write_text(figure(per_seed, config))
     for seed, d in per_seed.items():

@@ -241,10 +241,159 @@ def criteria(pop_dir: str | Path, single_dir: str | Path) -> dict[str, Any]:
 def across_seeds(per_seed: list[dict[str, Any]], need: int = 2) -> dict[str, dict[str, Any]]:
     """Per criterion: how many seeds held it, failed it or could not judge it, and whether it holds for the
     experiment (held in at least ``need`` seeds)."""
-    keys = [k for k in per_seed[0] if isinstance(per_seed[0][k], dict)] if per_seed else []
+    keys = [k for k, v in per_seed[0].items() if isinstance(v, dict) and "held" in v] if per_seed else []
     out = {}
     for k in keys:
         vs = [s[k]["held"] for s in per_seed]
         out[k] = {"held_in": sum(v is True for v in vs), "failed_in": sum(v is False for v in vs),
                   "unjudged": sum(v is None for v in vs), "holds": sum(v is True for v in vs) >= need}
+    return out
+
+
+# ---- the second design's four arms (issue 38; docs/RESULTS.md, "Dynamics, second design: pre-registration") ----------
+
+# Registered from the step-0 gate before any arm ran (cpu_selection, six references, seeds 0-4, 159 valid tasks): the
+# pooled step-0 matched solve rate, and the band's half-width, twice the standard deviation of the five seeds' step-0
+# solve rates (0.048), rounded up to 0.10.
+ARMS_STEP0_SOLVE = 0.256
+ARMS_BAND = 0.10
+ARMS = ("single", "1T+1S", "2T+2S", "null")
+
+
+def bootstrap_diff_lower(a: list[float], b: list[float], seed: int = 0, n: int = BOOTSTRAP) -> float:
+    """2.5th percentile of mean(a) - mean(b), each resampled on its own (two independent samples)."""
+    rng = random.Random(seed)
+    vals = sorted(statistics.fmean([rng.choice(a) for _ in a]) - statistics.fmean([rng.choice(b) for _ in b])
+                  for _ in range(n))
+    return vals[int(0.025 * n)]
+
+
+def _solve(run_dir: Path) -> list[float]:
+    return [v for _, v in series(_read(run_dir, "metrics.jsonl"), *SOLVE_KEYS)]
+
+
+def _last_probe(run_dir: Path) -> tuple[dict[int, dict[str, float]], float | None]:
+    """Per probe step, each task's mean score over the counted learners (students, or the single agent), and the
+    run's step-0 noise floor (the spread of identical replicates' mean scores)."""
+    from lorapop.train.probe import read_noise_floor, score_rows
+
+    rows = _read(run_dir, "probe.jsonl")
+    per: dict[int, dict[str, list[float]]] = {}
+    for r in score_rows(rows):
+        if r.get("role") in ("student", "agent"):
+            per.setdefault(int(r["step"]), {}).setdefault(r["task"], []).append(float(r["score"]))
+    nf = read_noise_floor(rows)
+    return ({s: {t: statistics.fmean(v) for t, v in d.items()} for s, d in per.items()},
+            nf.get("spread") if nf else None)
+
+
+def probe_gain(a_dir: Path, b_dir: Path) -> dict[str, Any]:
+    """Arm a's learners against arm b's at the last probe step both have, per task: holds when the mean difference
+    exceeds the larger of the two runs' step-0 noise floors and its bootstrap 95% lower bound over tasks is > 0."""
+    (pa, fa), (pb, fb) = _last_probe(a_dir), _last_probe(b_dir)
+    threshold = "diff > max(step-0 noise floors) and bootstrap 95% lower bound > 0"
+    steps = set(pa) & set(pb)
+    if not steps or max(steps) == 0:
+        return _verdict(None, None, threshold, "no probe after step 0 in both runs")
+    last = max(steps)
+    diffs = [pa[last][t] - pb[last][t] for t in sorted(pa[last]) if t in pb[last]]
+    floors = [f for f in (fa, fb) if f is not None]
+    if len(diffs) < 2 or not floors:
+        return _verdict(None, None, threshold, "fewer than 2 probe tasks in common, or no noise floor")
+    d, low, floor = statistics.fmean(diffs), bootstrap_lower(statistics.fmean, diffs), max(floors)
+    return _verdict(d > floor and low > 0, {"step": last, "diff": d, "ci_low": low, "noise_floor": floor,
+                                            "n_tasks": len(diffs)}, threshold)
+
+
+def _tail_depth(run_dir: Path, w: int) -> list[float]:
+    return [v for _, v in series(_read(run_dir, "metrics.jsonl"), COMPLEXITY_KEY)][-w:]
+
+
+def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
+                 band: float = ARMS_BAND) -> dict[str, Any]:
+    """The registered criteria for one seed's arms (``dirs``: arm name -> run directory; missing arms leave their
+    criteria unjudged). Windows as :func:`windows` over the shortest arm's steps.
+
+    | id | holds when |
+    | --- | --- |
+    | ``null.flat`` | null's tail matched solve rate within ``band`` of its head (copying alone moves no difficulty) |
+    | ``learning.<arm>`` | :func:`probe_gain` of the arm over null (single, 1T+1S, 2T+2S) |
+    | ``self_calibration.solve`` | single's tail solve >= s0 + band and >= null's tail + band |
+    | ``self_calibration.simpler`` | null's tail AST depth minus single's: bootstrap 95% lower bound > 0 |
+    | ``arms_race.band.<arm>`` | tail solve in [s0 - band, s0 + band] (1T+1S, 2T+2S) |
+    | ``arms_race.harder.<arm>`` | the arm's tail AST depth minus null's: bootstrap 95% lower bound > 0 |
+    | ``arms_race.reversals.<arm>`` | >= 2 reversals of the 5-step moving average of solve over ``late`` |
+    | ``arms_race.not_tied.<arm>`` | mean ``student/zero_adv_group_frac`` over ``late`` < 0.5 |
+    | ``population.vs_single`` | :func:`probe_gain` of 2T+2S over single |
+    | ``population.vs_1T+1S`` | :func:`probe_gain` of 2T+2S over 1T+1S |
+    | ``role_split.vs_single`` | :func:`probe_gain` of 1T+1S over single |
+    """
+    paths = {a: Path(d) for a, d in dirs.items() if d is not None and (Path(d) / "metrics.jsonl").is_file()}
+    solves = {a: _solve(p) for a, p in paths.items()}
+    n = min((len(v) for v in solves.values()), default=0)
+    out: dict[str, Any] = {"arms": {a: str(p) for a, p in paths.items()}, "s0": s0, "band": band, "steps": n}
+
+    def missing(*need: str) -> str | None:
+        gone = [a for a in need if a not in paths]
+        if gone:
+            return f"arm(s) {', '.join(gone)} not run"
+        return f"runs have {n} steps; the criteria need at least {MIN_STEPS}" if n < MIN_STEPS else None
+
+    w = windows(n)
+    head = lambda a: statistics.fmean(solves[a][:w["head"]])  # noqa: E731
+    tail = lambda a: statistics.fmean(solves[a][-w["tail"]:])  # noqa: E731
+    lo, hi = s0 - band, s0 + band
+
+    why = missing("null")
+    out["null.flat"] = (_verdict(None, None, f"|tail - head| <= {band}", why) if why else
+                        _verdict(abs(tail("null") - head("null")) <= band,
+                                 {"head": head("null"), "tail": tail("null")}, f"|tail - head| <= {band}"))
+    for arm in ("single", "1T+1S", "2T+2S"):
+        why = missing(arm, "null")
+        out[f"learning.{arm}"] = (_verdict(None, None, "probe gain over null", why) if why
+                                  else probe_gain(paths[arm], paths["null"]))
+
+    why = missing("single", "null")
+    th = f"tail >= {s0 + band:.3f} and tail >= null tail + {band}"
+    out["self_calibration.solve"] = (_verdict(None, None, th, why) if why else _verdict(
+        tail("single") >= s0 + band and tail("single") >= tail("null") + band,
+        {"single_tail": tail("single"), "null_tail": tail("null")}, th))
+    th = "bootstrap 95% lower bound of null - single tail AST depth > 0"
+    if why:
+        out["self_calibration.simpler"] = _verdict(None, None, th, why)
+    else:
+        a, b = _tail_depth(paths["null"], w["tail"]), _tail_depth(paths["single"], w["tail"])
+        out["self_calibration.simpler"] = (
+            _verdict(None, None, th, "too few steps with valid tasks") if len(a) < 2 or len(b) < 2 else
+            _verdict(bootstrap_diff_lower(a, b) > 0, {"null": statistics.fmean(a), "single": statistics.fmean(b),
+                                                      "ci_low": bootstrap_diff_lower(a, b)}, th))
+
+    for arm in ("1T+1S", "2T+2S"):
+        why = missing(arm, "null")
+        th = f"{lo:.3f} <= tail <= {hi:.3f}"
+        out[f"arms_race.band.{arm}"] = (_verdict(None, None, th, why) if why else
+                                        _verdict(lo <= tail(arm) <= hi, tail(arm), th))
+        th = f"bootstrap 95% lower bound of {arm} - null tail AST depth > 0"
+        if why:
+            out[f"arms_race.harder.{arm}"] = _verdict(None, None, th, why)
+        else:
+            a, b = _tail_depth(paths[arm], w["tail"]), _tail_depth(paths["null"], w["tail"])
+            out[f"arms_race.harder.{arm}"] = (
+                _verdict(None, None, th, "too few steps with valid tasks") if len(a) < 2 or len(b) < 2 else
+                _verdict(bootstrap_diff_lower(a, b) > 0, {arm: statistics.fmean(a), "null": statistics.fmean(b),
+                                                          "ci_low": bootstrap_diff_lower(a, b)}, th))
+        if why:
+            out[f"arms_race.reversals.{arm}"] = _verdict(None, None, ">= 2", why)
+            out[f"arms_race.not_tied.{arm}"] = _verdict(None, None, "< 0.5", why)
+        else:
+            r = reversals(moving_average(solves[arm][-w["late"]:], 5))
+            out[f"arms_race.reversals.{arm}"] = _verdict(r >= 2, r, ">= 2")
+            tied = _mean([v for _, v in series(_read(paths[arm], "metrics.jsonl"),
+                                               "student/zero_adv_group_frac")][-w["late"]:])
+            out[f"arms_race.not_tied.{arm}"] = _verdict(None if tied is None else tied < 0.5, tied, "< 0.5")
+
+    for cid, a, b in (("population.vs_single", "2T+2S", "single"), ("population.vs_1T+1S", "2T+2S", "1T+1S"),
+                      ("role_split.vs_single", "1T+1S", "single")):
+        why = missing(a, b)
+        out[cid] = _verdict(None, None, f"probe gain of {a} over {b}", why) if why else probe_gain(paths[a], paths[b])
     return out

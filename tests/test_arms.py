@@ -41,8 +41,9 @@ def test_two_arms_run_report_and_resume(tmp_path, capsys):
     seed = tmp_path / "seed0"
     for arm in ("single", "null"):
         assert (seed / arm / "config.yaml").is_file() and arms.done_steps(seed / arm) == 2
-    times = json.loads((seed / "arms.json").read_text())
-    assert set(times) == {"single", "null", "seed_wall_s"} and times["single"]["wall_s"] > 0
+    for arm in ("single", "null"):
+        wall = json.loads((seed / arm / "wall.json").read_text())
+        assert wall["wall_s"] > 0 and [(r["from_step"], r["to_step"]) for r in wall["sessions"]] == [(0, 2)]
     # the report: per seed, per arm, the raw curves and the last probe (none: the probe is off here)
     figs = out["per_seed"]["seed0"]["arms"]
     assert set(figs) == {"single", "null"}
@@ -52,7 +53,14 @@ def test_two_arms_run_report_and_resume(tmp_path, capsys):
         assert f["last_probe"] is None
         assert all(0.0 <= v <= 1.0 for _, v in f["mixed_share"])
     assert json.loads((tmp_path / "arms.json").read_text())["per_seed"]["seed0"]["arms"].keys() == figs.keys()
+    assert out["per_seed"]["seed0"]["wall"].keys() == figs.keys()
+    assert all(out["per_seed"]["seed0"]["compute_s"][a] > 0 for a in figs)
     assert (tmp_path / "arms.svg").read_text().startswith("<svg")
+    # criteria.json: two steps are too few to judge, and the arms that did not run are named
+    crit = json.loads((tmp_path / "criteria.json").read_text())
+    assert crit["per_seed"]["seed0"]["learning.single"]["held"] is None
+    assert "2T+2S" in crit["per_seed"]["seed0"]["population.vs_single"]["why"]
+    assert crit["across_seeds"]["null.flat"]["unjudged"] == 1
 
     # the null arm: lr 0 and no PBT round, so every adapter is still the base (LoRA B = 0) and nobody was replaced
     null_cfg = (seed / "null" / "config.yaml").read_text()
@@ -62,6 +70,11 @@ def test_two_arms_run_report_and_resume(tmp_path, capsys):
     for tensors in null.values():
         bs = [v for k, v in tensors.items() if "lora_B" in k]
         assert bs and all(not b.any() for b in bs)
+    # lr 0 skips the update stage itself (no train/ metric), while the single agent trained
+    null_metrics = [json.loads(x) for x in (seed / "null" / "metrics.jsonl").read_text().splitlines()]
+    single_metrics = [json.loads(x) for x in (seed / "single" / "metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("train/") for r in null_metrics for k in r)
+    assert any(k.startswith("train/") for r in single_metrics for k in r)
     # while the same two steps at the config's lr moved the single agent
     single = _lora(seed / "single")
     assert any(v.any() for t in single.values() for k, v in t.items() if "lora_B" in k)
@@ -73,4 +86,4 @@ def test_two_arms_run_report_and_resume(tmp_path, capsys):
     said = capsys.readouterr().out
     assert "seed 0 single: done (2 steps), skipped" in said and "seed 0 null: done (2 steps), skipped" in said
     assert {arm: (seed / arm / "metrics.jsonl").stat().st_mtime_ns for arm in before} == before
-    assert len(json.loads((seed / "arms.json").read_text())["single"]["sessions"]) == 1
+    assert len(json.loads((seed / "single" / "wall.json").read_text())["sessions"]) == 1

@@ -168,3 +168,53 @@ def test_bench_dynamics_reports_seeds_table_and_figure(tmp_path):
     plots = [e for e in svg if e.tag.endswith("svg")]
     assert len(plots) == 3 * 3  # 3 seeds x (solve rate, AST depth, coverage)
     assert all(len([p for p in e.iter() if p.tag.endswith("path")]) >= 2 for e in plots)  # both runs drawn
+
+
+def _arm(run: Path, solve, depth, probe_score, tied: float = 0.3, n: int = 30, spread: float = 0.04) -> Path:
+    """A run directory for arm_criteria: per-step solve(s) and depth(s), probe rows at steps 0 and n (90 tasks,
+    score probe_score(i) at the end, 0.2 at step 0) and a step-0 noise floor of ``spread``."""
+    metrics = [{"step": s, "student/matched_solve_rate": solve(s), "complexity/ast_depth": depth(s),
+                "student/zero_adv_group_frac": tied} for s in range(1, n + 1)]
+    probe = [{"step": 0, "noise_floor": {"spread": spread, "n": 2, "replicates": [], "identical": True}}]
+    for step, score in ((0, lambda i: 0.2), (n, probe_score)):
+        probe += [{"step": step, "member": "s0", "role": "student", "task": f"L1:{i}", "level": 1,
+                   "score": score(i), "age": step, "counted": True} for i in range(90)]
+    return _write(run, metrics, probe=probe)
+
+
+def test_arm_criteria_hold_on_the_paper_shapes_and_not_on_drift(tmp_path):
+    """The paper's outcome (the single agent calibrates to easy tasks; the populations race in the band around the
+    step-0 solve rate with harder tasks and learn more than the role split, which learns more than the agent) holds
+    every registered criterion; a null arm that drifts fails null.flat, and arms no better than null learn nothing."""
+    s0, band = C.ARMS_STEP0_SOLVE, C.ARMS_BAND
+    wave = lambda s: s0 + 0.08 * math.sin(s)  # noqa: E731
+    dirs = {
+        "null": _arm(tmp_path / "null", lambda s: s0, lambda s: 6.0 + 0.1 * (s % 2), lambda i: 0.2),
+        "single": _arm(tmp_path / "single", lambda s: min(1.0, s0 + s / 30), lambda s: 5.0 - s / 30 + 0.1 * (s % 2),
+                       lambda i: 0.3),
+        "1T+1S": _arm(tmp_path / "1t", wave, lambda s: 6.0 + s / 10 + 0.1 * (s % 2), lambda i: 0.4),
+        "2T+2S": _arm(tmp_path / "2t", wave, lambda s: 6.0 + s / 10 + 0.1 * (s % 2), lambda i: 0.5 + 0.1 * (i % 2)),
+    }
+    out = C.arm_criteria(dirs)
+    verdicts = {k: v["held"] for k, v in out.items() if isinstance(v, dict) and "held" in v}
+    assert len(verdicts) == 17 and all(verdicts.values()), {k: v for k, v in verdicts.items() if not v}
+    assert abs(out["population.vs_single"]["value"]["diff"] - 0.25) < 1e-9
+    assert out["population.vs_single"]["value"]["noise_floor"] == 0.04
+
+    # a drifting null arm fails null.flat; arms that are no better than it learn nothing, whatever the rest does
+    drift = _arm(tmp_path / "drift", lambda s: s0 + band * 2 * s / 30, lambda s: 6.0, lambda i: 0.55)
+    out = C.arm_criteria(dict(dirs, null=drift))
+    assert out["null.flat"]["held"] is False
+    assert out["learning.single"]["held"] is False and out["learning.2T+2S"]["held"] is False
+    # a gain under the noise floor does not hold, even with every task ahead
+    small = _arm(tmp_path / "small", wave, lambda s: 6.0, lambda i: 0.53, spread=0.04)
+    assert C.probe_gain(small, dirs["2T+2S"])["held"] is False
+    assert C.probe_gain(dirs["2T+2S"], small)["held"] is False  # +0.02 mean: under the 0.04 floor
+
+    # missing arms are unjudged, never failed, and across_seeds counts them so
+    part = C.arm_criteria({"2T+2S": dirs["2T+2S"], "null": dirs["null"]})
+    assert part["population.vs_single"]["held"] is None and "single" in part["population.vs_single"]["why"]
+    assert part["learning.2T+2S"]["held"] is True
+    agg = C.across_seeds([out, part, part])
+    assert agg["learning.2T+2S"] == {"held_in": 2, "failed_in": 1, "unjudged": 0, "holds": True}
+    assert agg["population.vs_single"]["unjudged"] == 2 and agg["population.vs_single"]["holds"] is False

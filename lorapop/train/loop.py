@@ -282,7 +282,9 @@ class Trainer:
         if cfg.run.malloc_trim:  # generation's freed buffers go back before the update reaches its peak
             release_free_memory()
         batch = stages.update_batch(proposals, jobs, sp.tasks_per_type, ctx.rng("update"))
-        train_stats = stages.update(self.engine, batch)
+        # lr 0 (the no-update arm of bench/arms.py): AdamW would leave every weight where it is (its decay is scaled
+        # by lr too), so the update is skipped rather than paid for; sampling, rewards and ratings are unchanged
+        train_stats = stages.update(self.engine, batch) if cfg.engine.lr > 0 else {}
         done("update")
 
         stage("rate")
