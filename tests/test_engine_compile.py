@@ -23,7 +23,7 @@ CALLS = [
 
 
 def _run(eager, compiled):
-    """Run CALLS on both engines; returns (the batch buckets decoded, dynamo's unique graphs)."""
+    """Run CALLS on both engines; returns (the (batch bucket, nucleus) pairs decoded, dynamo's unique graphs)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -33,8 +33,8 @@ def _run(eager, compiled):
 
     def recording(self, k):
         nb, kv = orig(self, k)
-        if self.compiled:
-            buckets.add(nb)
+        if self.compiled:  # a graph per bucket and nucleus setting (a call cutting one compiles its own)
+            buckets.add((nb, self.branches[1]))
         return nb, kv
 
     batching.ContinuousBatcher._buckets = recording

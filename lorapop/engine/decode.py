@@ -19,7 +19,8 @@ Sampling is whole-batch and counter-based: each row's Gumbel noise is a hash of 
 so a row's sample depends only on its seed and how many tokens it has produced, never on the batch around it or
 its slot, and costs no per-row kernel launch.
 
-The compiled step (issue 24) is one graph per batch bucket for a whole run, as in gpt-fast (one compiled decode
+The compiled step (issue 24) is one graph per batch bucket (and nucleus setting: a call that cuts one compiles
+a second) for a whole run, as in gpt-fast (one compiled decode
 over a fixed-size cache) and vLLM (a CUDA graph per batch size): the cache keeps one shape for the run, the number
 of positions attention reads travels as the length of ``cache.span(kv_len)``, a dimension dynamo treats as
 symbolic (so a step still reads only what it needs, not the whole capacity), and the sampling settings are per-row
@@ -74,8 +75,9 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
 
     The settings are tensors so a compiled step never specialises on their values (one graph serves every
     temperature). ``branches`` = (some row samples, some row cuts a nucleus): the eager path passes what the host
-    knows and skips the noise or the vocabulary sort when no row needs it; the compiled step passes (True, True) and
-    computes both, selecting per row, which gives the same tokens.
+    knows and skips the noise or the vocabulary sort when no row needs it; the compiled step passes (True, nucleus),
+    computing the noise for every row and selecting per row (the same tokens), and compiles the nucleus into a
+    second graph only for calls that cut one.
 
     Gumbel-max rather than inverse-CDF: the pick only flips if the top two perturbed scores are within float
     noise, so batch composition (which perturbs logits by ~1e-6) does not change a row's sample."""
