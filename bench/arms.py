@@ -146,8 +146,87 @@ def arm_figures(run_dir: Path) -> dict[str, Any]:
         "step_s": [(r["step"], round(sum(v for k, v in r.items() if k.startswith("time/")
                                          and isinstance(v, (int, float))), 2))
                    for r in metrics if isinstance(r.get("step"), int)],
+        "reading": reading(run_dir),
         "notes": notes,
     }
+
+
+def shape_of(program: str) -> str:
+    """The kind of selection a valid task's ``return`` expression makes: copy (``nums`` or a constant), index
+    (``nums[k]`` with a literal k), aggregate (max/min/len/sum of nums), sorted_or_slice (``sorted(..)[k]``, a
+    slice, or an aggregate of one), conditional (``a if c else b``), arithmetic (any + - * // % on the way), other."""
+    import ast
+
+    try:
+        ret = next(n for n in ast.walk(ast.parse(program)) if isinstance(n, ast.Return)).value
+    except (SyntaxError, StopIteration, ValueError):
+        return "unparsable"
+    nodes = list(ast.walk(ret))
+    if any(isinstance(n, ast.BinOp) for n in nodes):
+        return "arithmetic"
+    if any(isinstance(n, ast.IfExp) for n in nodes):
+        return "conditional"
+    if isinstance(ret, (ast.Name, ast.Constant)):
+        return "copy"
+    if any(isinstance(n, ast.Slice) for n in nodes) or any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", "") == "sorted" for n in nodes):
+        return "sorted_or_slice"
+    if isinstance(ret, ast.Subscript) and isinstance(ret.value, ast.Name) and isinstance(ret.slice, (
+            ast.Constant, ast.UnaryOp)):
+        return "index"
+    if isinstance(ret, ast.Call) and getattr(ret.func, "id", "") in ("max", "min", "len", "sum"):
+        return "aggregate"
+    return "other"
+
+
+def reading(run_dir: Path) -> dict[str, Any]:
+    """Counts from a run's saved tasks (tasks.jsonl: every valid task with its answers), per window of steps (the
+    first and last third): what the teachers proposed (shape, list length, exact copies of a level-1 reference
+    expression) and what the students answered (statuses; for code_o, wrong answers that are the list's first
+    element, the base model's most common misreading)."""
+    import ast
+
+    from lorapop.rundir import iter_jsonl
+    from lorapop.tasks.selections import LEVELS
+
+    rows = [t for _, t in iter_jsonl(run_dir / "tasks.jsonl", []) if isinstance(t.get("step"), int)]
+    if not rows:
+        return {}
+    n = max(t["step"] for t in rows)
+    k = max(1, n // 3)
+    level1 = {f"def f(nums):\n    return {e}" for e in LEVELS[1]}
+    out: dict[str, Any] = {}
+    for name, lo, hi in (("first_third", 1, k), ("last_third", n - k + 1, n)):
+        ts = [t for t in rows if lo <= t["step"] <= hi]
+        shapes: dict[str, int] = {}
+        lengths: dict[str, int] = {}
+        status: dict[str, dict[str, int]] = {}
+        first_guess = wrong_o = 0
+        for t in ts:
+            shapes[shape_of(t["program"])] = shapes.get(shape_of(t["program"]), 0) + 1
+            try:
+                length = str(len(ast.literal_eval(t["inputs"][0])))
+            except (ValueError, SyntaxError, TypeError, IndexError):
+                length = "?"
+            lengths[length] = lengths.get(length, 0) + 1
+            st = status.setdefault(t["type"], {})
+            for a in t.get("answers") or []:
+                st[a["status"]] = st.get(a["status"], 0) + 1
+                if t["type"] == "code_o" and a["status"] == "wrong":
+                    wrong_o += 1
+                    try:
+                        first = str(ast.literal_eval(t["inputs"][0])[0])
+                    except (ValueError, SyntaxError, TypeError, IndexError):
+                        first = None
+                    body = a["text"].removeprefix("```output").strip().removesuffix("```").strip()
+                    first_guess += body == first
+        out[name] = {"steps": [lo, hi], "tasks": len(ts), "by_type": {ty: sum(t["type"] == ty for t in ts)
+                                                                      for ty in ("code_o", "code_i")},
+                     "shapes": dict(sorted(shapes.items())), "list_lengths": dict(sorted(lengths.items())),
+                     "level1_copies": sum(t["program"].strip() in level1 for t in ts),
+                     "distinct_programs": len({t["program"] for t in ts}),
+                     "answers": status, "code_o_wrong_first_element": [first_guess, wrong_o]}
+    return out
 
 
 def _write_json(path: Path, obj: Any) -> None:
