@@ -296,7 +296,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     if not args.report_only:
         train_arms(args.config, [int(s) for s in args.seeds.split(",")], arms, overrides, out, args.steps)
-    return report(out, args.config)
+    result = report(out, args.config)
+    crit = json.loads((out / "criteria.json").read_text())["across_seeds"] if result["per_seed"] else {}
+    print(json.dumps({"seeds": sorted(result["per_seed"]), "seed_compute_s": {
+        k: v["seed_compute_s"] for k, v in result["per_seed"].items()},
+        "holds": {k: v["holds"] for k, v in crit.items()},
+        "held_in": {k: v["held_in"] for k, v in crit.items()}}))
+    return result
 
 
 if __name__ == "__main__":
