@@ -272,7 +272,7 @@ def _solve(run_dir: Path) -> list[float]:
     return [v for _, v in series(_read(run_dir, "metrics.jsonl"), *SOLVE_KEYS)]
 
 
-def _last_probe(run_dir: Path) -> tuple[dict[int, dict[str, float]], float | None]:
+def _probe_by_step(run_dir: Path) -> tuple[dict[int, dict[str, float]], float | None]:
     """Per probe step, each task's mean score over the counted learners (students, or the single agent), and the
     run's step-0 noise floor (the spread of identical replicates' mean scores)."""
     from lorapop.train.probe import read_noise_floor, score_rows
@@ -290,7 +290,7 @@ def _last_probe(run_dir: Path) -> tuple[dict[int, dict[str, float]], float | Non
 def probe_gain(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     """Arm a's learners against arm b's at the last probe step both have, per task: holds when the mean difference
     exceeds the larger of the two runs' step-0 noise floors and its bootstrap 95% lower bound over tasks is > 0."""
-    (pa, fa), (pb, fb) = _last_probe(a_dir), _last_probe(b_dir)
+    (pa, fa), (pb, fb) = _probe_by_step(a_dir), _probe_by_step(b_dir)
     threshold = "diff > max(step-0 noise floors) and bootstrap 95% lower bound > 0"
     steps = set(pa) & set(pb)
     if not steps or max(steps) == 0:
