@@ -19,13 +19,14 @@ already holds ``run.steps`` is not loaded again). Every arm is the config (and t
 PBT off means ``evolve.burn_in_period`` one past ``run.steps`` (lorapop/evolve/pbt.py: no round before it).
 
 Wall clock per arm (summed over invocations, with each invocation's step range) goes to
-``<out>/seed<s>/<arm>/wall.json`` and is printed; ``arms.json`` also sums each arm's stage seconds from its
-metrics (``compute_s``), which counts the steps of an invocation killed before it could write its wall clock. At the end, and alone with ``--report-only``, ``<out>/arms.json`` holds per seed and arm the
-measured curves, saved raw (no verdicts in it): matched solve rate, mixed share
-(share of the step's valid tasks, tasks.jsonl's ``solve_rate``, with 0 < s < 1), valid rate, mean AST depth of valid
-proposals, the probe's mean score per step over counted rows, and the last of these; ``<out>/arms.svg`` draws them;
-``<out>/criteria.json`` holds the registered criteria (lorapop/criteria.py, ``arm_criteria``) per seed and across
-seeds.
+``<out>/seed<s>/<arm>/wall.json`` and is printed. At the end, and alone with ``--report-only``, ``<out>/arms.json``
+holds per seed and arm the measured curves, saved raw (no verdicts in it): matched solve rate, mixed share (share of
+the step's valid tasks, tasks.jsonl's ``solve_rate``, with 0 < s < 1), valid rate, mean AST depth of valid
+proposals, the probe's mean score per step over counted rows, and the last of these; each arm's stage seconds summed
+from its metrics (``compute_s``, which also counts the steps of an invocation killed before it wrote its wall clock);
+and a reading of its saved tasks (:func:`reading`). ``<out>/arms.svg`` draws the curves; ``<out>/criteria.json``
+holds the registered criteria (lorapop/criteria.py, ``arm_criteria``) per seed and across seeds. The last line
+printed is one JSON object: seeds, compute seconds per seed, and each criterion's across-seeds verdict.
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def reading(run_dir: Path) -> dict[str, Any]:
         status: dict[str, dict[str, int]] = {}
         first_guess = wrong_o = 0
         for t in ts:
-            shapes[shape_of(t["program"])] = shapes.get(shape_of(t["program"]), 0) + 1
+            shape = shape_of(t["program"])
+            shapes[shape] = shapes.get(shape, 0) + 1
             try:
                 length = str(len(ast.literal_eval(t["inputs"][0])))
             except (ValueError, SyntaxError, TypeError, IndexError):

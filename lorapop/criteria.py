@@ -363,25 +363,26 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
         out["self_calibration.simpler"] = _verdict(None, None, th, why)
     else:
         a, b = _tail_depth(paths["null"], w["tail"]), _tail_depth(paths["single"], w["tail"])
+        low = bootstrap_diff_lower(a, b) if len(a) >= 2 and len(b) >= 2 else None
         out["self_calibration.simpler"] = (
-            _verdict(None, None, th, "too few steps with valid tasks") if len(a) < 2 or len(b) < 2 else
-            _verdict(bootstrap_diff_lower(a, b) > 0, {"null": statistics.fmean(a), "single": statistics.fmean(b),
-                                                      "ci_low": bootstrap_diff_lower(a, b)}, th))
+            _verdict(None, None, th, "too few steps with valid tasks") if low is None else
+            _verdict(low > 0, {"null": statistics.fmean(a), "single": statistics.fmean(b), "ci_low": low}, th))
 
     for arm in ("1T+1S", "2T+2S"):
-        why = missing(arm, "null")
+        why = missing(arm)  # band, reversals and not_tied read the arm alone; harder compares it with null
         th = f"{lo:.3f} <= tail <= {hi:.3f}"
         out[f"arms_race.band.{arm}"] = (_verdict(None, None, th, why) if why else
                                         _verdict(lo <= tail(arm) <= hi, tail(arm), th))
         th = f"bootstrap 95% lower bound of {arm} - null tail AST depth > 0"
-        if why:
-            out[f"arms_race.harder.{arm}"] = _verdict(None, None, th, why)
+        why_null = missing(arm, "null")
+        if why_null:
+            out[f"arms_race.harder.{arm}"] = _verdict(None, None, th, why_null)
         else:
             a, b = _tail_depth(paths[arm], w["tail"]), _tail_depth(paths["null"], w["tail"])
+            low = bootstrap_diff_lower(a, b) if len(a) >= 2 and len(b) >= 2 else None
             out[f"arms_race.harder.{arm}"] = (
-                _verdict(None, None, th, "too few steps with valid tasks") if len(a) < 2 or len(b) < 2 else
-                _verdict(bootstrap_diff_lower(a, b) > 0, {arm: statistics.fmean(a), "null": statistics.fmean(b),
-                                                          "ci_low": bootstrap_diff_lower(a, b)}, th))
+                _verdict(None, None, th, "too few steps with valid tasks") if low is None else
+                _verdict(low > 0, {arm: statistics.fmean(a), "null": statistics.fmean(b), "ci_low": low}, th))
         if why:
             out[f"arms_race.reversals.{arm}"] = _verdict(None, None, ">= 2", why)
             out[f"arms_race.not_tied.{arm}"] = _verdict(None, None, "< 0.5", why)
