@@ -240,7 +240,8 @@ class TorchEngine:
         if self._compiled_step is None:
             import torch._dynamo
 
-            # One graph per batch bucket (decode.py): the limit only matters if a cache must grow (a new shape).
+            # One graph per batch bucket and nucleus setting (decode.py; at most 2 x 9 buckets for 256 slots): the
+            # limit only matters if a cache must grow (a new shape).
             for name in ("recompile_limit", "cache_size_limit"):
                 if hasattr(torch._dynamo.config, name):
                     setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
