@@ -268,10 +268,6 @@ def bootstrap_diff_lower(a: list[float], b: list[float], seed: int = 0, n: int =
     return vals[int(0.025 * n)]
 
 
-def _solve(run_dir: Path) -> list[float]:
-    return [v for _, v in series(_read(run_dir, "metrics.jsonl"), *SOLVE_KEYS)]
-
-
 def _probe_by_step(run_dir: Path) -> tuple[dict[int, dict[str, float]], float | None]:
     """Per probe step, each task's mean score over the counted learners (students, or the single agent), and the
     run's step-0 noise floor (the spread of identical replicates' mean scores)."""
@@ -305,10 +301,6 @@ def probe_gain(a_dir: Path, b_dir: Path) -> dict[str, Any]:
                                             "n_tasks": len(diffs)}, threshold)
 
 
-def _tail_depth(run_dir: Path, w: int) -> list[float]:
-    return [v for _, v in series(_read(run_dir, "metrics.jsonl"), COMPLEXITY_KEY)][-w:]
-
-
 def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
                  band: float = ARMS_BAND) -> dict[str, Any]:
     """The registered criteria for one seed's arms (``dirs``: arm name -> run directory; missing arms leave their
@@ -329,7 +321,8 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
     | ``role_split.vs_single`` | :func:`probe_gain` of 1T+1S over single |
     """
     paths = {a: Path(d) for a, d in dirs.items() if d is not None and (Path(d) / "metrics.jsonl").is_file()}
-    solves = {a: _solve(p) for a, p in paths.items()}
+    metrics = {a: _read(p, "metrics.jsonl") for a, p in paths.items()}  # each arm's file read once
+    solves = {a: [v for _, v in series(rows, *SOLVE_KEYS)] for a, rows in metrics.items()}
     n = min((len(v) for v in solves.values()), default=0)
     out: dict[str, Any] = {"arms": {a: str(p) for a, p in paths.items()}, "s0": s0, "band": band, "steps": n}
 
@@ -342,6 +335,7 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
     w = windows(n)
     head = lambda a: statistics.fmean(solves[a][:w["head"]])  # noqa: E731
     tail = lambda a: statistics.fmean(solves[a][-w["tail"]:])  # noqa: E731
+    tail_depth = lambda a: [v for _, v in series(metrics[a], COMPLEXITY_KEY)][-w["tail"]:]  # noqa: E731
     lo, hi = s0 - band, s0 + band
 
     why = missing("null")
@@ -362,7 +356,7 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
     if why:
         out["self_calibration.simpler"] = _verdict(None, None, th, why)
     else:
-        a, b = _tail_depth(paths["null"], w["tail"]), _tail_depth(paths["single"], w["tail"])
+        a, b = tail_depth("null"), tail_depth("single")
         low = bootstrap_diff_lower(a, b) if len(a) >= 2 and len(b) >= 2 else None
         out["self_calibration.simpler"] = (
             _verdict(None, None, th, "too few steps with valid tasks") if low is None else
@@ -378,7 +372,7 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
         if why_null:
             out[f"arms_race.harder.{arm}"] = _verdict(None, None, th, why_null)
         else:
-            a, b = _tail_depth(paths[arm], w["tail"]), _tail_depth(paths["null"], w["tail"])
+            a, b = tail_depth(arm), tail_depth("null")
             low = bootstrap_diff_lower(a, b) if len(a) >= 2 and len(b) >= 2 else None
             out[f"arms_race.harder.{arm}"] = (
                 _verdict(None, None, th, "too few steps with valid tasks") if low is None else
@@ -389,8 +383,7 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
         else:
             r = reversals(moving_average(solves[arm][-w["late"]:], 5))
             out[f"arms_race.reversals.{arm}"] = _verdict(r >= 2, r, ">= 2")
-            tied = _mean([v for _, v in series(_read(paths[arm], "metrics.jsonl"),
-                                               "student/zero_adv_group_frac")][-w["late"]:])
+            tied = _mean([v for _, v in series(metrics[arm], "student/zero_adv_group_frac")][-w["late"]:])
             out[f"arms_race.not_tied.{arm}"] = _verdict(None if tied is None else tied < 0.5, tied, "< 0.5")
 
     for cid, a, b in (("population.vs_single", "2T+2S", "single"), ("population.vs_1T+1S", "2T+2S", "1T+1S"),
