@@ -127,9 +127,10 @@ def arm_figures(run_dir: Path) -> dict[str, Any]:
         v = next((r[k] for k in SOLVE_KEYS if isinstance(r.get(k), (int, float))), None)
         if isinstance(r.get("step"), int) and v is not None:
             solve[r["step"]] = float(v)
+    tasks = [t for _, t in iter_jsonl(run_dir / "tasks.jsonl", notes) if isinstance(t.get("step"), int)]
     rates: dict[int, list[float]] = {}
-    for _, t in iter_jsonl(run_dir / "tasks.jsonl", notes):
-        if isinstance(t.get("step"), int) and isinstance(t.get("solve_rate"), (int, float)):
+    for t in tasks:
+        if isinstance(t.get("solve_rate"), (int, float)):
             rates.setdefault(t["step"], []).append(float(t["solve_rate"]))
     probe = step_means([r for _, r in iter_jsonl(run_dir / "probe.jsonl", notes)])
     return {
@@ -147,7 +148,7 @@ def arm_figures(run_dir: Path) -> dict[str, Any]:
         "step_s": [(r["step"], round(sum(v for k, v in r.items() if k.startswith("time/")
                                          and isinstance(v, (int, float))), 2))
                    for r in metrics if isinstance(r.get("step"), int)],
-        "reading": reading(run_dir),
+        "reading": reading(run_dir, tasks),
         "notes": notes,
     }
 
@@ -180,17 +181,18 @@ def shape_of(program: str) -> str:
     return "other"
 
 
-def reading(run_dir: Path) -> dict[str, Any]:
+def reading(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Counts from a run's saved tasks (tasks.jsonl: every valid task with its answers), per window of steps (the
     first and last third): what the teachers proposed (shape, list length, exact copies of a level-1 reference
     expression) and what the students answered (statuses; for code_o, wrong answers that are the list's first
-    element, the base model's most common misreading)."""
+    element, the base model's most common misreading). ``rows``: the file's rows when the caller has read it."""
     import ast
 
     from lorapop.rundir import iter_jsonl
     from lorapop.tasks.selections import LEVELS
 
-    rows = [t for _, t in iter_jsonl(run_dir / "tasks.jsonl", []) if isinstance(t.get("step"), int)]
+    if rows is None:
+        rows = [t for _, t in iter_jsonl(run_dir / "tasks.jsonl", []) if isinstance(t.get("step"), int)]
     if not rows:
         return {}
     n = max(t["step"] for t in rows)
