@@ -335,8 +335,18 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
     w = windows(n)
     head = lambda a: statistics.fmean(solves[a][:w["head"]])  # noqa: E731
     tail = lambda a: statistics.fmean(solves[a][-w["tail"]:])  # noqa: E731
-    tail_depth = lambda a: [v for _, v in series(metrics[a], COMPLEXITY_KEY)][-w["tail"]:]  # noqa: E731
     lo, hi = s0 - band, s0 + band
+
+    def deeper(x: str, y: str, why: str | None) -> dict[str, Any]:
+        """x's tail AST depth above y's: the bootstrap lower bound of their difference > 0."""
+        th = f"bootstrap 95% lower bound of {x} - {y} tail AST depth > 0"
+        if why:
+            return _verdict(None, None, th, why)
+        a, b = ([v for _, v in series(metrics[r], COMPLEXITY_KEY)][-w["tail"]:] for r in (x, y))
+        if len(a) < 2 or len(b) < 2:
+            return _verdict(None, None, th, "too few steps with valid tasks")
+        low = bootstrap_diff_lower(a, b)
+        return _verdict(low > 0, {x: statistics.fmean(a), y: statistics.fmean(b), "ci_low": low}, th)
 
     why = missing("null")
     out["null.flat"] = (_verdict(None, None, f"|tail - head| <= {band}", why) if why else
@@ -352,31 +362,14 @@ def arm_criteria(dirs: dict[str, str | Path], s0: float = ARMS_STEP0_SOLVE,
     out["self_calibration.solve"] = (_verdict(None, None, th, why) if why else _verdict(
         tail("single") >= s0 + band and tail("single") >= tail("null") + band,
         {"single_tail": tail("single"), "null_tail": tail("null")}, th))
-    th = "bootstrap 95% lower bound of null - single tail AST depth > 0"
-    if why:
-        out["self_calibration.simpler"] = _verdict(None, None, th, why)
-    else:
-        a, b = tail_depth("null"), tail_depth("single")
-        low = bootstrap_diff_lower(a, b) if len(a) >= 2 and len(b) >= 2 else None
-        out["self_calibration.simpler"] = (
-            _verdict(None, None, th, "too few steps with valid tasks") if low is None else
-            _verdict(low > 0, {"null": statistics.fmean(a), "single": statistics.fmean(b), "ci_low": low}, th))
+    out["self_calibration.simpler"] = deeper("null", "single", why)
 
     for arm in ("1T+1S", "2T+2S"):
         why = missing(arm)  # band, reversals and not_tied read the arm alone; harder compares it with null
         th = f"{lo:.3f} <= tail <= {hi:.3f}"
         out[f"arms_race.band.{arm}"] = (_verdict(None, None, th, why) if why else
                                         _verdict(lo <= tail(arm) <= hi, tail(arm), th))
-        th = f"bootstrap 95% lower bound of {arm} - null tail AST depth > 0"
-        why_null = missing(arm, "null")
-        if why_null:
-            out[f"arms_race.harder.{arm}"] = _verdict(None, None, th, why_null)
-        else:
-            a, b = tail_depth(arm), tail_depth("null")
-            low = bootstrap_diff_lower(a, b) if len(a) >= 2 and len(b) >= 2 else None
-            out[f"arms_race.harder.{arm}"] = (
-                _verdict(None, None, th, "too few steps with valid tasks") if low is None else
-                _verdict(low > 0, {arm: statistics.fmean(a), "null": statistics.fmean(b), "ci_low": low}, th))
+        out[f"arms_race.harder.{arm}"] = deeper(arm, "null", missing(arm, "null"))
         if why:
             out[f"arms_race.reversals.{arm}"] = _verdict(None, None, ">= 2", why)
             out[f"arms_race.not_tied.{arm}"] = _verdict(None, None, "< 0.5", why)
