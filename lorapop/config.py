@@ -17,6 +17,9 @@ from lorapop.diagnostics.coverage import CoverageConfig
 from lorapop.engine.base import EngineConfig
 from lorapop.evolve.config import EvolveConfig
 from lorapop.executor.sandbox import ExecutorConfig
+from lorapop.tasks.formats import prompt_format
+from lorapop.tasks.styles import STYLES, proposal_style
+from lorapop.tasks.styles.base import names_of
 
 TASK_TYPE_NAMES = ("code_o", "code_i", "code_f")
 
@@ -125,25 +128,27 @@ class SelfPlayConfig:
                                         "the prefill is prompt, not trained. For small base models that rarely "
                                         "open the right block by themselves (the CPU demo); the paper's setting "
                                         "leaves it off")
-    proposal_style: Literal["azr", "input_first", "expression", "selection"] = doc(
-        "azr", "layout of code_o/code_i proposals. 'azr': the program block then the input block, references with "
-               "their outputs and a format example (AZR's; the paper's setting). 'input_first': the input block "
-               "first, references without outputs, no format example: what gets the 135M base to write valid tasks "
-               "(the CPU configs; docs/RESULTS.md). 'expression': one ```python block, the line `x = <integer input>` "
-               "then an f(x) whose body is one return expression, shown such references, the reply started after "
-               "`x = ` (the cpu_dynamics configs). 'selection': the same one block over a list, the line "
-               "`nums = [<small ints>]` then an f(nums) whose body is one return line that copies or selects "
-               "(nums[k], max, sorted(nums)[k], a conditional...), the reply started after `nums = [`; valid only when "
-               "the student's answer fits selfplay.solve.max_new_tokens (lorapop/tasks/selections.py; the "
-               "cpu_selection config). code_f proposals (inputs and a message) are the same in all four")
-    prompt_format: Literal["short", "azr"] = doc(
-        "short", "how every proposal and answer is asked for and read. 'azr': AZR's R1 plain-text template (no chat "
-                 "special tokens: the R1 sentence, 'User:' and the task, then 'Assistant: <think>'; the reply reasons "
-                 "in <think> </think> and answers in <answer> </answer>, ending at the base model's EOS), AZR's "
-                 "proposer and solver prompts (lorapop/tasks/azr_prompts.py), and AZR's format check: a reply that "
-                 "is not, from its start, a think block then an answer block is a format error (reward -1); the "
-                 "blocks are read inside the last answer block (the 7B configs). 'short': one chat-template turn "
-                 "with the short prompts written for the 135M embedded model (the CPU configs)")
+    proposal_style: str = doc(
+        "azr", "layout of code_o/code_i proposals, a style registered in lorapop/tasks/styles/. 'azr': the program "
+               "block then the input block, references with their outputs and a format example (AZR's; the paper's "
+               "setting). 'input_first': the input block first, references without outputs, no format example: what "
+               "gets the 135M base to write valid tasks (the CPU configs; docs/RESULTS.md). 'expression': one "
+               "```python block, the line `x = <integer input>` then an f(x) whose body is one return expression, "
+               "shown such references, the reply started after `x = ` (the cpu_dynamics configs). 'selection': the "
+               "same one block over a list, the line `nums = [<small ints>]` then an f(nums) whose body is one "
+               "return line that copies or selects (nums[k], max, sorted(nums)[k], a conditional...), the reply "
+               "started after `nums = [`; valid only when the student's answer fits selfplay.solve.max_new_tokens "
+               "(lorapop/tasks/selections.py; the cpu_selection config). code_f proposals (inputs and a message) are "
+               "the same in all four")
+    prompt_format: str = doc(
+        "short", "how every proposal and answer is asked for and read, a format registered in "
+                 "lorapop/tasks/formats.py. 'azr': AZR's R1 plain-text template (no chat special tokens: the R1 "
+                 "sentence, 'User:' and the task, then 'Assistant: <think>'; the reply reasons in <think> </think> "
+                 "and answers in <answer> </answer>, ending at the base model's EOS), AZR's proposer and solver "
+                 "prompts (lorapop/tasks/azr_prompts.py), and AZR's format check: a reply that is not, from its "
+                 "start, a think block then an answer block is a format error (reward -1); the blocks are read "
+                 "inside the last answer block (the 7B configs). 'short': one chat-template turn with the short "
+                 "prompts written for the 135M embedded model (the CPU configs)")
     reward_reading: Literal["azr_paper", "azr_code"] = doc(
         "azr_paper", "where AZR's code and paper disagree on the teacher's penalties. 'azr_paper' (eq. 6): a valid "
                      "task paid nothing (learnability with s = 0 or 1; adversarial with s = 1) gets 0, an invalid "
@@ -173,19 +178,10 @@ class SelfPlayConfig:
                               "group of one has advantage 0, so nobody would learn; set it to 2 or more")
         if self.pfsp_floor < 0:
             raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
-        if self.prompt_format == "azr":
-            # AZR's reply opens with its think block: no block can be prefilled, and its one proposal layout is
-            # AZR's, so the 135M-model layouts and prefills are refused rather than silently ignored
-            if self.response_prefill:
-                raise ConfigError("selfplay.response_prefill: must be false with selfplay.prompt_format: azr (the "
-                                  "reply starts inside <think>, its blocks inside <answer>: nothing to prefill)")
-            if self.proposal_style != "azr":
-                raise ConfigError(f"selfplay.proposal_style: must be azr with selfplay.prompt_format: azr (AZR's "
-                                  f"proposer prompt has one layout), got {self.proposal_style}")
-        if self.proposal_style in ("expression", "selection") and not self.response_prefill:
-            start = "`x = `" if self.proposal_style == "expression" else "`nums = [`"
-            raise ConfigError(f"selfplay.proposal_style: '{self.proposal_style}' starts the reply inside its block, "
-                              f"after {start}, a prefill: set selfplay.response_prefill: true")
+        # the format first: its refusals (AZR's one layout) say more than the style's would
+        style, fmt = proposal_style(self.proposal_style), prompt_format(self.prompt_format)
+        fmt.check_config(self)
+        style.check_config(self)
         for name in ("propose", "solve"):
             # Every proposal and answer may enter the update, which scores it at its sampling temperature over the
             # whole vocabulary (docs/METHOD.md, "On-policy updates"): a nucleus cut would make the update the gradient
@@ -204,9 +200,10 @@ class SelfPlayConfig:
                 # Without the prefill a reply opens its block itself: it would stop at its own opening fence.
                 raise ConfigError(f"selfplay.{name}.stop: '```' needs selfplay.response_prefill: true (without it "
                                   f"every reply ends at the fence that opens its first block)")
-            if name == "propose" and self.proposal_style not in ("expression", "selection"):
+            if name == "propose" and not style.one_block:
+                one_block = names_of([s for s in STYLES.values() if s.one_block])
                 raise ConfigError("selfplay.propose.stop: '```' would end a proposal after its first block, and "
-                                  "every proposal needs two or more (only proposal_styles expression and selection "
+                                  f"every proposal needs two or more (only proposal_styles {one_block} "
                                   "are one block)")
 
 

@@ -19,6 +19,8 @@ from lorapop.tasks import (TASK_TYPES, Invalid, Outcome, ParseError, Proposal, T
                            read_seed_file, student_reward, teacher_reward)
 from lorapop.tasks.azr_format import (AZR_BANNED_KEYWORDS, AZR_PREAMBLE, THINK_OPEN, answer_content, format_ok,
                                       r1_prompt, r1_prompt_ids, unwrap)
+from lorapop.tasks.formats import AZR as R1
+from lorapop.tasks.styles import AZR
 
 CONFIGS = Path(__file__).resolve().parents[1] / "lorapop" / "configs"
 GPU_CONFIGS = ["1T+1S", "4T+4S", "8T+8S", "single"]
@@ -56,21 +58,21 @@ def _prompt(task_type: str, role: str, seeds) -> tuple[str, list[str]]:
     if role == "proposer" and task_type != "code_f":
         must = ["<snippet_0>", "</snippet_5>", refs[5].program, "```python", "```input", "```output",
                 ", ".join(AZR_BANNED_KEYWORDS), "### Reference Code Snippets:"]
-        return ty.teacher_prompt(refs, random.Random(0), fmt="azr"), must
+        return R1.teacher_prompt(AZR, ty, refs), must
     if role == "proposer":
         must = [refs[0].program + "\nf(<|YOUR INPUT WILL BE PLUGGED HERE|>)", "```input", "```message", "10 Inputs"]
-        return ty.teacher_prompt(refs[:1], random.Random(0), fmt="azr"), must
+        return R1.teacher_prompt(AZR, ty, refs[:1]), must
     if task_type == "code_o":
         t = refs[0]
-        return ty.student_prompt(t, fmt="azr"), [f"```python\n{t.program}\n```", f"```input\n{t.inputs[0]}\n```",
+        return R1.student_prompt(AZR, ty, t), [f"```python\n{t.program}\n```", f"```input\n{t.inputs[0]}\n```",
                                                  "```output"]
     if task_type == "code_i":
         t = refs[0]
-        return ty.student_prompt(t, fmt="azr"), [f"```python\n{t.program}\n```", f"```output\n{t.outputs[0]}\n```",
+        return R1.student_prompt(AZR, ty, t), [f"```python\n{t.program}\n```", f"```output\n{t.outputs[0]}\n```",
                                                  "```input"]
     t = fs[0]
     shown = [f"```input_{i}\n{t.inputs[i]}\n```\n```output_{i}\n{t.outputs[i]}\n```" for i in range(5)]
-    return ty.student_prompt(t, fmt="azr"), shown + [f"```message\n{t.message}\n```", "```python"]
+    return R1.student_prompt(AZR, ty, t), shown + [f"```message\n{t.message}\n```", "```python"]
 
 
 @pytest.mark.parametrize("task_type", ["code_o", "code_i", "code_f"])
@@ -146,49 +148,47 @@ PROGRAM = "def f(xs, k):\n    out = sorted(xs)\n    return out[-k:][::-1]"
 @pytest.mark.parametrize("task_type", ["code_o", "code_i"])
 def test_azr_round_trip_program_input_task(tok, ex, task_type):
     ty = TASK_TYPES[task_type]
-    prompt = ty.teacher_prompt([identity_task(task_type)], random.Random(0), fmt="azr")
+    prompt = R1.teacher_prompt(AZR, ty, [identity_task(task_type)])
     ids = r1_prompt_ids(tok, prompt)
     completion = _reply("I sort, slice and reverse.", ("python", PROGRAM), ("input", "[5, 1, 4, 2], 2"))
     # what the engine hands the parser: the prompt's <think> then the generated text (here re-tokenized)
     reply = THINK_OPEN + tok.decode(tok(completion, add_special_tokens=False)["input_ids"])
     assert tok.decode(ids).endswith("Assistant: <think>")
-    prop = ty.parse_proposal(reply, fmt="azr")
+    prop = R1.parse_proposal(AZR, ty, reply)
     assert isinstance(prop, Proposal) and prop.program == PROGRAM and prop.inputs == ["[5, 1, 4, 2], 2"]
     task = ty.validate(prop, ex)
     assert isinstance(task, Task) and task.outputs == ["[5, 4]"]
-    student = ty.student_prompt(task, fmt="azr")
+    student = R1.student_prompt(AZR, ty, task)
     assert PROGRAM in student and r1_prompt(student).endswith("Assistant: <think>")
     good = ("output", "[5, 4]") if task_type == "code_o" else ("input", "[4, 5, 0], 2")
     bad = ("output", "[4, 5]") if task_type == "code_o" else ("input", "[1], 1")
-    answers = [ty.parse_answer(THINK_OPEN + _reply("work", good), fmt="azr"),
-               ty.parse_answer(THINK_OPEN + _reply("work", bad), fmt="azr"),
-               ty.parse_answer(THINK_OPEN + _reply("work", good).replace("</think>", ""), fmt="azr")]
+    answers = [R1.parse_answer(ty, THINK_OPEN + _reply("work", good)),
+               R1.parse_answer(ty, THINK_OPEN + _reply("work", bad)),
+               R1.parse_answer(ty, THINK_OPEN + _reply("work", good).replace("</think>", ""))]
     outcomes = ty.check_many(task, answers, ex)
     assert [o.status for o in outcomes] == ["correct", "wrong", "format_error"]
     assert [student_reward(o) for o in outcomes] == [1.0, -0.5, -1.0]
     # the same blocks outside an answer block are a format error under azr, and fine under short
     bare = f"```python\n{PROGRAM}\n```\n```input\n[1], 1\n```"
-    assert isinstance(ty.parse_proposal(THINK_OPEN + "x</think>" + bare, fmt="azr"), ParseError)
+    assert isinstance(R1.parse_proposal(AZR, ty, THINK_OPEN + "x</think>" + bare), ParseError)
     assert isinstance(ty.parse_proposal(bare), Proposal)
 
 
 def test_azr_round_trip_code_f(tok, ex):
     ty = TASK_TYPES["code_f"]
     program = "def f(a, b):\n    return a * 2 + b"
-    prompt = ty.teacher_prompt([Task("code_o", program, ["1, 2"], ["4"])], random.Random(0), fmt="azr")
+    prompt = R1.teacher_prompt(AZR, ty, [Task("code_o", program, ["1, 2"], ["4"])])
     assert program + "\nf(<|YOUR INPUT WILL BE PLUGGED HERE|>)" in r1_prompt(prompt)
     blocks = [("input", f"{i}, {10 - i}") for i in range(10)] + [("message", "double the first, add the second")]
-    prop = ty.parse_proposal(THINK_OPEN + _reply("pick spread inputs", *blocks), program=program, fmt="azr")
+    prop = R1.parse_proposal(AZR, ty, THINK_OPEN + _reply("pick spread inputs", *blocks), program=program)
     assert isinstance(prop, Proposal) and len(prop.inputs) == 10 and prop.message.startswith("double")
     task = ty.validate(prop, ex)
     assert isinstance(task, Task) and task.outputs[:3] == ["10", "11", "12"]
-    student = ty.student_prompt(task, fmt="azr")
+    student = R1.student_prompt(AZR, ty, task)
     assert "```input_4\n4, 6\n```\n```output_4\n14\n```" in student and "5, 5" not in student
-    answers = [ty.parse_answer(THINK_OPEN + _reply("a*2+b", ("python", "def f(x, y):\n    return 2 * x + y")),
-                               fmt="azr"),
-               ty.parse_answer(THINK_OPEN + _reply("a+b", ("python", "def f(x, y):\n    return x + y")), fmt="azr"),
-               ty.parse_answer(THINK_OPEN + "no think close <answer>```python\ndef f(x, y):\n    return 0\n```",
-                               fmt="azr")]
+    answers = [R1.parse_answer(ty, THINK_OPEN + _reply("a*2+b", ("python", "def f(x, y):\n    return 2 * x + y"))),
+               R1.parse_answer(ty, THINK_OPEN + _reply("a+b", ("python", "def f(x, y):\n    return x + y"))),
+               R1.parse_answer(ty, THINK_OPEN + "no think close <answer>```python\ndef f(x, y):\n    return 0\n```")]
     assert [o.status for o in ty.check_many(task, answers, ex)] == ["correct", "wrong", "format_error"]
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.base import ParseError, Proposal
-from lorapop.tasks.common import EXPRESSION_PREFILL
 from lorapop.tasks.expressions import SEED_FILE, seed_rows
+from lorapop.tasks.styles import AZR, EXPRESSION
 
 
 def test_shipped_seed_file_is_the_generated_one(data_dir):
@@ -24,18 +24,18 @@ def test_prompt_prefill_and_parse():
     from lorapop.tasks.base import Task
 
     ref = Task(type="code_o", program="def f(x):\n    return x * 2 + 1", inputs=["4"], outputs=["9"])
-    prompt = code_o.teacher_prompt([ref], style="expression")
+    prompt = EXPRESSION.teacher_prompt(code_o, [ref])
     assert "single return expression" in prompt and "```python\nx = 4\ndef f(x):\n    return x * 2 + 1\n```" in prompt
     assert "9" not in prompt.split("Reference 1:")[1]  # references go without their outputs
-    prefill = code_o.proposal_prefill_for("expression")
-    assert prefill == EXPRESSION_PREFILL and prompt.endswith("then f.")
-    got = code_o.parse_proposal(prefill + "7\ndef f(x):\n    return (x + 2) % 5\n```", style="expression")
+    prefill = EXPRESSION.proposal_prefill(code_o)
+    assert prefill == "```python\nx = " and prompt.endswith("then f.")
+    got = EXPRESSION.parse_proposal(code_o, prefill + "7\ndef f(x):\n    return (x + 2) % 5\n```")
     assert isinstance(got, Proposal)
     assert got.program == "def f(x):\n    return (x + 2) % 5" and got.inputs == ["7"] and got.type == "code_o"
     # the same reply read as another style has no input block; a block without the input line is a format error
-    assert isinstance(code_o.parse_proposal(prefill + "7\ndef f(x):\n    return x\n```"), ParseError)
+    assert isinstance(AZR.parse_proposal(code_o, prefill + "7\ndef f(x):\n    return x\n```"), ParseError)
     for bad in ("```python\ndef f(x):\n    return x\n```", prefill + "7\n```", prefill + "7\ndef f(x):\n    return x"):
-        got = code_o.parse_proposal(bad, style="expression")
+        got = EXPRESSION.parse_proposal(code_o, bad)
         assert isinstance(got, ParseError), bad
 
 
@@ -47,3 +47,6 @@ def test_expression_style_needs_prefill():
         load_config(None, ["--selfplay.proposal_style=expression", "--selfplay.response_prefill=false"])
     cfg = load_config("lorapop/configs/cpu_dynamics.yaml", [])
     assert cfg.selfplay.proposal_style == "expression" and cfg.selfplay.task_types == ["code_o"]
+    # code_f keeps its own layout under a style that lays out code_o and code_i
+    code_f = TASK_TYPES["code_f"]
+    assert EXPRESSION.proposal_prefill(code_f) == code_f.proposal_prefill and EXPRESSION.seed_files == (SEED_FILE,)

@@ -13,9 +13,9 @@ import pytest
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.base import Invalid, ParseError, Proposal, Task
-from lorapop.tasks.common import validate_selection
 from lorapop.tasks.selections import (LEVELS, SEED_FILE, SEED_LEVELS, SELECTION_PREFILL, answer_tokens, check_shape,
                                       seed_rows)
+from lorapop.tasks.styles import AZR, SELECTION
 
 
 @pytest.fixture(scope="module")
@@ -44,32 +44,31 @@ def test_prompts_and_prefills_of_both_types():
     ref = Task(type="code_o", program="def f(nums):\n    return sorted(nums)[-2]", inputs=["[4, 1, 7]"], outputs=["4"])
     for name in ("code_o", "code_i"):
         ty = TASK_TYPES[name]
-        prompt = ty.teacher_prompt([ref], style="selection")
+        prompt = SELECTION.teacher_prompt(ty, [ref])
         assert "```python\nnums = [4, 1, 7]\ndef f(nums):\n    return sorted(nums)[-2]\n```" in prompt
         assert "Reference 1:" in prompt and prompt.endswith("then f.") and ty.goal in prompt
         assert "\n4\n" not in prompt  # references go without their outputs
-        assert ty.proposal_prefill_for("selection") == SELECTION_PREFILL == "```python\nnums = ["
+        assert SELECTION.proposal_prefill(ty) == SELECTION_PREFILL == "```python\nnums = ["
     task = Task(type="code_i", program=ref.program, inputs=ref.inputs, outputs=ref.outputs)
     code_i, code_o = TASK_TYPES["code_i"], TASK_TYPES["code_o"]
     # code_i's answer is a list: its reply starts inside it; the other styles keep the plain block opening
-    assert code_i.answer_prefill_for("selection") == "```input\n[" and code_i.answer_prefill_for("azr") == "```input\n"
-    assert code_o.answer_prefill_for("selection") == "```output\n"
-    prompt = code_i.student_prompt(task, style="selection")
+    assert SELECTION.answer_prefill(code_i) == "```input\n[" and AZR.answer_prefill(code_i) == "```input\n"
+    assert SELECTION.answer_prefill(code_o) == "```output\n"
+    prompt = SELECTION.student_prompt(code_i, task)
     assert "list nums" in prompt and "Output: 4" in prompt and "[4, 1, 7]" not in prompt  # the input stays hidden
-    assert "f([4, 1, 7])" in code_o.student_prompt(task, style="selection")
+    assert "f([4, 1, 7])" in SELECTION.student_prompt(code_o, task)
     got = code_i.parse_answer("```input\n[" + "4, 9]\n```")
     assert got.text == "[4, 9]"
 
 
 def test_parse_a_reply_started_inside_the_list():
     code_i = TASK_TYPES["code_i"]
-    got = code_i.parse_proposal(SELECTION_PREFILL + "3, 8, 1]\ndef f(nums):\n    return max(nums[1:])\n```",
-                                style="selection")
+    got = SELECTION.parse_proposal(code_i, SELECTION_PREFILL + "3, 8, 1]\ndef f(nums):\n    return max(nums[1:])\n```")
     assert isinstance(got, Proposal) and got.type == "code_i"
     assert got.program == "def f(nums):\n    return max(nums[1:])" and got.inputs == ["[3, 8, 1]"]
     for bad in ("```python\nx = 3\ndef f(x):\n    return x\n```", SELECTION_PREFILL + "1]\n```",
                 SELECTION_PREFILL + "1]\ndef f(nums):\n    return nums[0]"):
-        assert isinstance(code_i.parse_proposal(bad, style="selection"), ParseError), bad
+        assert isinstance(SELECTION.parse_proposal(code_i, bad), ParseError), bad
 
 
 @pytest.mark.parametrize("program, inp, reason", [
@@ -92,18 +91,19 @@ def test_validation_in_the_sandbox(ex):
              Proposal("code_o", "def f(nums):\n    return nums * 4", ["[4, 1, 7]"]),
              Proposal("code_o", "def f(nums):\n    y = 1\n    return y", ["[4, 1, 7]"]),
              Proposal("code_o", "def f(nums):\n    return nums[9]", ["[4, 1, 7]"])]
-    got = validate_selection("code_o", props, ex, count_tokens=words, answer_budget=8)
+    code_o, code_i = TASK_TYPES["code_o"], TASK_TYPES["code_i"]
+    got = SELECTION.validate_many(code_o, props, ex, count_tokens=words, answer_budget=8)
     assert isinstance(got[0], Task) and got[0].outputs == ["4"]
     assert [g.reason for g in got[1:]] == ["output_none", "answer_over_budget", "not_one_return", "runtime_error"]
     assert "max_new_tokens 8" in got[2].detail
     # code_i's answer is the input: a long list is over budget there, though its output is one int
     long_in = [Proposal("code_i", "def f(nums):\n    return nums[0]", ["[1, 2, 3, 4, 5, 6, 7, 8]"])]
-    assert validate_selection("code_i", long_in, ex, count_tokens=words, answer_budget=8)[0].reason == \
+    assert SELECTION.validate_many(code_i, long_in, ex, count_tokens=words, answer_budget=8)[0].reason == \
         "answer_over_budget"
-    assert isinstance(validate_selection("code_o", long_in, ex, count_tokens=words, answer_budget=8)[0], Task)
-    # the task type dispatches on the style; without it the style's rules do not apply
-    assert isinstance(TASK_TYPES["code_o"].validate_many(props[3:4], ex)[0], Task)
-    assert TASK_TYPES["code_o"].validate_many(props[3:4], ex, style="selection")[0].reason == "not_one_return"
+    assert isinstance(SELECTION.validate_many(code_o, long_in, ex, count_tokens=words, answer_budget=8)[0], Task)
+    # the style's rules are the style's: another style (and code_f under this one) has the shared checks only
+    assert isinstance(AZR.validate_many(code_o, props[3:4], ex, count_tokens=words, answer_budget=8)[0], Task)
+    assert SELECTION.validate_many(code_o, props[3:4], ex)[0].reason == "not_one_return"
 
 
 def test_budget_counts_the_closing_fence():
@@ -157,21 +157,28 @@ def test_seed_answers_fit_the_config_budget_with_the_real_tokenizer():
         assert answer_tokens(r["output"], count) <= budget and answer_tokens(r["input"], count) <= budget, r
 
 
-def test_validate_stage_passes_the_engines_token_counter_and_the_solve_budget():
+def test_validate_stage_passes_the_engines_token_counter_and_the_solve_budget(ex):
+    """stages.validate counts the answer with the engine's own tokenizer against selfplay.solve's max_new_tokens."""
     from types import SimpleNamespace
 
     from lorapop.config import load_config
-    from lorapop.train.stages import StepContext, style_checks
+    from lorapop.engine.base import Completion
+    from lorapop.rundir import Member
+    from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.train.stages import Rollout, StepContext, validate
 
     class Tok:
         def encode(self, text, add_special_tokens=False):
             return list(text)  # one token per character
 
     sp = load_config("lorapop/configs/cpu_selection.yaml", []).selfplay
-    ctx = StepContext(0, 0, SimpleNamespace(tokenizer=Tok()), None, sp, {})
-    got = style_checks(ctx, "code_i")
-    assert got["style"] == "selection" and got["answer_budget"] == sp.solve.max_new_tokens
-    assert got["count_tokens"]("[1]\n```") == 7
-    assert style_checks(ctx, "code_f") == {}
-    other = load_config("lorapop/configs/cpu_dynamics.yaml", []).selfplay
-    assert style_checks(StepContext(0, 0, SimpleNamespace(tokenizer=Tok()), None, other, {}), "code_o") == {}
+    t0 = Member("t0", 0, "teacher")
+    # code_i's answer is the list: "[1, 2]\n```" is 10 characters, "[1, 2, 3, 4, 5, 6]\n```" 22 > the budget of 20
+    replies = [SELECTION_PREFILL + "1, 2]\ndef f(nums):\n    return nums[0]\n```",
+               SELECTION_PREFILL + "1, 2, 3, 4, 5, 6]\ndef f(nums):\n    return nums[0]\n```"]
+    rollouts = [Rollout(t0, "teacher", "code_i", [], Completion([], [], r, "eos")) for r in replies]
+    ctx = StepContext(0, 0, SimpleNamespace(tokenizer=Tok()), ex, sp, {"code_i": TaskBuffer("code_i")})
+    got = validate(ctx, rollouts)
+    assert sp.solve.max_new_tokens == 20
+    assert [r.status for r in got] == ["valid", "invalid"] and got[1].detail == "answer_over_budget"
+    assert "22 tokens > selfplay.solve.max_new_tokens 20" in got[1].result.detail

@@ -11,6 +11,7 @@ import pytest
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import (TASK_TYPES, Answer, Invalid, Outcome, ParseError, Proposal, Task, TaskBuffer,
                            identity_task, student_reward, teacher_reward)
+from lorapop.tasks.styles import AZR, INPUT_FIRST
 
 PROG = "def f(xs, k):\n    return sorted(xs)[-k:]"
 
@@ -70,15 +71,15 @@ def test_input_first_style_prompts_and_parses_in_its_order():
     ref = Task(type="code_o", program="def f(x):\n    return x[0]", inputs=["[7, 1]"], outputs=["7"])
     for name in ("code_o", "code_i"):
         ty = TASK_TYPES[name]
-        p = ty.teacher_prompt([ref], random.Random(0), style="input_first")
+        p = INPUT_FIRST.teacher_prompt(ty, [ref], random.Random(0))
         assert p.index("```input\n[7, 1]") < p.index("```python\ndef f(x)")  # the reference in the reply's order
         assert "```output" not in p and "Format example" not in p and "sorted(nums)" not in p
-        assert ty.proposal_prefill_for("input_first") == "```input\n"
-        assert ty.proposal_prefill_for("azr") == "```python\n" and "```output\n7" in ty.teacher_prompt([ref], None)
+        assert INPUT_FIRST.proposal_prefill(ty) == "```input\n"
+        assert AZR.proposal_prefill(ty) == "```python\n" and "```output\n7" in AZR.teacher_prompt(ty, [ref])
         reply = "```input\n[3, 4]\n```\n\n```python\ndef f(x):\n    return x[-1]\n```\n\nOutput:\n```\n4"
-        prop = ty.parse_proposal(reply)
+        prop = INPUT_FIRST.parse_proposal(ty, reply)
         assert isinstance(prop, Proposal) and prop.inputs == ["[3, 4]"] and prop.program.endswith("x[-1]")
-    assert TASK_TYPES["code_f"].proposal_prefill_for("input_first") == "```input\n"
+    assert INPUT_FIRST.proposal_prefill(TASK_TYPES["code_f"]) == "```input\n"
 
 
 def test_binary_junk_is_a_format_error():

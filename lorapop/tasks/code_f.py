@@ -13,12 +13,17 @@ from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Answer, Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks import azr_prompts
-from lorapop.tasks.common import FORMAT_RULES, answer_text, fence, validate_many
+from lorapop.tasks.buffer import IDENTITY_PROGRAM
+from lorapop.tasks.common import FORMAT_RULES, fence, validate_many
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import call_code, check_literal, check_program, compare_code
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.sandbox import Executor
+
+
+def _shown_program(references: list[Task]) -> str:
+    return references[0].program if references else IDENTITY_PROGRAM
 
 
 class CodeF:
@@ -29,16 +34,11 @@ class CodeF:
     def __init__(self, n_inputs: int = 10, n_shown: int = 5):
         self.n_inputs, self.n_shown = n_inputs, n_shown
 
-    def proposal_prefill_for(self, style: str) -> str:
-        return self.proposal_prefill
-
-    def teacher_prompt(self, references: list[Task], rng=None, style: str = "azr", fmt: str = "short") -> str:
+    def teacher_prompt(self, references: list[Task], rng=None) -> str:
         """Uses `references[0].program` (sample one reference with your rng); parse the reply with
         `parse_proposal(text, program=references[0].program)`. One layout for every style: the reply is
-        inputs and a message only. ``fmt`` ``azr``: AZR's induction proposer prompt."""
-        program = references[0].program if references else "def f(a):\n    return a"
-        if fmt == "azr":
-            return azr_prompts.propose_inputs_message(program, self.n_inputs)
+        inputs and a message only."""
+        program = _shown_program(references)
         example = "\n".join([fence("input", "[3, 1, 2]"), fence("input", "'abc', 2"), "...",
                              fence("message", "Think about order and length.")])
         return (f"Here is a Python function f.\n{fence('python', program)}\n\n"
@@ -47,13 +47,13 @@ class CodeF:
                 "Then write a one-line ```message hinting at what f does without giving the code.\n\n"
                 f"Format example:\n{example}\n\nNow write one sentence of reasoning, then your blocks.")
 
-    def parse_proposal(self, text, *, program: str | None = None, style: str = "azr", fmt: str = "short"
-                       ) -> Proposal | ParseError:
+    def azr_teacher_prompt(self, references: list[Task]) -> str:
+        """AZR's induction proposer prompt (prompt_format azr)."""
+        return azr_prompts.propose_inputs_message(_shown_program(references), self.n_inputs)
+
+    def parse_proposal(self, text, *, program: str | None = None) -> Proposal | ParseError:
         if not program:
             return ParseError("no_program", "code_f proposals need the program the teacher was given")
-        text = answer_text(text, fmt)
-        if isinstance(text, ParseError):
-            return text
         got = extract(text, {"input": self.n_inputs, "message": 1})
         if isinstance(got, ParseError):
             return got
@@ -66,20 +66,17 @@ class CodeF:
     def validate_many(self, proposals: list[Proposal], executor: Executor, **kw) -> list[Task | Invalid]:
         return validate_many(self.name, proposals, executor, min_inputs=self.n_inputs, **kw)
 
-    def answer_prefill_for(self, style: str) -> str:
-        return self.answer_prefill
-
-    def student_prompt(self, task: Task, fmt: str = "short", style: str = "azr") -> str:
-        if fmt == "azr":
-            return azr_prompts.solve_function(task, self.n_shown)
+    def student_prompt(self, task: Task) -> str:
         pairs = "\n".join(f"f({i}) == {o}" for i, o in zip(task.inputs[: self.n_shown], task.outputs[: self.n_shown]))
         return (f"Write a Python function f that matches these examples.\nHint: {task.message}\n{pairs}\n\n"
                 f"{FORMAT_RULES}\nThink briefly, then give the whole program in a ```python block, for example:\n"
                 + fence("python", "def f(x):\n    return x"))
 
-    def parse_answer(self, text, fmt: str = "short") -> Answer | ParseError:
-        text = answer_text(text, fmt)
-        got = text if isinstance(text, ParseError) else extract(text, {"python": 1})
+    def azr_student_prompt(self, task: Task) -> str:
+        return azr_prompts.solve_function(task, self.n_shown)
+
+    def parse_answer(self, text) -> Answer | ParseError:
+        got = extract(text, {"python": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["python"][0])
 
     def check(self, task: Task, answer, executor: Executor) -> bool:

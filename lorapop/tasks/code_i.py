@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
-from lorapop.tasks.common import ProgramInputTask, answer_text, fence, run_checks
+from lorapop.tasks.common import ProgramInputTask, fence, run_checks
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.selections import code_i_student_prompt
 from lorapop.tasks.validity import SAME_SRC, check_call_args
 
 
@@ -20,25 +19,17 @@ class CodeI(ProgramInputTask):
     answer_prefill = "```input\n"
     goal = "A solver will see f and its output and must find an input that produces it, so make that hard."
 
-    def answer_prefill_for(self, style: str) -> str:
-        # proposal_style selection: every input is one list, so the answer starts inside it (without the bracket
-        # the 135M base wrote `f(nums)` or a new def in most code_i answers: docs/RESULTS.md, "Dynamics, second
-        # design: the step-0 gate")
-        return self.answer_prefill + "[" if style == "selection" else self.answer_prefill
-
-    def student_prompt(self, task: Task, fmt: str = "short", style: str = "azr") -> str:
-        if fmt == "azr":
-            return azr_prompts.solve_input(task)
-        if style == "selection":
-            return code_i_student_prompt(task)
+    def student_prompt(self, task: Task) -> str:
         return ("Find arguments for f that make it return the output below.\n"
                 f"{fence('python', task.program)}\nOutput: {task.outputs[0]}\n\n"
                 # no example arguments and no "think" line, as in code_o (small bases copy the example)
                 "Give the arguments, exactly as written inside f(...), in an ```input block.")
 
-    def parse_answer(self, text, fmt: str = "short") -> Answer | ParseError:
-        text = answer_text(text, fmt)
-        got = text if isinstance(text, ParseError) else extract(text, {"input": 1})
+    def azr_student_prompt(self, task: Task) -> str:
+        return azr_prompts.solve_input(task)
+
+    def parse_answer(self, text) -> Answer | ParseError:
+        got = extract(text, {"input": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["input"][0])
 
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
-from lorapop.tasks.common import ProgramInputTask, answer_text, fence, run_checks
+from lorapop.tasks.common import ProgramInputTask, fence, run_checks
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import check_literal, compare_code
 
@@ -21,12 +21,10 @@ class CodeO(ProgramInputTask):
     answer_prefill = "```output\n"
     goal = "A solver will see f and the input and must predict the output, so make it take careful reasoning."
 
-    def student_prompt(self, task: Task, fmt: str = "short", style: str = "azr") -> str:
+    def student_prompt(self, task: Task) -> str:
         # One prompt for every style: under selection, the list shown in the teacher's layout (`nums = [...]` above
         # f, "Call: f(nums)") made the base solve 0.14 of fixed tasks against 0.18 with the list in the call
         # (docs/RESULTS.md, "Dynamics, second design: the step-0 gate").
-        if fmt == "azr":
-            return azr_prompts.solve_output(task)
         return ("Predict the value returned by f for the input below.\n"
                 f"{fence('python', task.program)}\nCall: f({task.inputs[0]})\n\n"
                 # No example value: the 135M base copied the old one ([1, 'a']) into most answers. No "think step by
@@ -34,9 +32,11 @@ class CodeO(ProgramInputTask):
                 # 16 tokens, temperature 0.3) the base solved 41/312 with that line and 69/312 without it.
                 "Give the returned value as a Python literal in an ```output block.")
 
-    def parse_answer(self, text, fmt: str = "short") -> Answer | ParseError:
-        text = answer_text(text, fmt)
-        got = text if isinstance(text, ParseError) else extract(text, {"output": 1})
+    def azr_student_prompt(self, task: Task) -> str:
+        return azr_prompts.solve_output(task)
+
+    def parse_answer(self, text) -> Answer | ParseError:
+        got = extract(text, {"output": 1})
         return got if isinstance(got, ParseError) else Answer(self.name, got["output"][0])
 
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:

@@ -13,8 +13,8 @@ computed indices, composition of two selections. ``seeds/select_seed_io.jsonl`` 
 :data:`SEED_LEVELS`, level 1 only (``python -m lorapop.tasks.selections`` rewrites it; a test checks it still
 is). The expressions are written here, never by a model; outputs come from running them in this process.
 
-Validity beyond the shared checks (:func:`check_shape` before them, :func:`check_task` after; both applied by
-``lorapop.tasks.common.validate_selection``, which the validate stage calls for code_o and code_i):
+Validity beyond the shared checks (:func:`check_shape` before them, :func:`check_task` after; both applied by the
+style's ``validate_many``, lorapop/tasks/styles/selection.py, which the validate stage calls for code_o and code_i):
 the input is one list of ints, f's body is exactly one ``return <expr>``, the output is not None, and the student's
 answer (the output's repr for code_o, the input for code_i) with its closing fence fits ``selfplay.solve``'s
 ``max_new_tokens`` as the model's tokenizer counts it: an answer the student cannot finish inside its budget can
@@ -146,6 +146,48 @@ def check_task(type_name: str, task: Task, count_tokens: Callable[[str], int] | 
             return Invalid("answer_over_budget", f"the {type_name} answer and its fence take {n} tokens > "
                                                  f"selfplay.solve.max_new_tokens {answer_budget}")
     return None
+
+
+# The capability probe's held-out family (lorapop/train/probe.py): level -> selection shapes over nums; {i} a
+# position in the list but the last ({j}: but the last two, {l}: any), {m} one in 1..len, {k} a threshold (no
+# constant programs: they are answered from the page and would only pad the probe); a draw that indexes past its list
+# is skipped. Held out: a program of the seed file is skipped, and so is a list the seed file calls f on; the lists
+# are one element longer than the seed file's at each level.
+PROBE_SHAPES: dict[int, tuple[str, ...]] = {
+    1: ("nums[{l}]", "nums[-{m}]", "sorted(nums)[{l}]"),
+    2: ("max(nums[{i}:])", "min(nums[{i}:])", "sorted(nums)[-{m}]", "nums[{i}] if nums[{j}] > {k} else nums[{l}]",
+        "max(nums[:{m}])"),
+    3: ("sorted(nums[{i}:])[{j}]", "nums[len(nums) - {m}]", "min(nums[-{m}:]) if nums[{i}] > {k} else max(nums)",
+        "nums[nums[{i}] % len(nums)]", "sorted(nums)[len(nums) // 2]"),
+}
+PROBE_LIST_LEN = {1: 4, 2: 5, 3: 6}
+
+
+def probe_tasks(per_level: int, seed: int) -> list[tuple[int, Task]]:
+    """(level, code_o task) pairs, ``per_level`` distinct tasks at each level of :data:`PROBE_SHAPES`, the same for
+    the same arguments."""
+    rows = seed_rows()
+    refs, ref_inputs = {r["snippet"] for r in rows}, {r["input"] for r in rows}
+    rng = random.Random(f"probe-select:{seed}")
+    out: list[tuple[int, Task]] = []
+    for level, shapes in sorted(PROBE_SHAPES.items()):
+        n = PROBE_LIST_LEN[level]
+        seen: set[tuple[str, str]] = set()
+        while len(seen) < per_level:
+            expr = rng.choice(shapes).format(i=rng.randrange(n - 1), j=rng.randrange(n - 2), l=rng.randrange(n),
+                                             m=rng.randint(1, n), k=rng.randint(2, 7))
+            nums = draw_list(rng, n)
+            prog, inp = program(expr), repr(nums)
+            if prog in refs or inp in ref_inputs or (prog, inp) in seen:
+                continue
+            try:
+                value = run(expr, nums)
+            except IndexError:
+                continue
+            seen.add((prog, inp))
+            out.append((level, Task(type="code_o", program=prog, inputs=[inp], outputs=[repr(value)],
+                                    proposer="probe", step=0)))
+    return out
 
 
 if __name__ == "__main__":  # regenerate the shipped seed file

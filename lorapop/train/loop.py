@@ -17,6 +17,7 @@ from lorapop.hostmem import process_memory, release_free_memory
 from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.buffer import TaskBuffer
+from lorapop.tasks.styles import proposal_style
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger, Progress
 from lorapop.train.matchmaking import matchmake
@@ -189,9 +190,9 @@ class Trainer:
         A file in AZR's code_f layout (``inputs``/``outputs``/``message``) seeds code_f; the I/O layout seeds
         code_o and code_i. On resume the checkpoint's buffers replace all of this."""
         sp = self.cfg.selfplay
-        # Under proposal_style selection the identity seed (f(a) on a string) would be shown in the list layout,
-        # `nums = "Hello world"`, against the style's own rules; its seed file stands in for it.
-        identity = not (sp.proposal_style == "selection" and sp.seed_files and load_seeds)
+        # A style whose seed file holds its references alone (selection: the identity seed, f(a) on a string, would
+        # be shown as `nums = "Hello world"`, against the style's own rules) leaves the identity seed out.
+        identity = not (proposal_style(sp.proposal_style).replaces_identity_seed and sp.seed_files and load_seeds)
         buffers = {tt: TaskBuffer(tt, seed_identity=identity, max_tasks=sp.buffer_max_tasks) for tt in sp.task_types}
         for name in self.cfg.selfplay.seed_files if load_seeds else []:
             path = resolve_data_file(name)
@@ -357,7 +358,7 @@ class Trainer:
         if self.probe_log is None:
             return
         sp, run = self.cfg.selfplay, self.cfg.run
-        prefill = TASK_TYPES["code_o"].answer_prefill_for(sp.proposal_style) if sp.response_prefill else ""
+        prefill = proposal_style(sp.proposal_style).answer_prefill(TASK_TYPES["code_o"]) if sp.response_prefill else ""
         rng = stages.step_rng(run.seed, step, "probe")
         members = self.population.students
 

@@ -1,11 +1,13 @@
 """The capability probe of the dynamics experiment (docs/RESULTS.md, "Dynamics: pre-registration"): every
 ``run.probe_interval`` steps each student (the agent in single mode) answers a fixed set of held-out ``code_o``
-tasks at three levels (integer expressions; list selections when ``selfplay.proposal_style`` is ``selection``),
-``probe_samples`` times each, and one ``probe.jsonl`` row per (member, task) records the share answered correctly.
+tasks at three levels, of the family of ``selfplay.proposal_style`` (integer expressions; list selections under
+``selection``), ``probe_samples`` times each, and one ``probe.jsonl`` row per (member, task) records the share
+answered correctly.
 ``lorapop/criteria.py`` compares the population's students with the single agent on it.
 
 The probe tasks are drawn from :func:`probe_tasks` with their own seed (the same in every run and seed, so two runs
-are scored on the same tasks), from shapes written here, and none is a reference task of
+are scored on the same tasks), from shapes the style's family module writes (``PROBE_SHAPES`` of
+lorapop/tasks/expressions.py and selections.py), and none is a reference task of
 ``seeds/expr_seed_io.jsonl`` (``seeds/select_seed_io.jsonl`` for selections, whose lists they do not reuse either).
 The probe only generates (no gradient, no rating, no buffer entry) and draws its sampling seeds from its own stage
 RNG, so a run with the probe on trains exactly like one with it off.
@@ -32,82 +34,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from lorapop.tasks.base import Task
+from lorapop.tasks.styles import proposal_style
 
 PROBE_SEED = 2026
-# level -> expression shapes; {a}, {b}, {c} are small constants drawn per task
-SHAPES: dict[int, tuple[str, ...]] = {
-    1: ("x + {a}", "x - {a}", "x * {b}", "x % {b}", "x // {b}"),
-    2: ("x * {b} + {a}", "(x + {a}) * {b}", "x % {b} + {a}", "abs(x - {c})", "x * x - {a}"),
-    3: ("(x * {b} + {a}) % {c}", "abs(x - {c}) * {b} + {a}", "(x + {a}) * (x % {b})", "max(x * {b}, {c}) - x",
-        "x % {b} * {a} + x // {b}"),
-}
-
-
-# proposal_style selection (lorapop/tasks/selections.py): level -> selection shapes over nums; {i} a position in the
-# list but the last ({j}: but the last two, {l}: any), {m} one in 1..len, {k} a threshold (no constant programs:
-# they are answered from the page and would only pad the probe); a draw that indexes past its list is skipped. Held
-# out: a program of the seed file is skipped, and so is a list the seed file calls f on; the lists are one element
-# longer than the seed file's at each level.
-SELECT_SHAPES: dict[int, tuple[str, ...]] = {
-    1: ("nums[{l}]", "nums[-{m}]", "sorted(nums)[{l}]"),
-    2: ("max(nums[{i}:])", "min(nums[{i}:])", "sorted(nums)[-{m}]", "nums[{i}] if nums[{j}] > {k} else nums[{l}]",
-        "max(nums[:{m}])"),
-    3: ("sorted(nums[{i}:])[{j}]", "nums[len(nums) - {m}]", "min(nums[-{m}:]) if nums[{i}] > {k} else max(nums)",
-        "nums[nums[{i}] % len(nums)]", "sorted(nums)[len(nums) // 2]"),
-}
-SELECT_LIST_LEN = {1: 4, 2: 5, 3: 6}
 
 
 def probe_tasks(per_level: int = 30, seed: int = PROBE_SEED, style: str = "expression") -> list[tuple[int, Task]]:
-    """(level, task) pairs, ``per_level`` distinct tasks at each level, the same for the same arguments: integer
-    expressions, or under ``style`` selection list selections (:data:`SELECT_SHAPES`)."""
-    if style == "selection":
-        return _selection_tasks(per_level, seed)
-    from lorapop.tasks.expressions import LEVELS, program
-
-    refs = {program(e) for exprs in LEVELS.values() for e in exprs}
-    rng = random.Random(f"probe:{seed}")
-    out: list[tuple[int, Task]] = []
-    for level, shapes in sorted(SHAPES.items()):
-        seen: set[tuple[str, int]] = set()
-        while len(seen) < per_level:
-            expr = rng.choice(shapes).format(a=rng.randint(1, 9), b=rng.randint(2, 5), c=rng.randint(3, 11))
-            x, prog = rng.randint(0, 12), program(expr)
-            if prog in refs or (prog, x) in seen:
-                continue
-            seen.add((prog, x))
-            ns: dict = {}
-            exec(prog, ns)  # noqa: S102 - our own expressions, never model output
-            out.append((level, Task(type="code_o", program=prog, inputs=[str(x)], outputs=[repr(ns["f"](x))],
-                                    proposer="probe", step=0)))
-    return out
-
-
-def _selection_tasks(per_level: int, seed: int) -> list[tuple[int, Task]]:
-    from lorapop.tasks.selections import draw_list, program, run, seed_rows
-
-    rows = seed_rows()
-    refs, ref_inputs = {r["snippet"] for r in rows}, {r["input"] for r in rows}
-    rng = random.Random(f"probe-select:{seed}")
-    out: list[tuple[int, Task]] = []
-    for level, shapes in sorted(SELECT_SHAPES.items()):
-        n = SELECT_LIST_LEN[level]
-        seen: set[tuple[str, str]] = set()
-        while len(seen) < per_level:
-            expr = rng.choice(shapes).format(i=rng.randrange(n - 1), j=rng.randrange(n - 2), l=rng.randrange(n),
-                                             m=rng.randint(1, n), k=rng.randint(2, 7))
-            nums = draw_list(rng, n)
-            prog, inp = program(expr), repr(nums)
-            if prog in refs or inp in ref_inputs or (prog, inp) in seen:
-                continue
-            try:
-                value = run(expr, nums)
-            except IndexError:
-                continue
-            seen.add((prog, inp))
-            out.append((level, Task(type="code_o", program=prog, inputs=[inp], outputs=[repr(value)],
-                                    proposer="probe", step=0)))
-    return out
+    """(level, task) pairs, ``per_level`` distinct tasks at each level, the same for the same arguments: the probe
+    family of proposal style ``style`` (integer expressions, lorapop/tasks/expressions.py; list selections under
+    ``selection``, lorapop/tasks/selections.py)."""
+    return proposal_style(style).probe_tasks(per_level, seed)
 
 
 def counts(member: Any, step: int, min_age: int) -> bool:
@@ -122,15 +58,17 @@ def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, par
               prefill: str, rng: random.Random, per_level: int = 30, min_age: int = 0, style: str = "expression"
               ) -> list[dict[str, Any]]:
     """One probe.jsonl row per (member, task): ``step, member, role, task, level, score, age, counted``. ``style``
-    (selfplay.proposal_style) picks the probe's family: list selections under ``selection``, else expressions."""
+    (selfplay.proposal_style) picks the probe's family and code_o's student prompt; the probe asks in the short
+    chat prompt whatever selfplay.prompt_format is."""
     from lorapop.tasks import TASK_TYPES
-    from lorapop.train.stages import prompt_ids
+    from lorapop.tasks.formats import prompt_format
 
-    code_o, tasks = TASK_TYPES["code_o"], probe_tasks(per_level, style=style)
+    code_o, chat, family = TASK_TYPES["code_o"], prompt_format("short"), proposal_style(style)
+    tasks = family.probe_tasks(per_level, PROBE_SEED)
     prompts, slots, who = [], [], []
     for m in members:
         for k, (_, task) in enumerate(tasks):
-            ids = prompt_ids(engine, code_o.student_prompt(task, style=style), prefill)
+            ids = chat.prompt_ids(engine, family.student_prompt(code_o, task), prefill)
             prompts += [ids] * n_samples
             slots += [m.slot] * n_samples
             who += [(m, k)] * n_samples
@@ -139,7 +77,7 @@ def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, par
     for i in range(0, len(outs), n_samples):
         m, k = who[i]
         level, task = tasks[k]
-        answers = [code_o.parse_answer(prefill + c.text) for c in outs[i:i + n_samples]]
+        answers = [chat.parse_answer(code_o, prefill + c.text) for c in outs[i:i + n_samples]]
         correct = sum(o.status == "correct" for o in code_o.check_many(task, answers, executor))
         rows.append(probe_row(m, step, k, level, correct / n_samples, min_age))
     return rows

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 from lorapop.engine.base import Completion, Engine, SamplingParams, TrainSample
 from lorapop.rundir import Member
 from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
-from lorapop.tasks.azr_format import THINK_OPEN, r1_prompt_ids
 from lorapop.tasks.buffer import TaskBuffer
+from lorapop.tasks.formats import prompt_format
 from lorapop.tasks.rewards import student_reward, teacher_reward
+from lorapop.tasks.styles import proposal_style
 from lorapop.train.rating import MatchResult
 
 if TYPE_CHECKING:  # the config module imports the executor's; the stages only need the types
@@ -121,32 +122,29 @@ def sampling_params(cfg: SamplingConfig) -> SamplingParams:
 
 
 def reply_start(sp: SelfPlayConfig, prefill: str) -> str:
-    """What every reply starts with, in the prompt's ids: the R1 template's ``<think>`` under prompt_format azr
-    (the parsers and AZR's format check read it), else the block prefill (empty without response_prefill)."""
-    return THINK_OPEN if sp.prompt_format == "azr" else prefill
+    """What every reply starts with, in the prompt's ids: the prompt format's (the R1 template's ``<think>`` under
+    prompt_format azr), else the block prefill (empty without response_prefill)."""
+    return prompt_format(sp.prompt_format).reply_start(prefill)
 
 
 def prompt_ids(engine: Engine, text: str, prefill: str, fmt: str = "short") -> list[int]:
-    """The chat prompt of ``text``, its assistant turn started with ``prefill`` (may be empty); under ``fmt``
-    ``azr`` the R1 plain-text prompt, which ends with ``Assistant: <think>`` (``prefill`` is then that ``<think>``)."""
-    if fmt == "azr":
-        return r1_prompt_ids(engine.tokenizer, text)
-    ids = engine.chat_prompt(text)
-    return ids + list(engine.tokenizer.encode(prefill, add_special_tokens=False)) if prefill else ids
+    """The prompt of ``text`` in prompt format ``fmt``: the chat prompt, its assistant turn started with ``prefill``
+    (may be empty); under ``azr`` the R1 plain-text prompt, which ends with ``Assistant: <think>``."""
+    return prompt_format(fmt).prompt_ids(engine, text, prefill)
 
 
 def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
     """Every teacher writes ``tasks_per_type`` proposals per type, all in one multi-LoRA generate call."""
     engine, sp, rng = ctx.engine, ctx.cfg, ctx.rng("propose")
+    style, fmt = proposal_style(sp.proposal_style), prompt_format(sp.prompt_format)
     prompts, meta = [], []
     for t in teachers:
         for tt in sp.task_types:
-            prefill = reply_start(sp, TASK_TYPES[tt].proposal_prefill_for(sp.proposal_style)
-                                  if sp.response_prefill else "")
+            ty = TASK_TYPES[tt]
+            prefill = fmt.reply_start(style.proposal_prefill(ty) if sp.response_prefill else "")
             for _ in range(sp.tasks_per_type):
                 refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
-                text = TASK_TYPES[tt].teacher_prompt(refs, rng, style=sp.proposal_style, fmt=sp.prompt_format)
-                prompts.append(prompt_ids(engine, text, prefill, sp.prompt_format))
+                prompts.append(fmt.prompt_ids(engine, fmt.teacher_prompt(style, ty, refs, rng), prefill))
                 meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
     outs = engine.generate(prompts, [m[0].slot for m in meta], sampling_params(sp.propose), seeds=seeds)
@@ -164,18 +162,24 @@ def reference_tasks(buffers: Mapping[str, TaskBuffer], task_type: str, k: int, r
 
 def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     """Parse and check every proposal (one batched executor pass per task type); returns the proposals with their
-    status, in order. Valid tasks enter their buffer."""
+    status, in order. Valid tasks enter their buffer. The style's own checks get the student's answer budget,
+    selfplay.solve's max_new_tokens counted with the engine's own tokenizer (what the answer will be generated in)."""
+    style, fmt = proposal_style(ctx.cfg.proposal_style), prompt_format(ctx.cfg.prompt_format)
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
-        proposal = TASK_TYPES[r.task_type].parse_proposal(r.reply, program=r.source_program,
-                                                          style=ctx.cfg.proposal_style, fmt=ctx.cfg.prompt_format)
+        proposal = fmt.parse_proposal(style, TASK_TYPES[r.task_type], r.reply, program=r.source_program)
         if isinstance(proposal, ParseError):
             out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
         else:
             by_type[r.task_type].append((i, proposal))
+
+    def count_tokens(text: str) -> int:
+        return len(ctx.engine.tokenizer.encode(text, add_special_tokens=False))
+
     for tt, items in by_type.items():
-        results = TASK_TYPES[tt].validate_many([p for _, p in items], ctx.executor, **style_checks(ctx, tt))
+        results = style.validate_many(TASK_TYPES[tt], [p for _, p in items], ctx.executor,
+                                      count_tokens=count_tokens, answer_budget=ctx.cfg.solve.max_new_tokens)
         for (i, _), res in zip(items, results):
             r = out[i]
             if isinstance(res, Invalid):
@@ -185,17 +189,6 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
             out[i] = replace(r, status="valid", task=res, result=res)
             ctx.buffers[tt].add(res)
     return out
-
-
-def style_checks(ctx: StepContext, task_type: str) -> dict[str, Any]:
-    """The style's own validity arguments: under proposal_style selection (code_o and code_i) the style and the
-    answer budget, selfplay.solve's max_new_tokens counted with the engine's own tokenizer (what the student's
-    answer will be generated in)."""
-    if ctx.cfg.proposal_style != "selection" or task_type not in ("code_o", "code_i"):
-        return {}
-    tok = ctx.engine.tokenizer
-    return {"style": "selection", "answer_budget": ctx.cfg.solve.max_new_tokens,
-            "count_tokens": lambda text: len(tok.encode(text, add_special_tokens=False))}
 
 
 def solve_jobs(ctx: StepContext, pairs: Mapping[str, Member], teachers: Mapping[str, Member],
@@ -229,13 +222,12 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     returns the jobs with their rollouts."""
     engine, n_solve, rng = ctx.engine, ctx.cfg.n_solve, ctx.rng("solve")
     prompts, slots = [], []
-    fmt = ctx.cfg.prompt_format
-    style = ctx.cfg.proposal_style
-    prefills = {tt: reply_start(ctx.cfg, TASK_TYPES[tt].answer_prefill_for(style) if ctx.cfg.response_prefill else "")
+    style, fmt = proposal_style(ctx.cfg.proposal_style), prompt_format(ctx.cfg.prompt_format)
+    prefills = {tt: fmt.reply_start(style.answer_prefill(TASK_TYPES[tt]) if ctx.cfg.response_prefill else "")
                 for tt in ctx.cfg.task_types}
     for job in jobs:
-        ids = prompt_ids(engine, TASK_TYPES[job.task_type].student_prompt(job.task, fmt, style),
-                         prefills[job.task_type], fmt)
+        ty = TASK_TYPES[job.task_type]
+        ids = fmt.prompt_ids(engine, fmt.student_prompt(style, ty, job.task), prefills[job.task_type])
         prompts += [ids] * n_solve
         slots += [job.student.slot] * n_solve
     seeds = [rng.getrandbits(31) for _ in prompts]
@@ -245,7 +237,7 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
         tt = TASK_TYPES[job.task_type]
         mine = list(zip(prompts[k * n_solve:(k + 1) * n_solve], outs[k * n_solve:(k + 1) * n_solve]))
         pre = prefills[job.task_type]
-        outcomes = tt.check_many(job.task, [tt.parse_answer(pre + c.text, fmt) for _, c in mine], ctx.executor)
+        outcomes = tt.check_many(job.task, [fmt.parse_answer(tt, pre + c.text) for _, c in mine], ctx.executor)
         done.append(replace(job, rollouts=tuple(
             Rollout(job.student, "student", job.task_type, p, c, task=job.task, status=o.status, detail=o.detail,
                     prefill=pre)
