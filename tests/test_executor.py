@@ -8,6 +8,7 @@ import os
 import pytest
 
 from lorapop.executor import ExecResult, ExecutorConfig, SandboxExecutor
+from lorapop.executor.sandbox import isolated
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +68,15 @@ def test_all_protections_in_force_as_root(ex):
 
 
 def test_without_namespaces_still_runs_and_says_so():
-    e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, n_workers=1, isolate_network=False, isolate_filesystem=False,
-                                       isolate_pids=False, drop_privileges=False))
+    with pytest.warns(RuntimeWarning, match="NOT ISOLATED"):
+        e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, n_workers=1, isolate_network=False,
+                                           isolate_filesystem=False, isolate_pids=False, drop_privileges=False,
+                                           allow_unisolated=True))
     try:
         assert e.run("_result = 'plain'").value == "'plain'"
         p = e.protections
         assert not p["filesystem_isolated"] and not p["pid_namespace"] and p["fork_per_run"]
+        assert p["mechanism"] == "none" and p["seccomp"] and not isolated(p)
     finally:
         e.close()
 

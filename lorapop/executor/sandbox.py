@@ -87,11 +87,22 @@ class ExecutorConfig:
     isolate_filesystem: bool = field(default=True, metadata={"help": "mount namespace + private tmpfs + chroot"})
     isolate_pids: bool = field(default=True, metadata={"help": "pid namespace: runs cannot see or signal other "
                                                                "processes; leftovers are killed after each run"})
-    drop_privileges: bool = field(default=True, metadata={"help": "run programs under an unprivileged uid"})
-    uid_base: int | None = field(default=None, metadata={"help": "first uid for runs (one per worker); None "
-                                                                 "derives one from the pid"})
-    require_isolation: bool = field(default=False, metadata={"help": "raise instead of warning when a protection "
-                                                                     "cannot be set up"})
+    drop_privileges: bool = field(default=True, metadata={"help": "run programs without privileges: under an "
+                                                                  "unprivileged uid as root, with every capability "
+                                                                  "dropped in a user namespace"})
+    uid_base: int | None = field(default=None, metadata={"help": "as root: first uid for runs (one per worker); "
+                                                                 "None derives one from the pid"})
+    seccomp: bool = field(default=True, metadata={"help": "syscall filter on every run (namespaces, mount, ptrace, "
+                                                          "bpf, sockets, exec... fail with EPERM; "
+                                                          "lorapop/executor/lockdown.py)"})
+    allow_unisolated: bool = field(default=False, metadata={"help": "run model-written programs even where this "
+                                                                    "machine gives the sandbox no isolation (neither "
+                                                                    "root nor unprivileged user namespaces, or no "
+                                                                    "seccomp): they can then read your files and "
+                                                                    "reach the network; warned at every start and "
+                                                                    "recorded in population.json and the report"})
+    require_isolation: bool = field(default=False, metadata={"help": "refuse any missing protection, even with "
+                                                                     "allow_unisolated"})
     default_hashseed: int = field(default=1, metadata={"help": "PYTHONHASHSEED for runs that do not name one"})
     grace_s: float = field(default=5.0, metadata={"help": "extra seconds the trainer waits for a worker before "
                                                           "replacing it"})
@@ -136,6 +147,28 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
+# what isolated() requires of SandboxExecutor.protections
+ISOLATION_KEYS = ("network_isolated", "filesystem_isolated", "pid_namespace", "unprivileged", "seccomp")
+
+
+def effective_caps() -> int:
+    """This process's effective capability mask (0 where /proc cannot say)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def isolated(protections: dict) -> bool:
+    """Whether a run is walled off from the host: its own network, files and pids, no privileges, the filter."""
+    return all(bool(protections.get(k)) for k in ISOLATION_KEYS)
+
+
 class _Worker:
     def __init__(self, ex: "SandboxExecutor", hashseed: int, uid: int):
         self.ex, self.hashseed, self.uid = ex, hashseed, uid
@@ -143,19 +176,26 @@ class _Worker:
         self.info: dict = {}
         self.root: str | None = None
 
-    def _command(self, root: str, cfg_json: str, namespaces: bool) -> list[str]:
+    def _command(self, root: str, cfg_json: str, mechanism: str) -> list[str]:
         c = self.ex.config
         py = [c.python or sys.executable, "-s", "-S", str(WORKER_PY), cfg_json]
-        if not namespaces:
+        if mechanism == "none":
             return py
-        flags = ["--fork", "--kill-child"]
+        # util-linux unshare; as an ordinary user with a user namespace whose root is this user (docs/METHOD.md)
+        flags = ["--user", "--map-root-user"] if mechanism == "userns" else []
+        flags += ["--fork", "--kill-child", "--ipc"]
         if c.isolate_network:
             flags.append("--net")
         if c.isolate_pids:
             flags.append("--pid")
         if not c.isolate_filesystem:
             return ["unshare", *flags, "--", *py]
-        mount = f'mount -t tmpfs -o size={int(c.disk_mb)}m,mode=0755,nosuid,nodev tmpfs "$1" && shift && exec "$@"'
+        # The chroot's root is a tiny tmpfs remounted read-only (a run that shares the worker's uid would own it);
+        # the runs' working area /w is its own size-capped tmpfs. noexec on both: nothing written there runs.
+        opts = "mode=0755,nosuid,nodev,noexec"
+        mount = (f'mount -t tmpfs -o size=64k,{opts} tmpfs "$1" && mkdir "$1/w" && '
+                 f'mount -t tmpfs -o size={int(c.disk_mb)}m,{opts} tmpfs "$1/w" && '
+                 f'mount -o remount,bind,ro "$1" && shift && exec "$@"')
         return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,
                 *py]
 
@@ -167,13 +207,15 @@ class _Worker:
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
-            "max_repr_chars": c.max_repr_chars, "drop_uid": mode["root"] and c.drop_privileges, "uid": self.uid,
-            "root": self.root, "chroot": mode["namespaces"] and c.isolate_filesystem, "fallback_dir": self.root,
+            "max_repr_chars": c.max_repr_chars, "drop_uid": mode["mechanism"] == "root" and c.drop_privileges,
+            "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
+            "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges,
+            "root": self.root, "chroot": mode["mechanism"] != "none" and c.isolate_filesystem, "fallback_dir": self.root,
             "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
         }
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": str(self.hashseed)}
         self.errfile = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["namespaces"]),
+        self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["mechanism"]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errfile, env=env,
                                      start_new_session=True, close_fds=True)
         hello = self._recv(time.monotonic() + 30.0)
@@ -267,27 +309,45 @@ class SandboxExecutor:
         self._closed = False
         base = self.config.uid_base
         self._uid_base = base if base is not None else 200_000 + (os.getpid() % 100_000) * 64
+        self._hello_checked = False
         self.mode = self._probe_mode()
 
     def _probe_mode(self) -> dict:
+        """How workers are isolated: "root" (namespaces made with real privileges, runs under their own uid),
+        "userns" (an ordinary user: the same namespaces inside a user namespace, runs without capabilities) or
+        "none". Whether a user namespace really works is known when the first worker starts (_started)."""
         c = self.config
-        root = os.geteuid() == 0
         wants_ns = c.isolate_network or c.isolate_filesystem or c.isolate_pids
-        namespaces = root and wants_ns and shutil.which("unshare") is not None and shutil.which("mount") is not None
+        caps = effective_caps()
+        root = all(caps >> bit & 1 for bit in ROOT_CAPS.values())
+        tools = shutil.which("unshare") is not None and shutil.which("mount") is not None
+        mechanism = "none" if not (wants_ns and tools) else "root" if root else "userns"
+        mode = {"root": root, "mechanism": mechanism, "namespaces": mechanism != "none"}
         missing = []
-        if not root:
-            missing.append("not root: no namespaces, chroot or uid drop (files outside the run directory and the "
-                           "network stay reachable)")
-        elif wants_ns and not namespaces:
-            missing.append("unshare/mount not found: no network, mount or pid namespace")
+        if not wants_ns:
+            missing.append("namespaces turned off (executor.isolate_network/isolate_filesystem/isolate_pids)")
+        elif not tools:
+            missing.append("util-linux `unshare`/`mount` not found on PATH")
+        if not c.seccomp:
+            missing.append("seccomp filter turned off (executor.seccomp)")
+        if not c.drop_privileges:
+            missing.append("privilege drop turned off (executor.drop_privileges)")
         if missing:
             self._degrade("; ".join(missing))
-        return {"root": root, "namespaces": namespaces}
+        return mode
 
     def _degrade(self, why: str) -> None:
-        if self.config.require_isolation:
-            raise RuntimeError(f"sandbox isolation unavailable: {why}")
-        warnings.warn(f"lorapop sandbox degraded: {why}", RuntimeWarning, stacklevel=3)
+        c = self.config
+        if c.require_isolation or not c.allow_unisolated:
+            raise RuntimeError(
+                f"lorapop sandbox: model-written programs would run without isolation: {why}. They could read "
+                "and write your files and reach the network. Run as root, or let ordinary users create user "
+                "namespaces (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 on Debian; "
+                "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04+); or accept the risk with "
+                "executor.allow_unisolated: true (the run is then recorded as unisolated)"
+                + ("; executor.require_isolation is set, which refuses even that" if c.require_isolation else ""))
+        warnings.warn(f"lorapop sandbox NOT ISOLATED (executor.allow_unisolated): {why}", RuntimeWarning,
+                      stacklevel=3)
 
     def _pool(self, hashseed: int) -> queue.Queue:
         with self._lock:
@@ -308,16 +368,34 @@ class SandboxExecutor:
             try:
                 w.start()
             except RuntimeError as exc:
-                if not self.mode["namespaces"]:
+                if self.mode["mechanism"] == "none":
                     raise
-                self._degrade(f"namespaced worker refused ({exc}); running without namespaces")
-                self.mode = dict(self.mode, namespaces=False)
+                what = "user namespaces refused" if self.mode["mechanism"] == "userns" else "namespaces refused"
+                self._degrade(f"{what} ({exc}); running without namespaces")
+                self.mode = dict(self.mode, mechanism="none", namespaces=False)
                 w.start()
+            self._check_hello(w.info)
         return w
+
+    def _check_hello(self, info: dict) -> None:
+        """Once per executor: what the worker says is in force against what was asked for."""
+        if self._hello_checked:
+            return
+        self._hello_checked = True
+        c, gaps = self.config, []
+        if c.seccomp and not info.get("seccomp"):
+            gaps.append(f"no seccomp filter ({info.get('lockdown_error') or 'not installed'})")
+        if self.mode["mechanism"] == "userns" and c.drop_privileges and not info.get("caps_dropped"):
+            gaps.append(f"capabilities not dropped ({info.get('lockdown_error')})")
+        if self.mode["mechanism"] != "none" and c.isolate_network and not info.get("net_isolated"):
+            gaps.append("the network namespace still reaches 127.0.0.1")
+        if gaps:
+            self._degrade("; ".join(gaps))
 
     @property
     def protections(self) -> dict:
-        """What the first worker of the default seed reported as in force (starts it if needed)."""
+        """What the first worker of the default seed reported as in force (starts it if needed), and the
+        mechanism: "root", "userns" or "none". :func:`isolated` of it says whether runs are walled off."""
         pool = self._pool(self.config.default_hashseed)
         w = pool.get()
         try:
@@ -325,9 +403,10 @@ class SandboxExecutor:
             info = dict(w.info)
         finally:
             pool.put(w)
-        return {"network_isolated": bool(info.get("net_isolated")), "filesystem_isolated": bool(info.get("chroot")),
-                "pid_namespace": bool(info.get("pid1")), "unprivileged": bool(info.get("drop_uid")),
-                "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
+        return {"mechanism": self.mode["mechanism"], "network_isolated": bool(info.get("net_isolated")),
+                "filesystem_isolated": bool(info.get("chroot")), "pid_namespace": bool(info.get("pid1")),
+                "unprivileged": bool(info.get("drop_uid") or info.get("caps_dropped")),
+                "seccomp": bool(info.get("seccomp")), "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
         pool = self._pool(self.config.default_hashseed if hashseed is None else int(hashseed))

@@ -119,6 +119,7 @@ def _child(code, cfg, uid, run_dir, res_w, fds):
     status, value, error = "crashed", None, None
     try:
         os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
         os.dup2(fds["null_in"], 0)
         os.dup2(fds["null_out"], 1)
         os.dup2(fds["null_out"], 2)
@@ -182,8 +183,10 @@ def _worker_limits(cfg):
         (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
         (resource.RLIMIT_CORE, (0, 0)),
     ]
-    if cfg["drop_uid"]:
-        # Counted per real uid; each worker has its own run uid so a fork bomb only starves itself.
+    if cfg["drop_uid"] or cfg.get("mechanism") == "userns":
+        # Counted per real uid (per user namespace and uid): each worker has its own run uid, or its own user
+        # namespace, so a fork bomb only starves itself. The worker is not exempt in a user namespace (it holds no
+        # capability outside it); it keeps a single process between runs, so it stays under the limit.
         lim.append((resource.RLIMIT_NPROC, (cfg["max_procs"],) * 2))
     for which, val in lim:
         resource.setrlimit(which, val)
@@ -204,6 +207,37 @@ def _reap_namespace(is_pid1):
             return
         if pid == 0:
             return
+
+
+def _remove(path):
+    """Remove a file or tree a run left, whatever modes it set on it (runs that share the worker's uid own it)."""
+    tried = set()
+
+    def retry(func, p, _exc):
+        if p in tried:
+            return
+        tried.add(p)
+        for q in (os.path.dirname(p), p):
+            if not os.path.islink(q):
+                try:
+                    os.chmod(q, 0o700)
+                except OSError:
+                    pass
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, onerror=retry)
+        else:
+            try:
+                func(p)
+            except OSError:
+                pass
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=retry)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _run_one(req, cfg, state):
@@ -257,7 +291,11 @@ def _run_one(req, cfg, state):
     try:
         os.rmdir(run_dir)  # the common case (nothing written) without rmtree's directory walk
     except OSError:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        _remove(run_dir)
+    if state["sweep"]:
+        os.chmod(state["work"], 0o755)  # the run owned it and may have changed it
+        for name in os.listdir(state["work"]):
+            _remove(os.path.join(state["work"], name))
     if timed_out:
         return {"status": "timeout", "value": None, "error": f"wall-clock limit {timeout:g}s", "duration": duration}
     try:
@@ -303,10 +341,11 @@ def main():
 
     is_pid1 = os.getpid() == 1
     net_isolated = _no_network()  # before the chroot: socket cannot be imported after it
+    lockdown = _load_lockdown(cfg)  # before the chroot too, for the same reason
     root = cfg.get("root")
     chrooted = False
-    if root and cfg.get("chroot") and os.geteuid() == 0:
-        os.chroot(root)
+    if root and cfg.get("chroot"):  # the command mounted the tmpfs there (sandbox.py)
+        os.chroot(root)  # as root, or as the root of the worker's own user namespace
         os.chdir("/")
         chrooted = True
         work = "/w"
@@ -315,11 +354,16 @@ def main():
     os.makedirs(work, mode=0o755, exist_ok=True)
     drop = bool(cfg.get("drop_uid")) and os.geteuid() == 0
     cfg["drop_uid"] = drop
+    # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
+    # one is the only one, and with a single mapped uid (user namespace) runs are allowed to send it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    locked = _lockdown(cfg, lockdown)
     state = {
         "n": 0,
         "work": work,
         "uid": cfg["uid"],
         "is_pid1": is_pid1,
+        "sweep": not drop,  # runs that own the working area can leave entries beside their own directory
         "fds": {"null_in": null_in_r, "null_out": null_out_w, "proto_in": proto_in, "proto_out": proto_out},
     }
     _worker_limits(cfg)
@@ -331,7 +375,7 @@ def main():
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
     _send(proto_out, {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
-                      "net_isolated": net_isolated, "hashseed": hashseed, "preloaded": loaded})
+                      "net_isolated": net_isolated, "hashseed": hashseed, "preloaded": loaded, **locked})
     while True:
         hdr = _read_exact(proto_in, 4)
         if hdr is None:
@@ -343,6 +387,47 @@ def main():
             resp = {"status": "crashed", "value": None, "error": "worker: " + _describe(exc), "duration": 0.0}
         resp["id"] = req.get("id")
         _send(proto_out, resp)
+
+
+def _load_lockdown(cfg):
+    """Import lockdown.py (and ctypes) while host files are still visible; returns (module, modules loaded before)."""
+    if not (cfg.get("seccomp") or cfg.get("drop_caps")):
+        return None
+    before = set(sys.modules)
+    try:
+        import lockdown
+    except Exception as exc:  # pragma: no cover - a broken install
+        return exc, before
+    return lockdown, before
+
+
+def _lockdown(cfg, loaded):
+    """Drop capabilities (user namespace: the worker is root of it only to mount and chroot) and install the seccomp
+    filter; both are inherited by every run. Then forget lockdown and ctypes, so programs cannot import them: only
+    the preloaded modules stay importable. Returns what is in force, for the hello."""
+    out = {"seccomp": False, "caps_dropped": False, "lockdown_error": None}
+    if loaded is None:
+        return out
+    mod, before = loaded
+    errors = []
+    if isinstance(mod, Exception):
+        errors.append(f"lockdown: {_describe(mod)}")
+    else:
+        if cfg.get("drop_caps"):
+            try:
+                mod.drop_capabilities()
+                out["caps_dropped"] = True
+            except Exception as exc:
+                errors.append(f"capabilities: {_describe(exc)}")
+        if cfg.get("seccomp"):
+            try:
+                out["seccomp"] = mod.install_seccomp()  # the architecture's name
+            except Exception as exc:
+                errors.append(f"seccomp: {_describe(exc)}")
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+    out["lockdown_error"] = "; ".join(errors) or None
+    return out
 
 
 def _no_network():
