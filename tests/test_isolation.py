@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.executor import ExecutorConfig, SandboxExecutor
+from lorapop.executor import ExecutorConfig, IsolationError, SandboxExecutor
 from lorapop.executor.lockdown import Unsupported, install_seccomp, machine
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -234,7 +234,7 @@ def test_no_isolation_is_refused_unless_allowed(monkeypatch):
     from lorapop.executor.sandbox import isolated
 
     monkeypatch.setenv("PATH", "/nonexistent-lorapop")
-    with pytest.raises(RuntimeError, match=r"unshare.*executor\.allow_unisolated: true"):
+    with pytest.raises(IsolationError, match=r"unshare.*executor\.allow_unisolated: true"):
         SandboxExecutor(ExecutorConfig(n_workers=1))
     with pytest.warns(RuntimeWarning, match="NOT ISOLATED"):
         ex = SandboxExecutor(ExecutorConfig(n_workers=1, allow_unisolated=True))
@@ -244,5 +244,40 @@ def test_no_isolation_is_refused_unless_allowed(monkeypatch):
         assert ex.run("_result = 1").value == "1"
     finally:
         ex.close()
-    with pytest.raises(RuntimeError, match="require_isolation"):
+    with pytest.raises(IsolationError, match="require_isolation"):
         SandboxExecutor(ExecutorConfig(n_workers=1, allow_unisolated=True, require_isolation=True))
+
+
+TINY = ["--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
+        "--selfplay.n_references=1", "--engine.device=cpu", "--run.progress=none", "--selfplay.seed_files=[]"]
+
+
+def test_lorapop_train_refuses_without_isolation(tmp_path, monkeypatch, capsys):
+    """The CLI stops before any model loads, with what is missing and the opt-out."""
+    from lorapop.cli import main
+
+    monkeypatch.setenv("PATH", "/nonexistent-lorapop")  # no util-linux unshare: neither root's nor a user's namespaces
+    rc = main(["train", *TINY, f"--run.output_dir={tmp_path}", "--run.name=refused"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unshare" in err and "executor.allow_unisolated: true" in err, err
+
+
+@pytest.mark.slow
+def test_an_unisolated_run_says_so_and_records_it(tmp_path, monkeypatch):
+    """With the opt-out the run starts, its start shows the warning, population.json and the report record it."""
+    from lorapop.config import load_config
+    from lorapop.report import build_html
+    from lorapop.report_data import load_run
+    from lorapop.train.loop import Trainer
+
+    monkeypatch.setenv("PATH", "/nonexistent-lorapop")
+    cfg = load_config(None, TINY + ["--executor.allow_unisolated=true", "--run.steps=1",
+                                    f"--run.output_dir={tmp_path}", "--run.name=open"])
+    said: list[str] = []
+    monkeypatch.setattr("lorapop.train.logger.Progress.message", lambda self, line: said.append(line))
+    with pytest.warns(RuntimeWarning, match="NOT ISOLATED"), Trainer(cfg, tmp_path / "open") as trainer:
+        trainer.write_population()
+    assert any("NOT ISOLATED" in line and "executor.allow_unisolated" in line for line in said), said
+    pop = json.loads((tmp_path / "open" / "population.json").read_text())
+    assert pop["sandbox"]["isolated"] is False and pop["sandbox"]["mechanism"] == "none"
+    assert "sandbox NOT ISOLATED" in build_html([load_run(tmp_path / "open")], [])

@@ -152,6 +152,10 @@ ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, 
 ISOLATION_KEYS = ("network_isolated", "filesystem_isolated", "pid_namespace", "unprivileged", "seccomp")
 
 
+class IsolationError(RuntimeError):
+    """The sandbox cannot isolate programs here and executor.allow_unisolated does not allow running anyway."""
+
+
 def effective_caps() -> int:
     """This process's effective capability mask (0 where /proc cannot say)."""
     try:
@@ -339,7 +343,7 @@ class SandboxExecutor:
     def _degrade(self, why: str) -> None:
         c = self.config
         if c.require_isolation or not c.allow_unisolated:
-            raise RuntimeError(
+            raise IsolationError(
                 f"lorapop sandbox: model-written programs would run without isolation: {why}. They could read "
                 "and write your files and reach the network. Run as root, or let ordinary users create user "
                 "namespaces (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 on Debian; "
