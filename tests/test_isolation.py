@@ -2,8 +2,8 @@
 
 The hostile programs live in tests/sandbox_probe.py and go through the trainer's entry points (parse_proposal, then
 validation, then the runs). The root path runs them in this process (CI runs as root); the unprivileged path runs
-the same probe as uid 65534 with every capability gone (setpriv), the interpreter and the checkout bind-mounted where
-that uid can read them (CI's interpreter may sit under /root, which only root can enter). Here, on the host side,
+the same probe as uid 65534 with every capability gone (lorapop/executor/unprivileged.py: setpriv, with the
+interpreter and the checkout bind-mounted where that uid can read them; CI's interpreter may sit under /root). Here, on the host side,
 a secret file, a directory anyone may write, a TCP listener on 127.0.0.1 and a unix socket wait for what must not
 arrive.
 """
@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,15 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.executor import ExecutorConfig, IsolationError, SandboxExecutor
+from lorapop.executor import ExecutorConfig, IsolationError, SandboxExecutor, unprivileged
 from lorapop.executor.lockdown import Unsupported, install_seccomp, machine
 
 sys.path.insert(0, str(Path(__file__).parent))
 import sandbox_probe  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 ROOT = os.geteuid() == 0
-NOBODY = 65534
 
 
 class Host:
@@ -120,44 +117,14 @@ def test_root_path_holds(host):
     check(out, host)
 
 
-def _unprivileged_command(spec: dict, stage: Path) -> list[str]:
-    """The probe as uid 65534 without capabilities; as root, first bind the interpreter's prefix and the checkout
-    under a directory that uid can enter (paths keep working: Python finds its library from its own location)."""
-    py = os.path.realpath(sys.executable)
-    base = os.path.realpath(sys.base_prefix)
-    rel = os.path.relpath(py, base)
-    probe = ["-S", str(stage / "repo" / "tests" / "sandbox_probe.py"), json.dumps(spec)]
-    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--", str(stage / "py" / rel), *probe]
-    script = ('mount --bind "$1" "$3/py" && mount --bind "$2" "$3/repo" && shift 3 && '
-              'export LD_LIBRARY_PATH="$STAGE/py/lib" && exec "$@"')
-    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", base, str(REPO),
-            str(stage), *drop]
-
-
 def run_unprivileged(spec: dict) -> dict:
-    if not ROOT:  # already an ordinary user
-        cmd = [sys.executable, "-S", str(REPO / "tests" / "sandbox_probe.py"), json.dumps(spec)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
-        stage = None
-    else:
-        stage = Path(tempfile.mkdtemp(prefix="lorapop-stage-"))
-        os.chmod(stage, 0o755)
-        (stage / "py").mkdir()
-        (stage / "repo").mkdir()
-        cmd = _unprivileged_command(spec, stage)
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(stage / "repo"), "STAGE": str(stage)}
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(env, OMP_NUM_THREADS="1"))
-    finally:
-        if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)  # the bind mounts lived in the namespace that just ended
+    r = unprivileged.run("tests/sandbox_probe.py", [json.dumps(spec)], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_unprivileged_path_holds(host):
-    if not ROOT and shutil.which("setpriv") is None:
+    if ROOT and shutil.which("setpriv") is None:
         pytest.skip("needs setpriv (util-linux)")
     out = run_unprivileged(host.spec())
     assert out["uid"] != 0
