@@ -1,18 +1,25 @@
 """Sandboxed execution of untrusted Python: long-lived isolated workers that fork once per program.
 
-What is covered (as root with util-linux ``unshare``, the normal case here and in CI):
+The same walls for root and for an ordinary user (docs/METHOD.md, "The sandbox", lists each layer and what it
+stops). Each worker is started by util-linux ``unshare`` in its own network, mount, pid and IPC namespaces: as root
+directly (mechanism "root"), as anyone else inside a user namespace whose only uid is the caller's, mapped to root
+(``unshare --user --map-root-user``, mechanism "userns"). Then:
 
-* **Separate processes.** Code never runs in the trainer. Each worker is started once as
-  ``unshare --net --mount --pid --fork --kill-child`` and forks a fresh child per program, so nothing a program does
-  (patched builtins, monkey-patched modules, threads, leftover processes, files) reaches the next program.
+* **Separate processes.** Code never runs in the trainer. A worker forks a fresh child per program, so nothing a
+  program does (patched builtins, monkey-patched modules, threads, leftover processes, files) reaches the next one.
 * **No network.** A fresh network namespace has only a downed loopback: no socket reaches the host, 127.0.0.1
-  included.
-* **No host files.** The worker mounts a size-capped tmpfs (``disk_mb``) in its private mount namespace, pre-imports
-  the allowed stdlib modules and chroots into the tmpfs. Programs see no host file at all (no /proc, /tmp, /etc,
-  /bin/sh) and cannot import anything that was not pre-imported. Each run gets its own directory in it, owned by the
-  run uid and removed afterwards; the chroot root is root-owned and not writable.
-* **No privileges.** The child drops to an unprivileged uid (distinct per worker) before running the code, so it
-  cannot undo the chroot, signal the worker (PID 1 of its namespace) or anything outside its namespace.
+  included; and the seccomp filter refuses every ``socket`` call anyway.
+* **No host files.** The worker mounts a tiny tmpfs, remounted read-only, with a size-capped tmpfs (``disk_mb``) on
+  its ``/w``, both nosuid/nodev/noexec, pre-imports the allowed stdlib modules and chroots there. Programs see no
+  host file (no /proc, /tmp, /etc, /bin/sh) and cannot import anything that was not pre-imported. Each run works in
+  its own directory under /w, emptied afterwards.
+* **No privileges.** As root the child drops to an unprivileged uid (distinct per worker); in a user namespace the
+  worker gives up every capability for good (securebits locked, bounding and ambient sets cleared) once its chroot
+  is done, so runs can neither undo the chroot nor mount, and the worker is PID 1 of its namespace (it ignores the
+  one signal a same-uid run could deliver to it, SIGINT).
+* **Syscall filter** (lorapop/executor/lockdown.py), on every run, root or not: new namespaces, mount, pivot_root,
+  chroot, ptrace, process_vm_*, keyctl, bpf, perf_event_open, module loading, reboot, kexec, io_uring, sockets,
+  execve/execveat and a few more fail with EPERM inside the program.
 * **Limits.** Wall clock (the worker kills the run's process group and every other process in the namespace),
   RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (fork bombs), RLIMIT_NOFILE, no core dumps; stdout
   and stderr are counted and discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``).
@@ -23,15 +30,16 @@ What is covered (as root with util-linux ``unshare``, the normal case here and i
 Not pre-imported on purpose: modules that pull in `random` or `threading` (statistics, queue, secrets...): their
 at-fork hooks cost about a millisecond per run, and both are on the banned list anyway.
 
-What is not covered: no seccomp filter, so the kernel's full syscall surface is reachable by an unprivileged
-process (ctypes is not pre-imported, but a program can still issue syscalls through `os`); CPU time of a run is not
-weighted against other tenants; a program can forge its *own* `_result` (it shares the process with the code that
-reports it) - callers that check model output therefore compare in a separate run (see lorapop.tasks).
+What is not covered: the kernel itself (every call the filter lets through reaches it, as a process of the caller's
+uid in a user namespace); CPU time of a run is not weighted against other tenants; a program can forge its *own*
+`_result` (it shares the process with the code that reports it) - callers that check model output therefore compare
+in a separate run (see lorapop.tasks).
 
-Degraded modes, each announced with a RuntimeWarning and visible in ``SandboxExecutor.protections``: without root
-there is no namespace, chroot or uid drop (only rlimits, fork per run, scrubbed env and a private temp dir: files
-outside it and the network stay reachable); without ``unshare`` (or where namespaces are refused) the same minus
-network/mount/pid isolation. ``require_isolation=True`` turns any degradation into an error.
+No silent fallback: where a protection cannot be set up (neither root nor user namespaces, no ``unshare``, no
+seccomp on this architecture, or one turned off in the config), :class:`SandboxExecutor` raises
+:class:`IsolationError` saying what is missing, unless ``executor.allow_unisolated`` is set; then it warns, and
+``protections`` (with :func:`isolated`) says what holds, which the trainer records. ``require_isolation`` refuses
+even with the opt-out.
 """
 
 from __future__ import annotations

@@ -1,20 +1,22 @@
 """Code that runs inside the sandbox: one long-lived worker that forks once per program.
 
 Standard library only; started by `lorapop.executor.sandbox` as ``python -s -S worker.py CONFIG_JSON`` (usually under
-``unshare --net --mount --pid``), with a scrubbed environment. Startup, once per worker:
+``unshare [--user --map-root-user] --net --mount --pid --ipc``, after a shell has mounted its tmpfs), with a scrubbed
+environment. Startup, once per worker:
 
-1. pre-import the modules task programs may use (after the chroot nothing else can be imported);
-2. as root with a private mount namespace: mount a size-capped tmpfs, chroot into it (no host file is visible
-   afterwards, /proc included);
-3. replace its own environment by the runs' one (PATH and LC_ALL only) and set the limits that are the same for
+1. pre-import the modules task programs may use (after the chroot nothing else can be imported), and lockdown.py;
+2. with a private mount namespace: chroot into the tmpfs (no host file is visible afterwards, /proc included);
+3. in a user namespace, give up every capability; install the seccomp filter (both inherited by every fork), then
+   drop lockdown and ctypes from ``sys.modules`` unless they were asked for;
+4. replace its own environment by the runs' one (PATH and LC_ALL only) and set the limits that are the same for
    every run (file size, process count, open files, no core), all inherited by every fork;
-4. say hello on the protocol pipe with the protections that are actually in force.
+5. say hello on the protocol pipe with the protections that are actually in force.
 
-Per run: make a private directory owned by the run uid, fork; the child sets its own rlimits (CPU, address space),
-drops to an unprivileged uid that owns nothing but that directory, points fds 0/1/2 at dead pipes, runs the code
-as a fresh ``__main__`` module and reports ``repr(_result)``. The parent enforces
-the wall clock, kills the run's process group and, when it is PID 1 of its own pid namespace, every other process
-in the namespace (catches children that escaped with setsid), reaps, and removes the directory.
+Per run: make a private directory (owned by the run uid as root), fork; the child sets its own rlimits (CPU,
+address space), drops to an unprivileged uid as root, points fds 0/1/2 at dead pipes, runs the code as a fresh
+``__main__`` module and reports ``repr(_result)``. The parent enforces the wall clock, kills the run's process group
+and, when it is PID 1 of its own pid namespace, every other process in the namespace (catches children that escaped
+with setsid), reaps, and removes the directory (and, where runs share its uid, anything else they left in /w).
 
 Protocol on fds 0/1 (replaced by private high fds at startup): 4-byte big-endian length + JSON object.
 """
