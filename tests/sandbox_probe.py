@@ -109,21 +109,42 @@ def proposals(host: dict) -> dict[str, tuple[str, str]]:
     }
 
 
+# The kin modules are not importable in the sandbox by default (the chroot holds only the preloaded ones); a second
+# pass preloads them, so the same programs meet the namespaces and the filter instead of an ImportError.
+KIN_MODULES = ("linecache", "codecs", "mimetypes", "wave", "nntplib", "pydoc", "subprocess", "xml.sax",
+               "xml.sax.saxutils", "xml.sax.expatreader", "urllib.request")
+
+
 # Runs that bypass the static check (as the executor's own tests do): a double-forked setsid process that must not
 # outlive its run, and fork still working under the limits.
 LEFTOVER = ("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    pid = os.fork()\n"
             "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    os.write(w, str(pid).encode())\n"
             "    os._exit(0)\nos.close(w)\n_result = int(os.read(r, 32))")
 ALIVE = "import os\ntry:\n    os.kill({pid}, 0)\n    _result = 'alive'\nexcept ProcessLookupError:\n    _result = 'gone'"
+FORK_BOMB = ("import os, time\npids = []\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+             "        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n    pids.append(pid)\n"
+             "_result = len(pids)")
+# What a run could do to its own worker where both share a uid (user namespace): the signal Python handles, and
+# cutting the worker's limits; then a plain run must still be served by the same, healthy worker.
+AT_WORKER = ["import os, signal\nos.kill(1, signal.SIGINT)\n_result = 'sent'",
+             "import resource\nresource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))\n_result = 'cut'",
+             "import os\n_result = os.getpid()"]
 FORK = ("import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n_, st = os.waitpid(pid, 0)\n"
         "_result = os.WEXITSTATUS(st)")
+
+
+def verdicts(props: dict, results: list) -> dict:
+    """name -> what validation made of the proposal (a Task's outputs, or an Invalid's reason and detail)."""
+    return {k: {"valid": hasattr(r, "outputs"), "reason": getattr(r, "reason", None),
+                "detail": getattr(r, "detail", None), "outputs": getattr(r, "outputs", None)}
+            for k, r in zip(props, results)}
 
 
 def probe(host: dict) -> dict:
     from lorapop.executor import ExecutorConfig, SandboxExecutor
     from lorapop.executor.lockdown import machine
     from lorapop.executor.sandbox import DEFAULT_PRELOAD
-    from lorapop.tasks import TASK_TYPES, Invalid
+    from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.common import fence
     from lorapop.tasks.validity import check_program
 
@@ -139,17 +160,24 @@ def probe(host: dict) -> dict:
     try:
         parsed = [code_o.parse_proposal(fence("python", p) + "\n" + fence("input", i)) for p, i in props.values()]
         results = code_o.validate_many(parsed, ex)
-        out["proposals"] = {k: {"valid": not isinstance(r, Invalid), "reason": getattr(r, "reason", None),
-                                "detail": getattr(r, "detail", None), "outputs": getattr(r, "outputs", None)}
-                            for k, r in zip(props, results)}
+        out["proposals"] = verdicts(props, results)
         if host.get("proposals_only"):
             return out
         left = ex.run(LEFTOVER)
         out["leftover"] = [left.status, left.value]
         out["leftover_after"] = ex.run(ALIVE.format(pid=int(left.value))).value if left.ok else None
         out["fork"] = ex.run(FORK).value
+        bomb = ex.run(FORK_BOMB, timeout_s=3.0)
+        out["fork_bomb"] = [bomb.status, bomb.value, bomb.duration_s, ex.config.max_procs]
+        out["at_worker"] = [[r.status, r.value, r.error] for r in (ex.run(c) for c in AT_WORKER)]
     finally:
         ex.close()
+    with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, preload=(*DEFAULT_PRELOAD, *KIN_MODULES),
+                                        **host.get("executor", {}))) as ex:
+        out["preloaded"] = {k: ex.run(c).error for k, c in
+                            (("kin", "import " + ", ".join(KIN_MODULES)),)}
+        results = code_o.validate_many(parsed, ex)
+        out["proposals_preloaded"] = verdicts(props, results)
     with SandboxExecutor(ExecutorConfig(timeout_s=5.0, n_workers=1, max_repr_chars=4000,
                                         preload=(*DEFAULT_PRELOAD, "ctypes"))) as ex:
         r = ex.run(syscall_program(machine()))

@@ -93,16 +93,28 @@ def check(out: dict, host: Host) -> None:
     assert host.secret not in json.dumps(out), "a host file's content came back"
     assert sorted(os.listdir(host.drop)) == [], "a program wrote on the host"
     assert host.connections == [], f"a program connected to the host: {host.connections}"
-    props = out["proposals"]
-    for name in ("codecs_write", "xml_sax_url", "pydoc_pager_shell", "io_write", "wave_write", "nntplib_tcp",
-                 "socket_tcp", "socket_unix", "posix_execv", "posix_spawn"):
-        assert not props[name]["valid"], (name, props[name])
-    for name in ("socket_tcp", "socket_unix", "posix_execv"):  # refused by the filter, inside the program
-        assert "PermissionError" in (props[name]["detail"] or ""), (name, props[name])
-    # os.system's child cannot exec a shell: 127 << 8, a "valid" task whose output says no shell ran
-    assert props["posix_system"]["outputs"] in (None, ["32512"]), props["posix_system"]
+    # as configured (kin modules not importable), then with them preloaded so they meet the namespaces and filter
+    assert out["preloaded"] == {"kin": None}, out["preloaded"]
+    for props in (out["proposals"], out["proposals_preloaded"]):
+        for name in ("codecs_write", "xml_sax_url", "pydoc_pager_shell", "io_write", "wave_write", "nntplib_tcp",
+                     "socket_tcp", "socket_unix", "posix_execv", "posix_spawn"):
+            assert not props[name]["valid"], (name, props[name])
+        for name in ("socket_tcp", "socket_unix", "posix_execv", "posix_spawn"):  # the filter, inside the program
+            assert "PermissionError" in (props[name]["detail"] or ""), (name, props[name])
+        # os.system's child cannot exec a shell: 127 << 8, a "valid" task whose output says no shell ran
+        assert props["posix_system"]["outputs"] in (None, ["32512"]), props["posix_system"]
+    pre = out["proposals_preloaded"]
+    assert not any("ModuleNotFoundError" in (r["detail"] or "") for r in pre.values()), pre
+    for name in ("xml_sax_url", "pydoc_pager_shell", "nntplib_tcp"):  # urlopen's socket, the pager's exec: filter
+        assert "Operation not permitted" in pre[name]["detail"], (name, pre[name])
     assert out["leftover"][0] == "ok" and out["leftover_after"] == "'gone'", out
     assert out["fork"] == "7"
+    status, n, took, limit = out["fork_bomb"]
+    assert status == "ok" and 0 < int(n) < limit and took < 3, out["fork_bomb"]  # RLIMIT_NPROC stopped it
+    (sig, _, sig_err), (cut, _, cut_err), (last, _, _) = out["at_worker"]
+    assert sig == "ok" or "PermissionError" in sig_err, out["at_worker"]  # delivered and ignored, or refused
+    assert cut == "error" and "PermissionError" in cut_err, out["at_worker"]  # the filter: prlimit on another pid
+    assert last == "ok", out["at_worker"]  # the same worker still serves (a dead one would give "crashed")
     status, value, error = out["syscalls"]
     assert status == "ok", error
     got = eval(value)  # a dict of ints, repr'd by the sandbox
