@@ -260,3 +260,16 @@ def test_an_unisolated_run_says_so_and_records_it(tmp_path, monkeypatch):
     pop = json.loads((tmp_path / "open" / "population.json").read_text())
     assert pop["sandbox"]["isolated"] is False and pop["sandbox"]["mechanism"] == "none"
     assert "sandbox NOT ISOLATED" in build_html([load_run(tmp_path / "open")], [])
+
+
+def test_a_namespace_setup_that_fails_at_start_is_refused_unless_allowed():
+    """The worker's namespaced start fails (here: a tmpfs size the kernel rejects), as it does where user namespaces
+    are refused: an error with the worker's own message, or, with the opt-out, a warning and no namespaces."""
+    with SandboxExecutor(ExecutorConfig(n_workers=1, disk_mb=-1)) as ex:
+        with pytest.raises(IsolationError, match=r"namespaces refused \(sandbox worker failed to start: .*mount"):
+            ex.run("_result = 1")  # the first run starts the first worker
+    with SandboxExecutor(ExecutorConfig(n_workers=1, disk_mb=-1, allow_unisolated=True)) as ex:
+        with pytest.warns(RuntimeWarning, match="namespaces refused"):
+            p = ex.protections
+        assert p["mechanism"] == "none" and not p["network_isolated"]
+        assert ex.run("_result = 2").value == "2"

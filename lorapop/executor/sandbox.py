@@ -160,6 +160,11 @@ ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, 
 ISOLATION_KEYS = ("network_isolated", "filesystem_isolated", "pid_namespace", "unprivileged", "seccomp")
 
 
+USERNS_FIX = ("Run as root, or let ordinary users create user namespaces (sysctl user.max_user_namespaces > 0; "
+              "kernel.unprivileged_userns_clone=1 on Debian; kernel.apparmor_restrict_unprivileged_userns=0 on "
+              "Ubuntu 24.04+; in a container, one allowed to create namespaces)")
+
+
 class IsolationError(RuntimeError):
     """The sandbox cannot isolate programs here and executor.allow_unisolated does not allow running anyway."""
 
@@ -335,27 +340,20 @@ class SandboxExecutor:
         tools = shutil.which("unshare") is not None and shutil.which("mount") is not None
         mechanism = "none" if not (wants_ns and tools) else "root" if root else "userns"
         mode = {"root": root, "mechanism": mechanism, "namespaces": mechanism != "none"}
-        missing = []
-        if not wants_ns:
-            missing.append("namespaces turned off (executor.isolate_network/isolate_filesystem/isolate_pids)")
-        elif not tools:
-            missing.append("util-linux `unshare`/`mount` not found on PATH")
-        if not c.seccomp:
-            missing.append("seccomp filter turned off (executor.seccomp)")
-        if not c.drop_privileges:
-            missing.append("privilege drop turned off (executor.drop_privileges)")
-        if missing:
-            self._degrade("; ".join(missing))
+        off = [f"executor.{k}" for k in ("isolate_network", "isolate_filesystem", "isolate_pids", "seccomp",
+                                           "drop_privileges") if not getattr(c, k)]
+        if off:
+            self._degrade(f"turned off by the config ({', '.join(off)})", "Set them back to true")
+        if wants_ns and not tools:
+            self._degrade("util-linux `unshare`/`mount` not found on PATH", "Install util-linux")
         return mode
 
-    def _degrade(self, why: str) -> None:
+    def _degrade(self, why: str, fix: str = USERNS_FIX) -> None:
         c = self.config
         if c.require_isolation or not c.allow_unisolated:
             raise IsolationError(
                 f"lorapop sandbox: model-written programs would run without isolation: {why}. They could read "
-                "and write your files and reach the network. Run as root, or let ordinary users create user "
-                "namespaces (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 on Debian; "
-                "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04+); or accept the risk with "
+                f"and write your files and reach the network. {fix}; or accept the risk with "
                 "executor.allow_unisolated: true (the run is then recorded as unisolated)"
                 + ("; executor.require_isolation is set, which refuses even that" if c.require_isolation else ""))
         warnings.warn(f"lorapop sandbox NOT ISOLATED (executor.allow_unisolated): {why}", RuntimeWarning,
@@ -396,7 +394,8 @@ class SandboxExecutor:
         self._hello_checked = True
         c, gaps = self.config, []
         if c.seccomp and not info.get("seccomp"):
-            gaps.append(f"no seccomp filter ({info.get('lockdown_error') or 'not installed'})")
+            self._degrade(f"no seccomp filter ({info.get('lockdown_error') or 'not installed'})",
+                          "The filter is built for Linux on x86_64 and aarch64 with seccomp enabled")
         if self.mode["mechanism"] == "userns" and c.drop_privileges and not info.get("caps_dropped"):
             gaps.append(f"capabilities not dropped ({info.get('lockdown_error')})")
         if self.mode["mechanism"] != "none" and c.isolate_network and not info.get("net_isolated"):
@@ -431,6 +430,8 @@ class SandboxExecutor:
                 # namespace, another uid), so the code is not to blame and gets one fresh worker.
                 res = self._started(w).call(code, t)
             return res
+        except IsolationError:  # not a failure of this program: no program may run
+            raise
         except Exception as exc:  # a worker that cannot start must not take the caller down
             return ExecResult("crashed", None, f"sandbox: {type(exc).__name__}: {exc}"[:300], 0.0)
         finally:
