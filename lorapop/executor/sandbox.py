@@ -339,7 +339,7 @@ class SandboxExecutor:
         root = all(caps >> bit & 1 for bit in ROOT_CAPS.values())
         tools = shutil.which("unshare") is not None and shutil.which("mount") is not None
         mechanism = "none" if not (wants_ns and tools) else "root" if root else "userns"
-        mode = {"root": root, "mechanism": mechanism, "namespaces": mechanism != "none"}
+        mode = {"root": root, "mechanism": mechanism}
         off = [f"executor.{k}" for k in ("isolate_network", "isolate_filesystem", "isolate_pids", "seccomp",
                                            "drop_privileges") if not getattr(c, k)]
         if off:
@@ -382,7 +382,7 @@ class SandboxExecutor:
                     raise
                 what = "user namespaces refused" if self.mode["mechanism"] == "userns" else "namespaces refused"
                 self._degrade(f"{what} ({exc}); running without namespaces")
-                self.mode = dict(self.mode, mechanism="none", namespaces=False)
+                self.mode = dict(self.mode, mechanism="none")
                 w.start()
             self._check_hello(w.info)
         return w
