@@ -86,3 +86,10 @@ def test_closed_executor_refuses():
     e.close()
     with pytest.raises(RuntimeError):
         e.run("_result = 1")
+
+
+def test_nproc_base_counts_the_users_processes_only_before_linux_5_14():
+    from lorapop.executor.worker import _nproc_base
+
+    assert _nproc_base("6.18.44-fc") == 0 and _nproc_base("5.14.0-284.el9") == 0
+    assert _nproc_base("4.18.0-553.el8_10.x86_64") >= 1  # this test process at least, on the old kernel's count

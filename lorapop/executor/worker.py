@@ -189,9 +189,32 @@ def _worker_limits(cfg):
         # Counted per real uid (per user namespace and uid): each worker has its own run uid, or its own user
         # namespace, so a fork bomb only starves itself. The worker is not exempt in a user namespace (it holds no
         # capability outside it); it keeps a single process between runs, so it stays under the limit.
-        lim.append((resource.RLIMIT_NPROC, (cfg["max_procs"],) * 2))
+        nproc = cfg["max_procs"] + cfg.get("nproc_base", 0)
+        lim.append((resource.RLIMIT_NPROC, (nproc, nproc)))
     for which, val in lim:
         resource.setrlimit(which, val)
+
+
+def _nproc_base(release=None):
+    """Processes the caller's uid already has that RLIMIT_NPROC would count against the runs' limit: none from
+    Linux 5.14 on (the count is per user namespace and uid); before it the count is per uid across the machine,
+    so a user namespace's runs share it with every other process of the user. Read from /proc before the chroot
+    (a fresh pid namespace still sees the host's /proc); an estimate, since the user's other processes come and go."""
+    parts = (release or os.uname().release).split(".")
+    try:
+        if (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (5, 14):
+            return 0
+    except (ValueError, IndexError):
+        return 0
+    uid, n = str(os.getuid()), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    n += any(line.startswith("Uid:") and line.split()[1] == uid for line in fh)
+            except OSError:
+                pass
+    return n
 
 
 def _reap_namespace(is_pid1):
@@ -344,6 +367,8 @@ def main():
     is_pid1 = os.getpid() == 1
     net_isolated = _no_network()  # before the chroot: socket cannot be imported after it
     lockdown = _load_lockdown(cfg)  # before the chroot too, for the same reason
+    if cfg.get("mechanism") == "userns":
+        cfg["nproc_base"] = _nproc_base()
     root = cfg.get("root")
     chrooted = False
     if root and cfg.get("chroot"):  # the command mounted the tmpfs there (sandbox.py)
