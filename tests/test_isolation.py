@@ -273,3 +273,12 @@ def test_a_namespace_setup_that_fails_at_start_is_refused_unless_allowed():
             p = ex.protections
         assert p["mechanism"] == "none" and not p["network_isolated"]
         assert ex.run("_result = 2").value == "2"
+
+
+def test_a_refused_sandbox_stays_refused():
+    """Asking again after an IsolationError does not find a worker left running unchecked."""
+    with SandboxExecutor(ExecutorConfig(n_workers=1, disk_mb=-1)) as ex:
+        for _ in range(2):
+            with pytest.raises(IsolationError):
+                ex.run("_result = 1")
+        assert all(w.proc is None for w in ex._all)

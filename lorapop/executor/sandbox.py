@@ -384,14 +384,17 @@ class SandboxExecutor:
                 self._degrade(f"{what} ({exc}); running without namespaces")
                 self.mode = dict(self.mode, mechanism="none")
                 w.start()
-            self._check_hello(w.info)
+            try:
+                self._check_hello(w.info)
+            except IsolationError:
+                w.kill()  # never left running to serve a later call unchecked
+                raise
         return w
 
     def _check_hello(self, info: dict) -> None:
         """Once per executor: what the worker says is in force against what was asked for."""
         if self._hello_checked:
             return
-        self._hello_checked = True
         c, gaps = self.config, []
         if c.seccomp and not info.get("seccomp"):
             self._degrade(f"no seccomp filter ({info.get('lockdown_error') or 'not installed'})",
@@ -402,6 +405,7 @@ class SandboxExecutor:
             gaps.append("the network namespace still reaches 127.0.0.1")
         if gaps:
             self._degrade("; ".join(gaps))
+        self._hello_checked = True  # only once it passed, or the opt-out accepted what is missing
 
     @property
     def protections(self) -> dict:
