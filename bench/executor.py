@@ -1,7 +1,13 @@
 """Executor throughput on the 256 AZR seed triples, validated as teacher proposals (full validity check,
-determinism included), against a fresh interpreter per run doing the same work.
+determinism included), against a fresh interpreter per run doing the same work; and the cost of the isolation.
 
     python bench/executor.py [SEED_FILE]      (default: the seed file shipped in lorapop/data/seeds/)
+
+Isolation cost (issue 47): runs/s with today's isolation against the sandbox before it, for root (namespaces + uid
+drop + seccomp against the same without seccomp) and for an unprivileged user (user namespace + dropped capabilities
++ seccomp against rlimits and fork per run only, which is all an ordinary user had before). As root, the
+unprivileged half runs this script again as uid 65534 (lorapop/executor/unprivileged.py); as anyone else there is
+no root half. Each figure is the median of 5 passes; both sides of a ratio are measured in the same process.
 
 The baseline starts `sys.executable -I -c CODE` per run (isolated mode: the trainer's environment and user site
 do not leak in - the least a fresh-process sandbox does), with the same parallelism as the executor. It is also
@@ -22,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lorapop.executor import ExecutorConfig, SandboxExecutor  # noqa: E402
+from lorapop.executor import ExecutorConfig, SandboxExecutor, unprivileged  # noqa: E402
 from lorapop.tasks import TASK_TYPES, Invalid, Proposal, read_seed_file  # noqa: E402
 from lorapop.tasks.common import DETERMINISM_SEEDS  # noqa: E402
 from lorapop.tasks.validity import call_code, check_call_args, check_literal, check_program  # noqa: E402
@@ -62,16 +68,52 @@ def subprocess_validate(props: list[Proposal], n_par: int, extra: list[str], tim
         return sum(pool.map(one, props))
 
 
+NO_ISOLATION = {"isolate_network": False, "isolate_filesystem": False, "isolate_pids": False,
+                "drop_privileges": False, "seccomp": False}
+
+
+def _executor(**overrides) -> SandboxExecutor:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the opt-out's warning: today's sandboxes on purpose
+        ex = SandboxExecutor(ExecutorConfig(allow_unisolated=bool(overrides), **overrides))
+    for seed in DETERMINISM_SEEDS:  # start the pools (one-off cost, not per task)
+        ex.run_many(["_result = 0"] * ex.config.n_workers, hashseed=seed)
+    return ex
+
+
+def isolation_cost(props: list[Proposal]) -> dict:
+    """This user's new isolation against what it had before (see the module docstring). Passes alternate between
+    the two sandboxes, so load from other processes drifting over the minute hits both alike."""
+    new = _executor()
+    mechanism = new.protections["mechanism"]
+    old = _executor(**({"seccomp": False} if mechanism == "root" else NO_ISOLATION))
+    times: dict[str, list[float]] = {"new": [], "old": []}
+    try:
+        for _ in range(5):
+            for name, ex in (("new", new), ("old", old)):
+                t0 = time.perf_counter()
+                TASK_TYPES["code_o"].validate_many(props, ex)
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        new.close()
+        old.close()
+    rate = {k: 2 * len(props) / statistics.median(v) for k, v in times.items()}
+    return {"mechanism": mechanism, "runs_per_s": round(rate["new"], 1), "before_runs_per_s": round(rate["old"], 1),
+            "cost": round(1 - rate["new"] / rate["old"], 3)}
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--isolation-only"]:  # the unprivileged half, run by the root half
+        print(json.dumps(isolation_cost(load_props(Path(sys.argv[2])))))
+        return
     path = seed_path()
-    tasks = read_seed_file(path, "code_o")
-    props = [Proposal("code_o", t.program, t.inputs) for t in tasks]
-    cfg = ExecutorConfig(require_isolation=os.geteuid() == 0)
-    ex = SandboxExecutor(cfg)
+    props = load_props(path)
+    ex = _executor()
+    cfg = ex.config
     print(f"seeds: {len(props)} from {path}")
     print(f"protections: {ex.protections}")
-    for seed in DETERMINISM_SEEDS:  # start the pools (one-off cost, not per task)
-        ex.run_many(["_result = 0"] * cfg.n_workers, hashseed=seed)
     # One pass over the 256 seeds takes under a second, so a single timing swung by 30% on this shared machine:
     # take the median of 5 passes (the fresh-subprocess pass takes seconds and is timed once).
     times = []
@@ -99,9 +141,31 @@ def main() -> None:
     sub_s_rate = len(subset) / (time.perf_counter() - t0)
     print(f"fresh subprocess (-I -S, first 64): {sub_s_rate:.1f} tasks/s; speedup vs it {rate / sub_s_rate:.1f}x")
     print(f"speedup: {rate / sub_rate:.1f}x")
-    print(json.dumps({"tasks_per_s": round(rate, 2), "subprocess_tasks_per_s": round(sub_rate, 2),
-                      "speedup": round(rate / sub_rate, 2), "valid": n_valid, "total": len(props),
-                      "subprocess_nosite_tasks_per_s": round(sub_s_rate, 2)}))
+    iso = {}
+    if os.geteuid() == 0:
+        iso["root"] = isolation_cost(props)
+        r = unprivileged.run("bench/executor.py", ["--isolation-only", str(path.relative_to(REPO))
+                                                   if path.is_relative_to(REPO) else str(path)], timeout=600)
+        if r.returncode != 0:
+            raise SystemExit(f"unprivileged half failed: {r.stderr[-2000:]}")
+        iso["unprivileged"] = json.loads(r.stdout.strip().splitlines()[-1])
+    else:
+        iso["unprivileged"] = isolation_cost(props)
+    for who, c in iso.items():
+        print(f"isolation, {who} ({c['mechanism']}): {c['runs_per_s']} runs/s against {c['before_runs_per_s']} "
+              f"before: cost {100 * c['cost']:.1f}%")
+    out = {"tasks_per_s": round(rate, 2), "subprocess_tasks_per_s": round(sub_rate, 2),
+           "speedup": round(rate / sub_rate, 2), "valid": n_valid, "total": len(props),
+           "subprocess_nosite_tasks_per_s": round(sub_s_rate, 2)}
+    for who, c in iso.items():
+        out.update({f"{who}_{k}": v for k, v in c.items()})
+    print(json.dumps(out))
+
+
+def load_props(path: Path) -> list[Proposal]:
+    if not path.is_absolute() and not path.exists():
+        path = REPO / path
+    return [Proposal("code_o", t.program, t.inputs) for t in read_seed_file(path, "code_o")]
 
 
 if __name__ == "__main__":

@@ -58,11 +58,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
     from lorapop.train.loop import Trainer
 
+    from lorapop.executor.sandbox import IsolationError
     from lorapop.rundir import RunDirError
 
     try:
         with Trainer(cfg, run_dir, resume=resume) as trainer:
             trainer.run()
+    except IsolationError as e:  # before any step: says what is missing and names executor.allow_unisolated
+        print(f"lorapop train: {e}", file=sys.stderr)
+        return 2
     except RunDirError as e:  # e.g. a full disk at checkpoint time: the message says what is intact and what to do
         print(f"lorapop train: {e}", file=sys.stderr)
         return 1

@@ -428,7 +428,11 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
                     f for f in ("config.yaml", "metrics.jsonl", "tasks.jsonl", "population.json", "eval.json")
                     if (r.path / f).is_file())} for r in runs]
     all_notes = notes + [f"{r.name}: {n}" for r in runs for n in r.notes]
-    S["summary"] = table(summary) + (
+    S["summary"] = "".join(
+        f'<div class="notes"><b>{escape(r.name)}: sandbox NOT ISOLATED</b> (executor.allow_unisolated): '
+        f"model-written programs ran with the trainer's access to files and network; "
+        f"{escape(', '.join(f'{k}={v}' for k, v in r.unisolated.items()))}</div>" for r in runs if r.unisolated
+    ) + table(summary) + (
         '<div class="notes"><b>Skipped or missing</b><ul>' + "".join(f"<li>{escape(n)}</li>" for n in all_notes)
         + "</ul></div>" if all_notes else '<p class="muted">every file was read in full</p>')
     S["rewards"] = _grid(

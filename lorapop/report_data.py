@@ -33,6 +33,7 @@ class RunData:
     task_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (proposer, type) -> valid tasks
     n_tasks: int = 0
     notes: list[str] = field(default_factory=list)
+    unisolated: dict[str, Any] | None = None  # population.json's sandbox record, when it did not isolate
     # Memo of derived views (keys, series, members, roles): a report asks for them hundreds of times and a long run
     # has thousands of steps. Valid because a RunData is not changed after load_run returns it.
     _memo: dict = field(default_factory=dict, repr=False)
@@ -137,6 +138,9 @@ def load_run(path: str | Path) -> RunData:
         run.notes.append("population.json: not a JSON object, skipped")
         pop = None
     run.population = pop
+    sandbox = (pop or {}).get("sandbox")
+    if isinstance(sandbox, dict) and sandbox.get("isolated") is False:
+        run.unisolated = sandbox
     run.eval = read_json(path / EVAL, run.notes)
     ret = read_json(path / RETENTION, run.notes)
     if ret is not None and not (isinstance(ret, dict) and isinstance(ret.get("arms"), dict)):

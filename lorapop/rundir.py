@@ -389,8 +389,11 @@ class RunDir:
         for name in (METRICS, TASKS, PROBE):
             truncate_jsonl(self.path / name, step)
 
-    def write_population(self, step: int, members: list[dict[str, Any]], lineage: list[dict[str, Any]]) -> None:
-        write_json_atomic(self.path / POPULATION, {"step": step, "members": members, "lineage": lineage})
+    def write_population(self, step: int, members: list[dict[str, Any]], lineage: list[dict[str, Any]],
+                         sandbox: dict[str, Any] | None = None) -> None:
+        """``sandbox``: the executor's protections and whether they isolate (lorapop/executor/sandbox.py)."""
+        extra = {"sandbox": sandbox} if sandbox is not None else {}
+        write_json_atomic(self.path / POPULATION, {"step": step, "members": members, "lineage": lineage, **extra})
 
     def write_eval(self, result: dict[str, Any]) -> None:
         write_json_atomic(self.path / EVAL, result)

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from lorapop.executor import ExecResult, ExecutorConfig, SandboxExecutor
+from lorapop.executor.sandbox import isolated
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +68,15 @@ def test_all_protections_in_force_as_root(ex):
 
 
 def test_without_namespaces_still_runs_and_says_so():
-    e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, n_workers=1, isolate_network=False, isolate_filesystem=False,
-                                       isolate_pids=False, drop_privileges=False))
+    with pytest.warns(RuntimeWarning, match="NOT ISOLATED"):
+        e = SandboxExecutor(ExecutorConfig(timeout_s=1.0, n_workers=1, isolate_network=False,
+                                           isolate_filesystem=False, isolate_pids=False, drop_privileges=False,
+                                           allow_unisolated=True))
     try:
         assert e.run("_result = 'plain'").value == "'plain'"
         p = e.protections
         assert not p["filesystem_isolated"] and not p["pid_namespace"] and p["fork_per_run"]
+        assert p["mechanism"] == "none" and p["seccomp"] and not isolated(p)
     finally:
         e.close()
 
@@ -82,3 +86,10 @@ def test_closed_executor_refuses():
     e.close()
     with pytest.raises(RuntimeError):
         e.run("_result = 1")
+
+
+def test_nproc_base_counts_the_users_processes_only_before_linux_5_14():
+    from lorapop.executor.worker import _nproc_base
+
+    assert _nproc_base("6.18.44-fc") == 0 and _nproc_base("5.14.0-284.el9") == 0
+    assert _nproc_base("4.18.0-553.el8_10.x86_64") >= 1  # this test process at least, on the old kernel's count

@@ -1,8 +1,8 @@
 """RayExecutor (``executor.ray: true``): the sandbox's jobs on Ray actors, on any node of the cluster.
 
 Each actor wraps its own :class:`~lorapop.executor.sandbox.SandboxExecutor` built from the same ExecutorConfig, so
-every protection of the local sandbox (namespaces, chroot, uid drop, rlimits, fork per run, the trainer-side
-deadline) holds on the node that runs the code; only the code strings and the ExecResults travel. A batch
+every protection of the local sandbox (namespaces, chroot, privilege drop, seccomp, rlimits, fork per run, the
+trainer-side deadline) holds on the node that runs the code; only the code strings and the ExecResults travel. A batch
 (``run_many``) is cut into one contiguous share per actor, balanced by code length, and each actor runs its share
 on its ``n_workers`` sandbox workers, so a CPU-heavy validation stage uses the cluster's cores, not the trainer's.
 
@@ -71,7 +71,8 @@ class RayExecutor:
         except BaseException:
             self.close()
             raise
-        self.protections = {k: all(r[k] for r in reports) for k in reports[0]}
+        self.protections = {k: all(r[k] for r in reports) if isinstance(v, bool) else
+                            v if all(r[k] == v for r in reports) else "mixed" for k, v in reports[0].items()}
 
     def _get(self, refs: list) -> list:
         ray = self._ray

@@ -1,18 +1,25 @@
 """Sandboxed execution of untrusted Python: long-lived isolated workers that fork once per program.
 
-What is covered (as root with util-linux ``unshare``, the normal case here and in CI):
+The same walls for root and for an ordinary user (docs/METHOD.md, "The sandbox", lists each layer and what it
+stops). Each worker is started by util-linux ``unshare`` in its own network, mount, pid and IPC namespaces: as root
+directly (mechanism "root"), as anyone else inside a user namespace whose only uid is the caller's, mapped to root
+(``unshare --user --map-root-user``, mechanism "userns"). Then:
 
-* **Separate processes.** Code never runs in the trainer. Each worker is started once as
-  ``unshare --net --mount --pid --fork --kill-child`` and forks a fresh child per program, so nothing a program does
-  (patched builtins, monkey-patched modules, threads, leftover processes, files) reaches the next program.
+* **Separate processes.** Code never runs in the trainer. A worker forks a fresh child per program, so nothing a
+  program does (patched builtins, monkey-patched modules, threads, leftover processes, files) reaches the next one.
 * **No network.** A fresh network namespace has only a downed loopback: no socket reaches the host, 127.0.0.1
-  included.
-* **No host files.** The worker mounts a size-capped tmpfs (``disk_mb``) in its private mount namespace, pre-imports
-  the allowed stdlib modules and chroots into the tmpfs. Programs see no host file at all (no /proc, /tmp, /etc,
-  /bin/sh) and cannot import anything that was not pre-imported. Each run gets its own directory in it, owned by the
-  run uid and removed afterwards; the chroot root is root-owned and not writable.
-* **No privileges.** The child drops to an unprivileged uid (distinct per worker) before running the code, so it
-  cannot undo the chroot, signal the worker (PID 1 of its namespace) or anything outside its namespace.
+  included; and the seccomp filter refuses every ``socket`` call anyway.
+* **No host files.** The worker mounts a tiny tmpfs, remounted read-only, with a size-capped tmpfs (``disk_mb``) on
+  its ``/w``, both nosuid/nodev/noexec, pre-imports the allowed stdlib modules and chroots there. Programs see no
+  host file (no /proc, /tmp, /etc, /bin/sh) and cannot import anything that was not pre-imported. Each run works in
+  its own directory under /w, emptied afterwards.
+* **No privileges.** As root the child drops to an unprivileged uid (distinct per worker); in a user namespace the
+  worker gives up every capability for good (securebits locked, bounding and ambient sets cleared) once its chroot
+  is done, so runs can neither undo the chroot nor mount, and the worker is PID 1 of its namespace (it ignores the
+  one signal a same-uid run could deliver to it, SIGINT).
+* **Syscall filter** (lorapop/executor/lockdown.py), on every run, root or not: new namespaces, mount, pivot_root,
+  chroot, ptrace, process_vm_*, keyctl, bpf, perf_event_open, module loading, reboot, kexec, io_uring, sockets,
+  execve/execveat and a few more fail with EPERM inside the program.
 * **Limits.** Wall clock (the worker kills the run's process group and every other process in the namespace),
   RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (fork bombs), RLIMIT_NOFILE, no core dumps; stdout
   and stderr are counted and discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``).
@@ -23,15 +30,16 @@ What is covered (as root with util-linux ``unshare``, the normal case here and i
 Not pre-imported on purpose: modules that pull in `random` or `threading` (statistics, queue, secrets...): their
 at-fork hooks cost about a millisecond per run, and both are on the banned list anyway.
 
-What is not covered: no seccomp filter, so the kernel's full syscall surface is reachable by an unprivileged
-process (ctypes is not pre-imported, but a program can still issue syscalls through `os`); CPU time of a run is not
-weighted against other tenants; a program can forge its *own* `_result` (it shares the process with the code that
-reports it) - callers that check model output therefore compare in a separate run (see lorapop.tasks).
+What is not covered: the kernel itself (every call the filter lets through reaches it, as a process of the caller's
+uid in a user namespace); CPU time of a run is not weighted against other tenants; a program can forge its *own*
+`_result` (it shares the process with the code that reports it) - callers that check model output therefore compare
+in a separate run (see lorapop.tasks).
 
-Degraded modes, each announced with a RuntimeWarning and visible in ``SandboxExecutor.protections``: without root
-there is no namespace, chroot or uid drop (only rlimits, fork per run, scrubbed env and a private temp dir: files
-outside it and the network stay reachable); without ``unshare`` (or where namespaces are refused) the same minus
-network/mount/pid isolation. ``require_isolation=True`` turns any degradation into an error.
+No silent fallback: where a protection cannot be set up (neither root nor user namespaces, no ``unshare``, no
+seccomp on this architecture, or one turned off in the config), :class:`SandboxExecutor` raises
+:class:`IsolationError` saying what is missing, unless ``executor.allow_unisolated`` is set; then it warns, and
+``protections`` (with :func:`isolated`) says what holds, which the trainer records. ``require_isolation`` refuses
+even with the opt-out.
 """
 
 from __future__ import annotations
@@ -87,11 +95,22 @@ class ExecutorConfig:
     isolate_filesystem: bool = field(default=True, metadata={"help": "mount namespace + private tmpfs + chroot"})
     isolate_pids: bool = field(default=True, metadata={"help": "pid namespace: runs cannot see or signal other "
                                                                "processes; leftovers are killed after each run"})
-    drop_privileges: bool = field(default=True, metadata={"help": "run programs under an unprivileged uid"})
-    uid_base: int | None = field(default=None, metadata={"help": "first uid for runs (one per worker); None "
-                                                                 "derives one from the pid"})
-    require_isolation: bool = field(default=False, metadata={"help": "raise instead of warning when a protection "
-                                                                     "cannot be set up"})
+    drop_privileges: bool = field(default=True, metadata={"help": "run programs without privileges: under an "
+                                                                  "unprivileged uid as root, with every capability "
+                                                                  "dropped in a user namespace"})
+    uid_base: int | None = field(default=None, metadata={"help": "as root: first uid for runs (one per worker); "
+                                                                 "None derives one from the pid"})
+    seccomp: bool = field(default=True, metadata={"help": "syscall filter on every run (namespaces, mount, ptrace, "
+                                                          "bpf, sockets, exec... fail with EPERM; "
+                                                          "lorapop/executor/lockdown.py)"})
+    allow_unisolated: bool = field(default=False, metadata={"help": "run model-written programs even where this "
+                                                                    "machine gives the sandbox no isolation (neither "
+                                                                    "root nor unprivileged user namespaces, or no "
+                                                                    "seccomp): they can then read your files and "
+                                                                    "reach the network; warned at every start and "
+                                                                    "recorded in population.json and the report"})
+    require_isolation: bool = field(default=False, metadata={"help": "refuse any missing protection, even with "
+                                                                     "allow_unisolated"})
     default_hashseed: int = field(default=1, metadata={"help": "PYTHONHASHSEED for runs that do not name one"})
     grace_s: float = field(default=5.0, metadata={"help": "extra seconds the trainer waits for a worker before "
                                                           "replacing it"})
@@ -136,6 +155,37 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
+# what isolated() requires of SandboxExecutor.protections
+ISOLATION_KEYS = ("network_isolated", "filesystem_isolated", "pid_namespace", "unprivileged", "seccomp")
+
+
+USERNS_FIX = ("Run as root, or let ordinary users create user namespaces (sysctl user.max_user_namespaces > 0; "
+              "kernel.unprivileged_userns_clone=1 on Debian; kernel.apparmor_restrict_unprivileged_userns=0 on "
+              "Ubuntu 24.04+; in a container, one allowed to create namespaces)")
+
+
+class IsolationError(RuntimeError):
+    """The sandbox cannot isolate programs here and executor.allow_unisolated does not allow running anyway."""
+
+
+def effective_caps() -> int:
+    """This process's effective capability mask (0 where /proc cannot say)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def isolated(protections: dict) -> bool:
+    """Whether a run is walled off from the host: its own network, files and pids, no privileges, the filter."""
+    return all(bool(protections.get(k)) for k in ISOLATION_KEYS)
+
+
 class _Worker:
     def __init__(self, ex: "SandboxExecutor", hashseed: int, uid: int):
         self.ex, self.hashseed, self.uid = ex, hashseed, uid
@@ -143,19 +193,26 @@ class _Worker:
         self.info: dict = {}
         self.root: str | None = None
 
-    def _command(self, root: str, cfg_json: str, namespaces: bool) -> list[str]:
+    def _command(self, root: str, cfg_json: str, mechanism: str) -> list[str]:
         c = self.ex.config
         py = [c.python or sys.executable, "-s", "-S", str(WORKER_PY), cfg_json]
-        if not namespaces:
+        if mechanism == "none":
             return py
-        flags = ["--fork", "--kill-child"]
+        # util-linux unshare; as an ordinary user with a user namespace whose root is this user (docs/METHOD.md)
+        flags = ["--user", "--map-root-user"] if mechanism == "userns" else []
+        flags += ["--fork", "--kill-child", "--ipc"]
         if c.isolate_network:
             flags.append("--net")
         if c.isolate_pids:
             flags.append("--pid")
         if not c.isolate_filesystem:
             return ["unshare", *flags, "--", *py]
-        mount = f'mount -t tmpfs -o size={int(c.disk_mb)}m,mode=0755,nosuid,nodev tmpfs "$1" && shift && exec "$@"'
+        # The chroot's root is a tiny tmpfs remounted read-only (a run that shares the worker's uid would own it);
+        # the runs' working area /w is its own size-capped tmpfs. noexec on both: nothing written there runs.
+        opts = "mode=0755,nosuid,nodev,noexec"
+        mount = (f'mount -t tmpfs -o size=64k,{opts} tmpfs "$1" && mkdir "$1/w" && '
+                 f'mount -t tmpfs -o size={int(c.disk_mb)}m,{opts} tmpfs "$1/w" && '
+                 f'mount -o remount,bind,ro "$1" && shift && exec "$@"')
         return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,
                 *py]
 
@@ -167,13 +224,15 @@ class _Worker:
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
-            "max_repr_chars": c.max_repr_chars, "drop_uid": mode["root"] and c.drop_privileges, "uid": self.uid,
-            "root": self.root, "chroot": mode["namespaces"] and c.isolate_filesystem, "fallback_dir": self.root,
+            "max_repr_chars": c.max_repr_chars, "drop_uid": mode["mechanism"] == "root" and c.drop_privileges,
+            "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
+            "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges,
+            "root": self.root, "chroot": mode["mechanism"] != "none" and c.isolate_filesystem, "fallback_dir": self.root,
             "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
         }
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": str(self.hashseed)}
         self.errfile = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["namespaces"]),
+        self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["mechanism"]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errfile, env=env,
                                      start_new_session=True, close_fds=True)
         hello = self._recv(time.monotonic() + 30.0)
@@ -267,27 +326,38 @@ class SandboxExecutor:
         self._closed = False
         base = self.config.uid_base
         self._uid_base = base if base is not None else 200_000 + (os.getpid() % 100_000) * 64
+        self._hello_checked = False
         self.mode = self._probe_mode()
 
     def _probe_mode(self) -> dict:
+        """How workers are isolated: "root" (namespaces made with real privileges, runs under their own uid),
+        "userns" (an ordinary user: the same namespaces inside a user namespace, runs without capabilities) or
+        "none". Whether a user namespace really works is known when the first worker starts (_started)."""
         c = self.config
-        root = os.geteuid() == 0
         wants_ns = c.isolate_network or c.isolate_filesystem or c.isolate_pids
-        namespaces = root and wants_ns and shutil.which("unshare") is not None and shutil.which("mount") is not None
-        missing = []
-        if not root:
-            missing.append("not root: no namespaces, chroot or uid drop (files outside the run directory and the "
-                           "network stay reachable)")
-        elif wants_ns and not namespaces:
-            missing.append("unshare/mount not found: no network, mount or pid namespace")
-        if missing:
-            self._degrade("; ".join(missing))
-        return {"root": root, "namespaces": namespaces}
+        caps = effective_caps()
+        root = all(caps >> bit & 1 for bit in ROOT_CAPS.values())
+        tools = shutil.which("unshare") is not None and shutil.which("mount") is not None
+        mechanism = "none" if not (wants_ns and tools) else "root" if root else "userns"
+        mode = {"root": root, "mechanism": mechanism}
+        off = [f"executor.{k}" for k in ("isolate_network", "isolate_filesystem", "isolate_pids", "seccomp",
+                                           "drop_privileges") if not getattr(c, k)]
+        if off:
+            self._degrade(f"turned off by the config ({', '.join(off)})", "Set them back to true")
+        if wants_ns and not tools:
+            self._degrade("util-linux `unshare`/`mount` not found on PATH", "Install util-linux")
+        return mode
 
-    def _degrade(self, why: str) -> None:
-        if self.config.require_isolation:
-            raise RuntimeError(f"sandbox isolation unavailable: {why}")
-        warnings.warn(f"lorapop sandbox degraded: {why}", RuntimeWarning, stacklevel=3)
+    def _degrade(self, why: str, fix: str = USERNS_FIX) -> None:
+        c = self.config
+        if c.require_isolation or not c.allow_unisolated:
+            raise IsolationError(
+                f"lorapop sandbox: model-written programs would run without isolation: {why}. They could read "
+                f"and write your files and reach the network. {fix}; or accept the risk with "
+                "executor.allow_unisolated: true (the run is then recorded as unisolated)"
+                + ("; executor.require_isolation is set, which refuses even that" if c.require_isolation else ""))
+        warnings.warn(f"lorapop sandbox NOT ISOLATED (executor.allow_unisolated): {why}", RuntimeWarning,
+                      stacklevel=3)
 
     def _pool(self, hashseed: int) -> queue.Queue:
         with self._lock:
@@ -308,16 +378,39 @@ class SandboxExecutor:
             try:
                 w.start()
             except RuntimeError as exc:
-                if not self.mode["namespaces"]:
+                if self.mode["mechanism"] == "none":
                     raise
-                self._degrade(f"namespaced worker refused ({exc}); running without namespaces")
-                self.mode = dict(self.mode, namespaces=False)
+                what = "user namespaces refused" if self.mode["mechanism"] == "userns" else "namespaces refused"
+                self._degrade(f"{what} ({exc}); running without namespaces")
+                self.mode = dict(self.mode, mechanism="none")
                 w.start()
+            try:
+                self._check_hello(w.info)
+            except IsolationError:
+                w.kill()  # never left running to serve a later call unchecked
+                raise
         return w
+
+    def _check_hello(self, info: dict) -> None:
+        """Once per executor: what the worker says is in force against what was asked for."""
+        if self._hello_checked:
+            return
+        c, gaps = self.config, []
+        if c.seccomp and not info.get("seccomp"):
+            self._degrade(f"no seccomp filter ({info.get('lockdown_error') or 'not installed'})",
+                          "The filter is built for Linux on x86_64 and aarch64 with seccomp enabled")
+        if self.mode["mechanism"] == "userns" and c.drop_privileges and not info.get("caps_dropped"):
+            gaps.append(f"capabilities not dropped ({info.get('lockdown_error')})")
+        if self.mode["mechanism"] != "none" and c.isolate_network and not info.get("net_isolated"):
+            gaps.append("the network namespace still reaches 127.0.0.1")
+        if gaps:
+            self._degrade("; ".join(gaps))
+        self._hello_checked = True  # only once it passed, or the opt-out accepted what is missing
 
     @property
     def protections(self) -> dict:
-        """What the first worker of the default seed reported as in force (starts it if needed)."""
+        """What the first worker of the default seed reported as in force (starts it if needed), and the
+        mechanism: "root", "userns" or "none". :func:`isolated` of it says whether runs are walled off."""
         pool = self._pool(self.config.default_hashseed)
         w = pool.get()
         try:
@@ -325,9 +418,10 @@ class SandboxExecutor:
             info = dict(w.info)
         finally:
             pool.put(w)
-        return {"network_isolated": bool(info.get("net_isolated")), "filesystem_isolated": bool(info.get("chroot")),
-                "pid_namespace": bool(info.get("pid1")), "unprivileged": bool(info.get("drop_uid")),
-                "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
+        return {"mechanism": self.mode["mechanism"], "network_isolated": bool(info.get("net_isolated")),
+                "filesystem_isolated": bool(info.get("chroot")), "pid_namespace": bool(info.get("pid1")),
+                "unprivileged": bool(info.get("drop_uid") or info.get("caps_dropped")),
+                "seccomp": bool(info.get("seccomp")), "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
         pool = self._pool(self.config.default_hashseed if hashseed is None else int(hashseed))
@@ -340,6 +434,8 @@ class SandboxExecutor:
                 # namespace, another uid), so the code is not to blame and gets one fresh worker.
                 res = self._started(w).call(code, t)
             return res
+        except IsolationError:  # not a failure of this program: no program may run
+            raise
         except Exception as exc:  # a worker that cannot start must not take the caller down
             return ExecResult("crashed", None, f"sandbox: {type(exc).__name__}: {exc}"[:300], 0.0)
         finally:

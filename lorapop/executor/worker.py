@@ -1,20 +1,22 @@
 """Code that runs inside the sandbox: one long-lived worker that forks once per program.
 
 Standard library only; started by `lorapop.executor.sandbox` as ``python -s -S worker.py CONFIG_JSON`` (usually under
-``unshare --net --mount --pid``), with a scrubbed environment. Startup, once per worker:
+``unshare [--user --map-root-user] --net --mount --pid --ipc``, after a shell has mounted its tmpfs), with a scrubbed
+environment. Startup, once per worker:
 
-1. pre-import the modules task programs may use (after the chroot nothing else can be imported);
-2. as root with a private mount namespace: mount a size-capped tmpfs, chroot into it (no host file is visible
-   afterwards, /proc included);
-3. replace its own environment by the runs' one (PATH and LC_ALL only) and set the limits that are the same for
+1. pre-import the modules task programs may use (after the chroot nothing else can be imported), and lockdown.py;
+2. with a private mount namespace: chroot into the tmpfs (no host file is visible afterwards, /proc included);
+3. in a user namespace, give up every capability; install the seccomp filter (both inherited by every fork), then
+   drop lockdown and ctypes from ``sys.modules`` unless they were asked for;
+4. replace its own environment by the runs' one (PATH and LC_ALL only) and set the limits that are the same for
    every run (file size, process count, open files, no core), all inherited by every fork;
-4. say hello on the protocol pipe with the protections that are actually in force.
+5. say hello on the protocol pipe with the protections that are actually in force.
 
-Per run: make a private directory owned by the run uid, fork; the child sets its own rlimits (CPU, address space),
-drops to an unprivileged uid that owns nothing but that directory, points fds 0/1/2 at dead pipes, runs the code
-as a fresh ``__main__`` module and reports ``repr(_result)``. The parent enforces
-the wall clock, kills the run's process group and, when it is PID 1 of its own pid namespace, every other process
-in the namespace (catches children that escaped with setsid), reaps, and removes the directory.
+Per run: make a private directory (owned by the run uid as root), fork; the child sets its own rlimits (CPU,
+address space), drops to an unprivileged uid as root, points fds 0/1/2 at dead pipes, runs the code as a fresh
+``__main__`` module and reports ``repr(_result)``. The parent enforces the wall clock, kills the run's process group
+and, when it is PID 1 of its own pid namespace, every other process in the namespace (catches children that escaped
+with setsid), reaps, and removes the directory (and, where runs share its uid, anything else they left in /w).
 
 Protocol on fds 0/1 (replaced by private high fds at startup): 4-byte big-endian length + JSON object.
 """
@@ -119,6 +121,7 @@ def _child(code, cfg, uid, run_dir, res_w, fds):
     status, value, error = "crashed", None, None
     try:
         os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
         os.dup2(fds["null_in"], 0)
         os.dup2(fds["null_out"], 1)
         os.dup2(fds["null_out"], 2)
@@ -182,11 +185,36 @@ def _worker_limits(cfg):
         (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
         (resource.RLIMIT_CORE, (0, 0)),
     ]
-    if cfg["drop_uid"]:
-        # Counted per real uid; each worker has its own run uid so a fork bomb only starves itself.
-        lim.append((resource.RLIMIT_NPROC, (cfg["max_procs"],) * 2))
+    if cfg["drop_uid"] or cfg.get("mechanism") == "userns":
+        # Counted per real uid (per user namespace and uid): each worker has its own run uid, or its own user
+        # namespace, so a fork bomb only starves itself. The worker is not exempt in a user namespace (it holds no
+        # capability outside it); it keeps a single process between runs, so it stays under the limit.
+        nproc = cfg["max_procs"] + cfg.get("nproc_base", 0)
+        lim.append((resource.RLIMIT_NPROC, (nproc, nproc)))
     for which, val in lim:
         resource.setrlimit(which, val)
+
+
+def _nproc_base(release=None):
+    """Processes the caller's uid already has that RLIMIT_NPROC would count against the runs' limit: none from
+    Linux 5.14 on (the count is per user namespace and uid); before it the count is per uid across the machine,
+    so a user namespace's runs share it with every other process of the user. Read from /proc before the chroot
+    (a fresh pid namespace still sees the host's /proc); an estimate, since the user's other processes come and go."""
+    parts = (release or os.uname().release).split(".")
+    try:
+        if (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (5, 14):
+            return 0
+    except (ValueError, IndexError):
+        return 0
+    uid, n = str(os.getuid()), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    n += any(line.startswith("Uid:") and line.split()[1] == uid for line in fh)
+            except OSError:
+                pass
+    return n
 
 
 def _reap_namespace(is_pid1):
@@ -204,6 +232,37 @@ def _reap_namespace(is_pid1):
             return
         if pid == 0:
             return
+
+
+def _remove(path):
+    """Remove a file or tree a run left, whatever modes it set on it (runs that share the worker's uid own it)."""
+    tried = set()
+
+    def retry(func, p, _exc):
+        if p in tried:
+            return
+        tried.add(p)
+        for q in (os.path.dirname(p), p):
+            if not os.path.islink(q):
+                try:
+                    os.chmod(q, 0o700)
+                except OSError:
+                    pass
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, onerror=retry)
+        else:
+            try:
+                func(p)
+            except OSError:
+                pass
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=retry)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _run_one(req, cfg, state):
@@ -257,7 +316,11 @@ def _run_one(req, cfg, state):
     try:
         os.rmdir(run_dir)  # the common case (nothing written) without rmtree's directory walk
     except OSError:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        _remove(run_dir)
+    if state["sweep"]:
+        os.chmod(state["work"], 0o755)  # the run owned it and may have changed it
+        for name in os.listdir(state["work"]):
+            _remove(os.path.join(state["work"], name))
     if timed_out:
         return {"status": "timeout", "value": None, "error": f"wall-clock limit {timeout:g}s", "duration": duration}
     try:
@@ -303,10 +366,13 @@ def main():
 
     is_pid1 = os.getpid() == 1
     net_isolated = _no_network()  # before the chroot: socket cannot be imported after it
+    lockdown = _load_lockdown(cfg)  # before the chroot too, for the same reason
+    if cfg.get("mechanism") == "userns":
+        cfg["nproc_base"] = _nproc_base()
     root = cfg.get("root")
     chrooted = False
-    if root and cfg.get("chroot") and os.geteuid() == 0:
-        os.chroot(root)
+    if root and cfg.get("chroot"):  # the command mounted the tmpfs there (sandbox.py)
+        os.chroot(root)  # as root, or as the root of the worker's own user namespace
         os.chdir("/")
         chrooted = True
         work = "/w"
@@ -315,11 +381,16 @@ def main():
     os.makedirs(work, mode=0o755, exist_ok=True)
     drop = bool(cfg.get("drop_uid")) and os.geteuid() == 0
     cfg["drop_uid"] = drop
+    # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
+    # one is the only one, and with a single mapped uid (user namespace) runs are allowed to send it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    locked = _lockdown(cfg, lockdown)
     state = {
         "n": 0,
         "work": work,
         "uid": cfg["uid"],
         "is_pid1": is_pid1,
+        "sweep": not drop,  # runs that own the working area can leave entries beside their own directory
         "fds": {"null_in": null_in_r, "null_out": null_out_w, "proto_in": proto_in, "proto_out": proto_out},
     }
     _worker_limits(cfg)
@@ -331,7 +402,7 @@ def main():
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
     _send(proto_out, {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
-                      "net_isolated": net_isolated, "hashseed": hashseed, "preloaded": loaded})
+                      "net_isolated": net_isolated, "hashseed": hashseed, "preloaded": loaded, **locked})
     while True:
         hdr = _read_exact(proto_in, 4)
         if hdr is None:
@@ -343,6 +414,47 @@ def main():
             resp = {"status": "crashed", "value": None, "error": "worker: " + _describe(exc), "duration": 0.0}
         resp["id"] = req.get("id")
         _send(proto_out, resp)
+
+
+def _load_lockdown(cfg):
+    """Import lockdown.py (and ctypes) while host files are still visible; returns (module, modules loaded before)."""
+    if not (cfg.get("seccomp") or cfg.get("drop_caps")):
+        return None
+    before = set(sys.modules)
+    try:
+        import lockdown
+    except Exception as exc:  # pragma: no cover - a broken install
+        return exc, before
+    return lockdown, before
+
+
+def _lockdown(cfg, loaded):
+    """Drop capabilities (user namespace: the worker is root of it only to mount and chroot) and install the seccomp
+    filter; both are inherited by every run. Then forget lockdown and ctypes, so programs cannot import them: only
+    the preloaded modules stay importable. Returns what is in force, for the hello."""
+    out = {"seccomp": False, "caps_dropped": False, "lockdown_error": None}
+    if loaded is None:
+        return out
+    mod, before = loaded
+    errors = []
+    if isinstance(mod, Exception):
+        errors.append(f"lockdown: {_describe(mod)}")
+    else:
+        if cfg.get("drop_caps"):
+            try:
+                mod.drop_capabilities()
+                out["caps_dropped"] = True
+            except Exception as exc:
+                errors.append(f"capabilities: {_describe(exc)}")
+        if cfg.get("seccomp"):
+            try:
+                out["seccomp"] = mod.install_seccomp()  # the architecture's name
+            except Exception as exc:
+                errors.append(f"seccomp: {_describe(exc)}")
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+    out["lockdown_error"] = "; ".join(errors) or None
+    return out
 
 
 def _no_network():

@@ -21,7 +21,8 @@ from lorapop.tasks.styles import proposal_style
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger, Progress
 from lorapop.train.matchmaking import matchmake
-from lorapop.train.metrics import population_members, step_metrics, task_records, update_coverage
+from lorapop.train.metrics import (population_members, sandbox_record, step_metrics, task_records, unisolated_note,
+                                   update_coverage)
 from lorapop.train.population import Population
 from lorapop.train.rating import Ratings
 
@@ -135,12 +136,15 @@ class Trainer:
         self.evolve_skipped: list = []  # members the last PBT round left out for too few rated matches
         self.init_from: dict[str, dict] = {}  # member id -> where it started (population.init_from), kept in state
         self.executor = executor if executor is not None else self._own(self._make_executor())
+        self.sandbox = sandbox_record(self.executor)  # starts a worker: a sandbox that cannot isolate stops here
         self.buffers = self._make_buffers(load_seeds=not resume)
         self.coverage = self._make_coverage()
         fault_point("coverage")
         self.engine = engine if engine is not None else self._own(self._make_engine())
         fault_point("engine")
         notes = self._restore() if resume else self._init_adapters()
+        if self.sandbox is not None and not self.sandbox["isolated"]:
+            notes = [unisolated_note(self.sandbox), *(notes or [])]
         self.logger = self._own(MetricsLogger(self.rundir, cfg.run.report_to,
                                               purge_step=self.step + 1 if resume else None, config=to_dict(cfg),
                                               project=cfg.run.project, run_name=run_dir.name))
@@ -416,7 +420,7 @@ class Trainer:
 
     def write_population(self) -> None:
         self.rundir.write_population(self.step, population_members(self.population, self.ratings, self.step),
-                                     self.population.lineage)
+                                     self.population.lineage, sandbox=self.sandbox)
 
     # ---- checkpoint / resume ---------------------------------------------------------------------------------------
     def trainer_state(self) -> dict[str, Any]:

@@ -153,6 +153,25 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     return m
 
 
+def sandbox_record(executor: Any) -> dict[str, Any] | None:
+    """population.json's ``sandbox``: the executor's protections and ``isolated`` (None for an executor that does
+    not report them)."""
+    from lorapop.executor.sandbox import isolated
+
+    prot = getattr(executor, "protections", None)
+    return None if not isinstance(prot, dict) else {**prot, "isolated": isolated(prot)}
+
+
+def unisolated_note(sandbox: dict[str, Any]) -> str:
+    """The line shown at every start of a run whose sandbox does not isolate."""
+    from lorapop.executor.sandbox import ISOLATION_KEYS
+
+    missing = ", ".join(k for k in ISOLATION_KEYS if not sandbox.get(k))
+    return (f"WARNING: the sandbox is NOT ISOLATED (executor.allow_unisolated; mechanism {sandbox.get('mechanism')}, "
+            f"missing {missing}): model-written programs run with this user's access to its files and the network; "
+            "population.json and the report record it")
+
+
 def population_members(population: Population, ratings: Ratings, step: int) -> list[dict[str, Any]]:
     """The ``members`` of population.json: each member's record with its rating and age."""
     return [{**m.to_json(), "mu": ratings.mu(m.id), "sigma": ratings.sigma(m.id), "expose": ratings.expose(m.id),

@@ -1,0 +1,173 @@
+"""Kernel-side lockdown of a sandbox worker: a seccomp filter and, inside a user namespace, dropping every capability.
+
+Standard library only (ctypes over the libc already loaded in the process: no libseccomp, no file access), because
+the worker imports it as a top-level module after its chroot, uses it once and then forgets it (see worker.py).
+
+The filter is written as classic BPF here rather than through libseccomp/pyseccomp: it is a dozen lines, needs no
+dependency, and its two syscall tables (x86_64, aarch64; the only architectures it is built for, anything else gets
+:class:`Unsupported`) are below for review. It is a deny list, not an allow list: the interpreter and the standard
+library need a long and version-dependent list of calls (futex, rseq, getrandom, statx, clone for threads...), and a
+missing entry in an allow list breaks ordinary programs on some kernel or libc; the calls refused here are the ones a
+code-reasoning task never needs and that widen the kernel surface or cross the sandbox's walls.
+
+Refused calls return EPERM, so they fail inside the program as an OSError (an error run), never by killing anything;
+``clone3`` returns ENOSYS instead (its flags live in memory a filter cannot read; libc then falls back to ``clone``,
+whose flags it can). Calls made through another ABI (i386 ``int 0x80`` on x86_64, x32) are all refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+import sys
+
+# <linux/audit.h>
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+
+# Refused with EPERM. Numbers from the kernel's arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/
+# unistd.h (aarch64); calls numbered 424 and up are the same on every architecture.
+_COMMON = {
+    "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+    "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+}
+DENIED = {
+    "x86_64": {
+        "socket": 41, "socketpair": 53, "execve": 59, "ptrace": 101, "syslog": 103, "pivot_root": 155,
+        "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
+        "init_module": 175, "delete_module": 176, "kexec_load": 246, "add_key": 248, "request_key": 249,
+        "keyctl": 250, "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,
+        "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320,
+        "bpf": 321, "execveat": 322, "userfaultfd": 323, **_COMMON,
+    },
+    "aarch64": {
+        "socket": 198, "socketpair": 199, "execve": 221, "ptrace": 117, "syslog": 116, "pivot_root": 41,
+        "chroot": 51, "acct": 89, "mount": 40, "umount2": 39, "swapon": 224, "swapoff": 225, "reboot": 142,
+        "init_module": 105, "delete_module": 106, "kexec_load": 104, "add_key": 217, "request_key": 218,
+        "keyctl": 219, "unshare": 97, "perf_event_open": 241, "open_by_handle_at": 265, "setns": 268,
+        "process_vm_readv": 270, "process_vm_writev": 271, "finit_module": 273, "kexec_file_load": 294,
+        "bpf": 280, "execveat": 281, "userfaultfd": 282, **_COMMON,
+    },
+}
+CLONE = {"x86_64": 56, "aarch64": 220}
+CLONE3 = 435
+PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
+# clone() flags that make a new namespace (CLONE_NEWTIME only exists for clone3/unshare)
+CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
+# classic BPF opcodes and seccomp return values
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_X32_BIT = 0x40000000
+
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 22, 2, 38
+PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 28, 47, 4
+# NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each with its lock, and KEEP_CAPS locked off: nothing the
+# process does later (setuid, exec) can hand capabilities back
+SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+
+class Unsupported(RuntimeError):
+    """This machine cannot get the filter (architecture, byte order, or a kernel without seccomp)."""
+
+
+def machine() -> str:
+    m = platform.machine().lower()
+    m = {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+    if m not in DENIED:
+        raise Unsupported(f"no seccomp filter for architecture {m!r} (built for {', '.join(DENIED)})")
+    if sys.byteorder != "little":
+        raise Unsupported(f"no seccomp filter for big-endian {m}")
+    return m
+
+
+def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def build_filter(arch: str) -> bytes:
+    """The BPF program (struct sock_filter[]) for ``arch``."""
+    eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
+    denied = sorted(set(DENIED[arch].values()))
+    # seccomp_data: int nr @0, u32 arch @4, u64 ip @8, u64 args[6] @16 (low half first: little-endian only)
+    prog = [
+        _ins(_LD_W_ABS, 0, 0, 4),
+        _ins(_JEQ_K, 1, 0, AUDIT_ARCH[arch]),
+        _ins(_RET_K, 0, 0, eperm),  # another ABI: refuse everything
+        _ins(_LD_W_ABS, 0, 0, 0),
+    ]
+    if arch == "x86_64":
+        prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, eperm)]
+    for nr in denied:
+        prog.append(_ins(_JEQ_K, 0, 1, nr))
+        prog.append(_ins(_RET_K, 0, 0, eperm))
+    prog += [
+        _ins(_JEQ_K, 0, 1, CLONE3),
+        _ins(_RET_K, 0, 0, enosys),
+        # clone(flags, ...): flags is args[0]; all the CLONE_NEW* bits are in its low 32 bits
+        _ins(_JEQ_K, 0, 3, CLONE[arch]),
+        _ins(_LD_W_ABS, 0, 0, 16),
+        _ins(_JSET_K, 0, 1, CLONE_NEW_MASK),
+        _ins(_RET_K, 0, 0, eperm),
+        # prlimit64(pid, ...) on anything but itself (pid 0): with one mapped uid a run could otherwise cut its own
+        # worker's limits (setrlimit is prlimit64 with pid 0 in libc, so programs keep it)
+        _ins(_LD_W_ABS, 0, 0, 0),
+        _ins(_JEQ_K, 0, 5, PRLIMIT64[arch]),
+        _ins(_LD_W_ABS, 0, 0, 16),
+        _ins(_JEQ_K, 0, 2, 0),
+        _ins(_LD_W_ABS, 0, 0, 20),
+        _ins(_JEQ_K, 1, 0, 0),
+        _ins(_RET_K, 0, 0, eperm),
+        _ins(_RET_K, 0, 0, _RET_ALLOW),
+    ]
+    return b"".join(prog)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)  # the libc this process already has loaded: no file is opened
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return ctypes, libc
+
+
+def _check(ctypes, rc: int, what: str) -> None:
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {errno.errorcode.get(e, e)}")
+
+
+def install_seccomp() -> str:
+    """Set no_new_privs and install the filter on the calling thread (inherited by every fork). Returns the arch.
+    Raises Unsupported where no filter can be installed."""
+    arch = machine()
+    ctypes, libc = _libc()
+    prog = build_filter(arch)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(ctypes, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    rc = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0)
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise Unsupported(f"the kernel refused the seccomp filter: {errno.errorcode.get(e, e)}")
+    return arch
+
+
+def drop_capabilities() -> None:
+    """Give up every capability for good: lock the securebits, clear the ambient and bounding sets, then empty the
+    effective, permitted and inheritable sets. Meant for the root of a user namespace, whose capabilities cover that
+    namespace (its mounts, its chroot, its files)."""
+    ctypes, libc = _libc()
+    _check(ctypes, libc.prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED, 0, 0, 0), "PR_SET_SECUREBITS")
+    _check(ctypes, libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "PR_CAP_AMBIENT_CLEAR_ALL")
+    cap = 0
+    while libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0:  # up to the kernel's CAP_LAST_CAP
+        _check(ctypes, libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"PR_CAPBSET_DROP {cap}")
+        cap += 1
+    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable}, all zero
+    _check(ctypes, libc.capset(hdr, data), "capset")

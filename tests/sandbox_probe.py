@@ -1,0 +1,194 @@
+"""Hostile programs through the trainer's own entry points, run by tests/test_isolation.py in the test process (the
+root path) and, as a script, by an unprivileged user (the user-namespace path). Standard library + lorapop only.
+
+    python -S tests/sandbox_probe.py HOST_JSON      (prints one JSON object)
+
+HOST_JSON names what the test set up on the host: a secret file, a writable directory for marker files, a TCP
+listener on 127.0.0.1 and a unix socket (and, for the control run, executor overrides and "proposals_only"). Every program here passes the static check (the probe records it), so the
+sandbox itself is what must stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# Syscall numbers written out again here, independently of lorapop/executor/lockdown.py, so a wrong entry there
+# shows up as a call that is not refused.
+SYSCALLS = {
+    "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+               "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250, "add_key": 248,
+               "request_key": 249, "bpf": 321, "perf_event_open": 298, "init_module": 175, "finit_module": 313,
+               "delete_module": 176, "reboot": 169, "kexec_load": 246, "kexec_file_load": 320, "socket": 41,
+               "socketpair": 53, "execve": 59, "execveat": 322, "clone": 56, "clone3": 435,
+               "io_uring_setup": 425, "userfaultfd": 323, "open_by_handle_at": 304, "fsopen": 430,
+               "prlimit64": 302},
+    "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+                "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219, "add_key": 217,
+                "request_key": 218, "bpf": 280, "perf_event_open": 241, "init_module": 105, "finit_module": 273,
+                "delete_module": 106, "reboot": 142, "kexec_load": 104, "kexec_file_load": 294, "socket": 198,
+                "socketpair": 199, "execve": 221, "execveat": 281, "clone": 220, "clone3": 435,
+                "io_uring_setup": 425, "userfaultfd": 282, "open_by_handle_at": 265, "fsopen": 430,
+                "prlimit64": 261},
+}
+# Arguments chosen so that, without the filter, each call fails with something other than EPERM or does nothing
+# harmful (CLONE_NEWUSER|CLONE_FS is EINVAL; reboot with a wrong magic is EINVAL; prlimit64 on pid 1 only reads).
+CALL_ARGS = {
+    "unshare": (0,), "setns": (-1, 0), "mount": (0, 0, 0, 0, 0), "umount2": (b"/nonexistent-lorapop", 0),
+    "pivot_root": (0, 0), "chroot": (b"/nonexistent-lorapop",), "ptrace": (0x4206, 0, 0, 0),
+    "process_vm_readv": ("self", 0, 0, 0, 0, 0), "process_vm_writev": ("self", 0, 0, 0, 0, 0),
+    "keyctl": (-1, 0, 0, 0, 0), "add_key": (0, 0, 0, 0, 0), "request_key": (0, 0, 0, 0), "bpf": (-1, 0, 0),
+    "perf_event_open": (0, 0, -1, -1, 0), "init_module": (0, 0, 0), "finit_module": (-1, 0, 0),
+    "delete_module": (0, 0), "reboot": (0, 0, 0, 0), "kexec_load": (0, 0, 0, 0), "kexec_file_load": (-1, -1, 0, 0, 0),
+    "socket": (2, 1, 0), "socketpair": (1, 1, 0, 0), "execve": (b"/nonexistent-lorapop", 0, 0),
+    "execveat": (-1, b"", 0, 0, 0), "clone": (0x10000000 | 0x200, 0, 0, 0, 0), "clone3": (0, 0),
+    "io_uring_setup": (0, 0), "userfaultfd": (-1,), "open_by_handle_at": (-1, 0, 0), "fsopen": (0, 0),
+    "prlimit64": (1, 7, 0, 0),
+}
+EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
+
+
+def syscall_program(arch: str) -> str:
+    """A program (it needs ctypes preloaded) that makes every refused call and returns {name: errno or 0}."""
+    return (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        f"nrs = {SYSCALLS[arch]!r}\n"
+        f"args = {CALL_ARGS!r}\n"
+        "out = {}\n"
+        "for name, nr in nrs.items():\n"
+        "    a = [os.getpid() if x == 'self' else x for x in args[name]]\n"
+        "    a = [ctypes.c_long(x) if isinstance(x, int) else ctypes.c_char_p(x) for x in a]\n"
+        "    ctypes.set_errno(0)\n"
+        "    rc = libc.syscall(ctypes.c_long(nr), *a)\n"
+        "    out[name] = ctypes.get_errno() if rc == -1 else 0\n"
+        "    if rc > 0 and name in ('socket', 'userfaultfd', 'io_uring_setup', 'fsopen'):\n"
+        "        os.close(rc)\n"
+        "_result = out\n"
+    )
+
+
+def proposals(host: dict) -> dict[str, tuple[str, str]]:
+    """name -> (program, input): the issue's four programs first, then their kin."""
+    secret, drop, port, unix = host["secret_file"], host["drop_dir"], host["tcp_port"], host["unix_socket"]
+
+    def mark(name: str) -> str:
+        return repr(os.path.join(drop, name))
+
+    os_ = "import _frozen_importlib_external as b\n"  # its `_os` is the posix module: the static check lets it by
+    return {
+        "linecache_read": ("import linecache\ndef f(p):\n    return linecache.getlines(p)", repr(secret)),
+        "codecs_write": ("import codecs\ndef f(p):\n    with codecs.open(p, 'w') as fh:\n        fh.write('x')\n"
+                         "    return 1", mark("codecs_write")),
+        "xml_sax_url": ("import xml.sax\ndef f(u):\n    xml.sax.parse(u, xml.sax.ContentHandler())\n    return 1",
+                        repr(f"http://127.0.0.1:{port}/")),
+        "pydoc_pager_shell": ("import pydoc\ndef f(p):\n    pydoc.pipepager('x', 'touch ' + p)\n    return 1",
+                              mark("pydoc_pager_shell")),
+        "codecs_read": ("import codecs\ndef f(p):\n    with codecs.open(p) as fh:\n        return fh.read()",
+                        repr(secret)),
+        "io_read": ("import _io\ndef f(p):\n    return _io.open(p).read()", repr(secret)),
+        "mimetypes_read": ("import mimetypes\ndef f(p):\n    return mimetypes.read_mime_types(p)", repr(secret)),
+        "posix_read": (os_ + "def f(p):\n    return b._os.read(b._os.open(p, 0), 4096)", repr(secret)),
+        "io_write": ("import _io\ndef f(p):\n    _io.open(p, 'w').write('x')\n    return 1", mark("io_write")),
+        "wave_write": ("import wave\ndef f(p):\n    w = wave.open(p, 'wb')\n    w.setnchannels(1)\n"
+                       "    w.setsampwidth(1)\n    w.setframerate(8000)\n    w.close()\n    return 1",
+                       mark("wave_write")),
+        "nntplib_tcp": ("import nntplib\ndef f(port):\n    return nntplib.NNTP('127.0.0.1', port).getwelcome()",
+                        repr(port)),
+        "socket_tcp": ("import _socket\ndef f(port):\n    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+                       "    s.connect(('127.0.0.1', port))\n    return 1", repr(port)),
+        "socket_unix": ("import _socket\ndef f(p):\n    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)\n"
+                        "    s.connect(p)\n    return 1", repr(unix)),
+        "posix_system": (os_ + "def f(p):\n    return b._os.system('touch ' + p)", mark("posix_system")),
+        "posix_execv": (os_ + "def f(p):\n    b._os.execv('/bin/sh', ['sh', '-c', 'touch ' + p])",
+                        mark("posix_execv")),
+        "posix_spawn": (os_ + "def f(p):\n    return b._os.posix_spawn('/bin/sh', ['sh', '-c', 'touch ' + p], {})",
+                        mark("posix_spawn")),
+    }
+
+
+# The kin modules are not importable in the sandbox by default (the chroot holds only the preloaded ones); a second
+# pass preloads them, so the same programs meet the namespaces and the filter instead of an ImportError.
+KIN_MODULES = ("linecache", "codecs", "mimetypes", "wave", "nntplib", "pydoc", "subprocess", "xml.sax",
+               "xml.sax.saxutils", "xml.sax.expatreader", "urllib.request")
+
+
+# Runs that bypass the static check (as the executor's own tests do): a double-forked setsid process that must not
+# outlive its run, and fork still working under the limits.
+LEFTOVER = ("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    pid = os.fork()\n"
+            "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    os.write(w, str(pid).encode())\n"
+            "    os._exit(0)\nos.close(w)\n_result = int(os.read(r, 32))")
+ALIVE = "import os\ntry:\n    os.kill({pid}, 0)\n    _result = 'alive'\nexcept ProcessLookupError:\n    _result = 'gone'"
+FORK_BOMB = ("import os, time\npids = []\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+             "        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n    pids.append(pid)\n"
+             "_result = len(pids)")
+# What a run could do to its own worker where both share a uid (user namespace): the signal Python handles, and
+# cutting the worker's limits; then a plain run must still be served by the same, healthy worker.
+AT_WORKER = ["import os, signal\nos.kill(1, signal.SIGINT)\n_result = 'sent'",
+             "import resource\nresource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))\n_result = 'cut'",
+             "import os\n_result = os.getpid()"]
+FORK = ("import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n_, st = os.waitpid(pid, 0)\n"
+        "_result = os.WEXITSTATUS(st)")
+
+
+def verdicts(props: dict, results: list) -> dict:
+    """name -> what validation made of the proposal (a Task's outputs, or an Invalid's reason and detail)."""
+    return {k: {"valid": hasattr(r, "outputs"), "reason": getattr(r, "reason", None),
+                "detail": getattr(r, "detail", None), "outputs": getattr(r, "outputs", None)}
+            for k, r in zip(props, results)}
+
+
+def probe(host: dict) -> dict:
+    from lorapop.executor import ExecutorConfig, SandboxExecutor
+    from lorapop.executor.lockdown import machine
+    from lorapop.executor.sandbox import DEFAULT_PRELOAD
+    from lorapop.tasks import TASK_TYPES
+    from lorapop.tasks.common import fence
+    from lorapop.tasks.validity import check_program
+
+    code_o = TASK_TYPES["code_o"]
+    props = proposals(host)
+    out: dict = {"uid": os.getuid(), "static_ok": {k: check_program(p) is None for k, (p, _) in props.items()}}
+    try:
+        ex = SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, memory_mb=256, **host.get("executor", {})))
+        out["protections"] = ex.protections
+    except RuntimeError as exc:
+        out["refused"] = str(exc)
+        return out
+    try:
+        parsed = [code_o.parse_proposal(fence("python", p) + "\n" + fence("input", i)) for p, i in props.values()]
+        results = code_o.validate_many(parsed, ex)
+        out["proposals"] = verdicts(props, results)
+        if host.get("proposals_only"):
+            return out
+        left = ex.run(LEFTOVER)
+        out["leftover"] = [left.status, left.value]
+        out["leftover_after"] = ex.run(ALIVE.format(pid=int(left.value))).value if left.ok else None
+        out["fork"] = ex.run(FORK).value
+        bomb = ex.run(FORK_BOMB, timeout_s=3.0)
+        out["fork_bomb"] = [bomb.status, bomb.value, bomb.duration_s, ex.config.max_procs]
+        out["at_worker"] = [[r.status, r.value, r.error] for r in (ex.run(c) for c in AT_WORKER)]
+    finally:
+        ex.close()
+    with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, preload=(*DEFAULT_PRELOAD, *KIN_MODULES),
+                                        **host.get("executor", {}))) as ex:
+        out["preloaded"] = {k: ex.run(c).error for k, c in
+                            (("kin", "import " + ", ".join(KIN_MODULES)),)}
+        results = code_o.validate_many(parsed, ex)
+        out["proposals_preloaded"] = verdicts(props, results)
+    with SandboxExecutor(ExecutorConfig(timeout_s=5.0, n_workers=1, max_repr_chars=4000,
+                                        preload=(*DEFAULT_PRELOAD, "ctypes"))) as ex:
+        r = ex.run(syscall_program(machine()))
+        out["syscalls"] = [r.status, r.value, r.error]
+    return out
+
+
+def main() -> None:
+    print(json.dumps(probe(json.loads(sys.argv[1]))))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()
