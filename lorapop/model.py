@@ -189,7 +189,8 @@ def checkpoint_summary(path: Path) -> str:
         raise ModelNotFoundError(f"{path} has a config but no weight files (*.safetensors or *.bin)")
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())  # follows the HF cache's blob links
     count = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
-    what = f"{count} parameters in {len(weights)} weight file{'s' if len(weights) > 1 else ''}" if weights else "PyTorch .bin weights"
+    files = f"{len(weights)} weight file{'s' if len(weights) > 1 else ''}"
+    what = f"{count} parameters in {files}" if weights else "PyTorch .bin weights"
     return f"{config.model_type}, {what}, {size / 1e9:.2f} GB"
 
 

