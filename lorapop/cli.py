@@ -7,10 +7,17 @@ import sys
 
 
 def _cmd_prepare_model(args: argparse.Namespace) -> int:
-    from lorapop.model import prepare_model
+    from lorapop.model import ModelNotFoundError, checkpoint_summary, download_model, prepare_model
 
-    path = prepare_model(args.model)
-    print(f"model ready: {path}")
+    try:
+        path = prepare_model(args.model)
+        if not path.exists():  # a hub id: into the Hugging Face cache now, not inside the first train
+            path = download_model(args.model)
+        summary = checkpoint_summary(path)
+    except ModelNotFoundError as e:
+        print(f"lorapop prepare-model: {e}", file=sys.stderr)
+        return 2
+    print(f"model ready: {path} ({summary})")
     return 0
 
 
@@ -22,6 +29,13 @@ def resolve_config_path(name: str) -> str:
     return resolve(name)
 
 
+def shipped_configs() -> list[str]:
+    """The names of the configs in lorapop/configs/, read from the directory (so --help lists what ships)."""
+    from pathlib import Path
+
+    return sorted(p.stem for p in (Path(__file__).parent / "configs").glob("*.yaml"))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -29,10 +43,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from lorapop.engine.vllm_engine import VLLMUnavailable, vllm_missing  # light: vllm itself loads on use
 
     if args.help_config:
-        from lorapop.config import Config
+        from lorapop.config import Config, load_config
         from lorapop.configlib import describe
 
-        print("\n".join(describe(Config)))
+        # Defaults as a run gets them: a section's default instance (Config's engine is EngineConfig(dtype="auto")),
+        # and where validation resolves a value (selfplay.teacher_reward: auto) what it resolves to.
+        print("\n".join(describe(Config, obj=Config(), loaded=load_config(None, []))))
         return 0
     from lorapop.config import load_config
     from lorapop.configlib import to_dict
@@ -88,13 +104,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lorapop", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    pm = sub.add_parser("prepare-model", help="resolve a base model and cache it as safetensors (embedded default)")
-    pm.add_argument("model", nargs="?", default="embedded", help="'embedded', a Hugging Face id, or a local path")
+    pm = sub.add_parser("prepare-model", help="make a base model ready to train: convert the embedded model (or a "
+                        ".gguf) once to cached safetensors, download a hub id into the Hugging Face cache, check that "
+                        "it loads, print where it is and its size")
+    pm.add_argument("model", nargs="?", default="embedded", help="'embedded' (default), a Hugging Face hub id "
+                    "(e.g. Qwen/Qwen2.5-Coder-7B: needs the network once), a local checkpoint directory or a .gguf")
     pm.set_defaults(func=_cmd_prepare_model, subparser=pm)
     tr = sub.add_parser("train", help="run self-play training (population or single-agent baseline)",
                         description="lorapop train [CONFIG] [--section.key=value ...] | lorapop train --resume RUN_DIR")
-    tr.add_argument("config", nargs="?", help="YAML file or shipped config name (cpu_demo, single, 1T+1S, 4T+4S, "
-                    "8T+8S, cpu_single)")
+    tr.add_argument("config", nargs="?", help=f"YAML file or shipped config name ({', '.join(shipped_configs())})")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
     tr.add_argument("--help-config", action="store_true", help="list every config field (type, default, meaning)")
     tr.set_defaults(func=_cmd_train, accepts_overrides=True)

@@ -266,9 +266,9 @@ class RunConfig:
     report_to: list[str] | str = doc(["tensorboard"], "experiment trackers that get every metrics.jsonl line at its "
                                      "step, and the resolved config (as transformers' report_to): a list of "
                                      f"{', '.join(REPORT_TO)}, or 'none'. tensorboard writes event files beside "
-                                     "metrics.jsonl; the others are optional extras (pip install 'lorapop[wandb]') "
-                                     "and read their usual environment (WANDB_MODE, WANDB_DIR, TRACKIO_DIR, "
-                                     "MLFLOW_TRACKING_URI); --resume continues the same tracker run")
+                                     "metrics.jsonl; the others are optional extras (.venv/bin/pip install -e "
+                                     "'.[wandb]') and read their usual environment (WANDB_MODE, WANDB_DIR, "
+                                     "TRACKIO_DIR, MLFLOW_TRACKING_URI); --resume continues the same tracker run")
     project: str = doc("lorapop", "wandb/trackio project and mlflow experiment the run is logged under (the run is "
                                   "named run.name)")
     tensorboard: bool | None = doc(None, "deprecated, use run.report_to: false takes tensorboard out of report_to, "

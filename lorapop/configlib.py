@@ -210,20 +210,39 @@ def load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per field: ``name (type, default): help`` (for ``lorapop train --help-config``)."""
+def describe(cls: type, prefix: str = "", obj: Any = None, loaded: Any = None) -> list[str]:
+    """One line per field: ``name (type, default): help`` (for ``lorapop train --help-config``). The defaults are read
+    off ``obj`` (an instance built with no values) where given, else off the fields: a nested section's default is
+    the instance its parent's field makes, which may differ from its class's own defaults. Where ``loaded`` (the same
+    config after validation) holds another value, the line gives both: ``default 'auto' -> 'adversarial'``."""
     lines = []
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f, default, resolved in field_defaults(cls, obj, loaded):
         full = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            lines.extend(describe(tp, full))
+            lines.extend(describe(tp, full, default, resolved))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
-        lines.append(f"{full} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+        shown = repr(default) + (f" -> {resolved!r}" if loaded is not None and resolved != default else "")
+        lines.append(f"{full} ({_type_name(tp)}, default {shown}): {f.metadata.get('help', '')}")
     return lines
+
+
+def field_defaults(cls: type, obj: Any = None, loaded: Any = None) -> list[tuple[dataclasses.Field, Any, Any]]:
+    """``(field, default, loaded value)`` per field of ``cls``: the default from ``obj`` when given, else the field's
+    own (``"required"`` when it has none); the loaded value from ``loaded`` when given, else the default."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if obj is not None:
+            default = getattr(obj, f.name)
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "required"
+        out.append((f, default, getattr(loaded, f.name) if loaded is not None else default))
+    return out
 
 
 def suggest(word: str, choices: list[str]) -> str:

@@ -8,7 +8,8 @@ One function, :func:`load_base_model`, serves every way of naming a model:
 * a local ``.gguf`` file: converted and cached the same way.
 * a local checkpoint directory (``config.json`` + weights): loaded as is.
 * a Hugging Face hub id: loaded through ``from_pretrained`` (downloads when the network allows; offline it fails with
-  a message that says how to point at a local path instead).
+  a message that says how to point at a local path instead). ``lorapop prepare-model HUB_ID`` downloads it ahead
+  (:func:`download_model`), so the first ``train`` neither waits for nor fails on the download.
 
 Why the conversion needs care: a GGUF-loaded model carries an ``hf_quantizer`` marker and a ``quantization_config``
 even though its weights are already plain dequantised tensors, and ``save_pretrained`` refuses to write such a model.
@@ -115,6 +116,82 @@ def prepare_model(name: str = EMBEDDED) -> Path:
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFoundError(f"model path not found: {path}")
     return Path(name)  # a hub id; resolved by from_pretrained
+
+
+# What a run reads of a hub snapshot is config, tokenizer and safetensors weights; repos often carry the same
+# weights again in other formats (PyTorch .bin beside .safetensors, GGUF, ONNX, the original checkpoint).
+_OTHER_FORMATS = ["*.pth", "*.pt", "*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.gguf", "*.tflite", "*.ot",
+                  "original/*", "onnx/*", "openvino/*"]
+
+
+def download_model(hub_id: str) -> Path:
+    """Download ``hub_id``'s snapshot (config, tokenizer, weights) into the Hugging Face cache, with the hub client's
+    progress bars, and return its directory. Already cached, it returns at once; with the hub unreachable
+    (``HF_HUB_OFFLINE`` set, or no connection) and nothing cached it raises :class:`ModelNotFoundError` at once,
+    saying how to use a local directory instead (the hub client would otherwise retry for about a minute)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    if not hub_reachable():
+        offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+        try:
+            return Path(snapshot_download(hub_id, local_files_only=True))
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face hub is unreachable (HF_HUB_OFFLINE unset)"
+            raise ModelNotFoundError(
+                f"cannot download '{hub_id}': {why}, and it is not in the Hugging Face cache. Run `lorapop "
+                f"prepare-model {hub_id}` where the hub is reachable{' (unset HF_HUB_OFFLINE)' if offline else ''}, "
+                "or download it elsewhere (e.g. `hf download " + hub_id + " --local-dir DIR`), copy DIR here and use "
+                "the local path: `lorapop prepare-model DIR`, then `--model.name=DIR`") from None
+    from huggingface_hub import HfApi
+
+    ignore = list(_OTHER_FORMATS)
+    try:
+        files = [s.rfilename for s in HfApi().model_info(hub_id).siblings or []]
+    except RepositoryNotFoundError as e:
+        raise ModelNotFoundError(f"'{hub_id}' is not a model on the Hugging Face hub (or it is gated or private: "
+                                 "`hf auth login`): " + str(e).splitlines()[0]) from e
+    if any(f.endswith(".safetensors") for f in files):
+        ignore.append("*.bin")  # transformers loads the safetensors copy
+    try:
+        return Path(snapshot_download(hub_id, ignore_patterns=ignore))
+    except HfHubHTTPError as e:
+        raise ModelNotFoundError(f"downloading '{hub_id}' failed: {str(e).splitlines()[0]}") from e
+
+
+def checkpoint_summary(path: Path) -> str:
+    """Check that a checkpoint directory loads (config and tokenizer; the weights by their safetensors headers only,
+    never into memory) and say what it is: ``"qwen2, 7.62B parameters in 4 weight files, 15.2 GB"``. A truncated
+    or unreadable weight file raises :class:`ModelNotFoundError` naming it."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+        AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"{path} does not load: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    weights = sorted(path.glob("*.safetensors"))
+    params = 0
+    from safetensors import safe_open
+
+    for f in weights:
+        try:
+            with safe_open(str(f), framework="pt") as st:  # reads the header; checks it against the file's size
+                for key in st.keys():
+                    n = 1
+                    for d in st.get_slice(key).get_shape():
+                        n *= d
+                    params += n
+        except Exception as e:  # safetensors raises its own SafetensorError for a short or corrupt file
+            raise ModelNotFoundError(f"weight file {f} is unreadable ({e}); delete it and run prepare-model again") \
+                from e
+    if not weights and not list(path.glob("*.bin")):
+        raise ModelNotFoundError(f"{path} has a config but no weight files (*.safetensors or *.bin)")
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())  # follows the HF cache's blob links
+    count = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+    files = f"{len(weights)} weight file{'s' if len(weights) > 1 else ''}"
+    what = f"{count} parameters in {files}" if weights else "PyTorch .bin weights"
+    return f"{config.model_type}, {what}, {size / 1e9:.2f} GB"
 
 
 def embedded_checkpoint_dir() -> Path:

@@ -575,6 +575,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=None,
                     help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS}; {AZR_PROMPT_TOKENS}, AZR's "
                          "prompt cap, under selfplay.prompt_format azr)")
+    ap.add_argument("--backends", default=None, metavar="torch,vllm",
+                    help="plan for these engine.backend values, one plan each (default: the config's own); exit "
+                         "status 0 only when every one fits")
 
 
 def run(args: argparse.Namespace, config_path: str) -> int:
@@ -583,9 +586,13 @@ def run(args: argparse.Namespace, config_path: str) -> int:
 
     try:
         cfg = load_config(config_path, args.overrides)
-        p = plan(cfg, args.gpu_memory, args.prompt_tokens or default_prompt_tokens(cfg))
+        backends = args.backends.split(",") if getattr(args, "backends", None) else [cfg.engine.backend]
+        plans = []
+        for backend in backends:  # each measured on its own: what is measured depends on the backend
+            one = load_config(config_path, [*args.overrides, f"--engine.backend={backend}"])
+            plans.append(plan(one, args.gpu_memory, args.prompt_tokens or default_prompt_tokens(one)))
     except (ConfigError, PlanError) as e:
         print(f"lorapop plan: {e}", file=sys.stderr)
         return 2
-    print(p.render())
-    return 0 if p.fits else 1
+    print("\n\n".join(p.render() for p in plans))
+    return 0 if all(p.fits for p in plans) else 1
