@@ -153,6 +153,8 @@ def gpu_check(args) -> dict:
     shape = dict(planmod.SHAPES[cfg.model.name])
     mcfg = AutoConfig.for_model(shape.pop("model_type"), **shape, bos_token_id=tok.bos_token_id,
                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    mcfg.architectures = ["Qwen2ForCausalLM"]  # the class vLLM builds (from config.json)
+    ecfg.dtype = ecfg.dtype if ecfg.dtype != "auto" else "bfloat16"  # what `auto` is on a bf16 GPU
     res: dict = {"device": torch.cuda.get_device_name(), "shape": cfg.model.name, "adapters": n, "rows": args.rows,
                  "new_tokens": new, "vllm_gpu_memory_utilization": ecfg.vllm_gpu_memory_utilization}
     with tempfile.TemporaryDirectory() as d:
@@ -161,7 +163,7 @@ def gpu_check(args) -> dict:
         tok.save_pretrained(mdir)
         torch.manual_seed(0)
         with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.bfloat16)
+            model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, ecfg.dtype))
         trainer = TorchEngine(model, tok, n, ecfg, seed=0)
         before_vllm = _used()
         eng = VLLMEngine(trainer, str(mdir), ecfg, llm_kwargs={"load_format": "dummy"})
