@@ -21,9 +21,9 @@ generation needs that plus vLLM's share, ``vllm_gpu_memory_utilization`` of the 
 it plus one micro-batch's peak plus what vLLM keeps during the update (its CUDA-graph pool under
 ``vllm_enable_sleep_mode``; its whole share without). vLLM's share must hold its own copy of the base weights, its
 LoRA slots, an activation allowance, its CUDA-graph pool and at least one row of KV cache (see
-:func:`_assemble_vllm`); the plan also prints what level-1 sleep moves to and from host memory per step. Both phases must
-stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces, CUDA-graph pools and allocator
-fragmentation take the rest.
+:func:`_assemble_vllm`); the plan also prints what level-1 sleep moves to and from host memory per step. Both phases
+must stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces, the TorchEngine's CUDA-graph
+pools and allocator fragmentation take the rest.
 """
 
 from __future__ import annotations

@@ -178,7 +178,8 @@ def test_vllm_7b_fits_80gb_at_its_shipped_fraction(vllm_7b):
     # level-1 sleep moves vLLM's weights and LoRA slots to host memory and back every step: ~15 GiB each way at 7B
     assert p.vllm_sleep_host_bytes == ph["  vLLM base weights"] + ph["  vLLM LoRA slots"] > 14 * GIB
     assert "sleep (level 1) per step: " in p.render() and "GB/s each way (assumed" in p.render()
-    assert planmod.vllm_sleep_seconds(p.vllm_sleep_host_bytes) == 2 * p.vllm_sleep_host_bytes / planmod.HOST_LINK_BYTES_S
+    seconds = planmod.vllm_sleep_seconds(p.vllm_sleep_host_bytes)
+    assert seconds == 2 * p.vllm_sleep_host_bytes / planmod.HOST_LINK_BYTES_S
     assert p.fits and p.vllm_fraction_min <= frac <= p.vllm_fraction_max
 
 

@@ -93,7 +93,7 @@ from lorapop.eval import cli_main
 events = []
 init, close = ve.VLLMEngine.__init__, ve.VLLMEngine.close
 def logged_init(self, *a, **k):
-    events.append(("start", ve._live is not None and ve._live() is not None))
+    events.append(("start", ve._running is not None and ve._running() is not None))
     init(self, *a, **k)
 def logged_close(self):
     close(self)

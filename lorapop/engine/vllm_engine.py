@@ -137,12 +137,12 @@ def _sync_dir(root: Path | None = None) -> Path:
 
 
 # The live VLLMEngine of this process, if any (see "One engine per process" in the module docstring).
-_live: "weakref.ref[VLLMEngine] | None" = None
+_running: "weakref.ref[VLLMEngine] | None" = None
 
 
 def refuse_second_engine() -> None:
     """Raise when this process already runs a VLLMEngine that was not closed."""
-    other = _live() if _live is not None else None
+    other = _running() if _running is not None else None
     if other is not None and "llm" in other.__dict__:
         raise RuntimeError("engine.backend vllm: this process already runs a vLLM engine; vLLM's sleep-mode allocator "
                            "(CuMemAllocator) and its frozen garbage-collector heap allow one per process: close() "
@@ -201,8 +201,8 @@ class VLLMEngine:
             # torch.set_float32_matmul_precision(VLLM_FLOAT32_MATMUL_PRECISION, "highest" by default), which holds
             # for the whole process: the update's matmuls would silently lose (or gain) TF32.
             torch.set_float32_matmul_precision(precision)
-        global _live
-        _live = weakref.ref(self)
+        global _running
+        _running = weakref.ref(self)
         self.start_s = time.perf_counter() - t0
         self._asleep = False
         # vLLM stacks LoRA weights in LoRAConfig.lora_dtype, "auto": the model's dtype (vllm/config/lora.py), so the
@@ -418,7 +418,7 @@ class VLLMEngine:
     def close(self) -> None:
         """Shut vLLM down fully (another VLLMEngine may start in this process afterwards), remove the sync files,
         close the TorchEngine."""
-        global _live
+        global _running
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             try:
@@ -433,8 +433,8 @@ class VLLMEngine:
                 import torch
 
                 torch.cuda.empty_cache()
-        if _live is not None and _live() is self:
-            _live = None
+        if _running is not None and _running() is self:
+            _running = None
         for d in self._dirs:
             shutil.rmtree(d, ignore_errors=True)
         self.trainer.close()
