@@ -18,11 +18,12 @@ and gradients, the inference copies of the adapters) plus the KV cache and the p
 the resident state plus one micro-batch's peak (train_step releases the KV cache first on CUDA). Backend vllm: the
 TorchEngine never generates, so its resident state is the base and the adapters with their moments and gradients;
 generation needs that plus vLLM's share, ``vllm_gpu_memory_utilization`` of the GPU's total memory; training needs
-it plus one micro-batch's peak plus what vLLM keeps during the update (:data:`VLLM_ASLEEP_BYTES`, nothing, under
+it plus one micro-batch's peak plus what vLLM keeps during the update (its CUDA-graph pool under
 ``vllm_enable_sleep_mode``; its whole share without). vLLM's share must hold its own copy of the base weights, its
-LoRA slots, an activation allowance and at least one row of KV cache (see :func:`_assemble_vllm`). Both phases must
-stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces, CUDA-graph pools and allocator
-fragmentation take the rest.
+LoRA slots, an activation allowance, its CUDA-graph pool and at least one row of KV cache (see
+:func:`_assemble_vllm`); the plan also prints what level-1 sleep moves to and from host memory per step. Both phases
+must stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces, the TorchEngine's CUDA-graph
+pools and allocator fragmentation take the rest.
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ class MemoryPlan:
     vllm_kv_bytes: int = 0
     vllm_fraction_min: float = 0.0
     vllm_fraction_max: float = 0.0
+    vllm_graph_bytes: int = 0  # its CUDA-graph pool: inside its share, kept on the GPU through sleep
+    vllm_sleep_host_bytes: int = 0  # level-1 sleep: bytes copied to host memory per step, and as many back on wake
 
     @property
     def limit(self) -> int:
@@ -188,6 +191,11 @@ class MemoryPlan:
             lines.append(f"  engine.vllm_gpu_memory_utilization that fits: "
                          + (f"{lo:.2f} to {hi:.2f}" if lo <= hi else f"none (vLLM needs {lo:.2f}, the rest leaves "
                                                                      f"it {max(0.0, hi):.2f})"))
+            if self.vllm_sleep_host_bytes:
+                moved = self.vllm_sleep_host_bytes
+                lines.append(f"  sleep (level 1) per step: {moved / GIB:.2f} GiB to host memory and {moved / GIB:.2f} "
+                             f"GiB back (its weights and LoRA slots), about {vllm_sleep_seconds(moved):.1f} s at "
+                             f"{HOST_LINK_BYTES_S / 1e9:g} GB/s each way (assumed: see lorapop/plan.py)")
         lines.append("fits" if self.fits else "does NOT fit")
         lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
@@ -301,6 +309,14 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     out["prefill"] = _measure(lambda: prefill(cache, chunk_rows, width))
     del cache
     if ecfg.backend == "vllm":  # the figures the plan sizes vLLM's share with (see _assemble_vllm)
+        cap = vllm_graph_capture_tokens(ecfg)
+        if cap:  # the largest graph vLLM captures: one decode token for each of `cap` rows
+            graphs = StaticKVCache(dec.n_layers, cap, dec.n_kv, dec.head_dim, kv_capacity(1), dtype,
+                                   torch.device("cpu"))
+            out["vllm_graph"] = _measure(lambda: prefill(graphs, cap, 1))
+            del graphs
+        else:
+            out["vllm_graph"] = 0
         out["vllm_lora"] = sum(t.numel() for t in eng._params) * torch.empty((), dtype=dtype).element_size()
         out["vllm_kv_token"] = (StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 1, dtype)
                                 - StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 0, dtype))
@@ -424,12 +440,39 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     return p
 
 
-# What vLLM keeps on the GPU while it sleeps through the update (engine.vllm_enable_sleep_mode, level 1: its weights
-# and LoRA slots offloaded to host memory, its KV cache freed). Counted as nothing: what does stay (the CUDA context
-# it shares with the TorchEngine, its CUDA-graph pool and the few buffers it allocates outside its sleep-aware pool)
-# is left to the share of the memory HEADROOM keeps back, as is the CUDA-graph pool while it is awake (captured
-# after vLLM sizes its KV cache, so outside its fraction).
-VLLM_ASLEEP_BYTES = 0
+# vLLM's CUDA-graph pool. VllmConfig._set_cudagraph_sizes (vllm/config/vllm.py) captures batch sizes 1, 2, 4, 8, 16,
+# ... up to min(2 x max_num_seqs, 512) tokens (1024 on data-center Blackwell), no more than max_num_batched_tokens;
+# GPUModelRunner.capture_model (vllm/v1/worker/gpu_model_runner.py) captures them largest first into one shared pool,
+# so the pool is about the largest graph's activations; with LoRA it captures every size twice, with and without
+# active adapters (CompilationConfig.cudagraph_specialize_lora, on by default; vLLM PR #25914 measured 1.62 -> 2.38
+# GiB of graph memory from it). Since v0.21 Worker.determine_available_memory subtracts the pool's estimate
+# (profile_cudagraph_memory) from the KV cache's budget inside the fraction, and sleep keeps it on the GPU
+# (ModelConfig.sleep_mode_offload_cudagraph is off by default: CuMemBackend.suspend offloads only cuMem-pool tags).
+# The decode forward's activations, which the plan measures, are only part of a pool: it also holds each captured
+# size's static outputs and the compiled pieces' buffers. vLLM's own figures are larger ("CUDA graphs can take
+# additional 1~3 GiB memory per GPU", its model runner's capture message; 1.62 GiB before LoRA specialisation in PR
+# #25914), so each capture set counts at least VLLM_GRAPH_SET_MIN_BYTES until bench/engines.py measures the pool on a
+# GPU (its vllm_asleep_gib).
+VLLM_GRAPH_CAPTURES_WITH_LORA = 2
+VLLM_GRAPH_SET_MIN_BYTES = GIB
+VLLM_MAX_CAPTURE_TOKENS = 512
+# Host <-> GPU copy speed assumed for level-1 sleep (CuMemAllocator.sleep / wake_up: one cudaMemcpy per allocation
+# to and from pinned host memory): 25 GB/s each way, about 80% of a PCIe 4.0 x16 link's 31.5 GB/s per direction
+# (PCI-SIG's 16 GT/s x 16 lanes, 128b/130b), which pinned cudaMemcpy reaches. A PCIe 5.0 host (H100/H200) doubles the
+# link, so the estimate errs slow; it leaves out pinning the host buffers, which vLLM allocates at each sleep.
+HOST_LINK_BYTES_S = 25e9
+
+
+def vllm_graph_capture_tokens(ecfg: Any) -> int:
+    """vLLM's largest CUDA-graph capture size for ``ecfg`` (tokens = rows of one decode step); 0 when eager."""
+    if ecfg.vllm_enforce_eager:
+        return 0
+    return min(2 * max(1, ecfg.gen_batch_size), VLLM_MAX_CAPTURE_TOKENS, max(1, ecfg.prefill_chunk_tokens))
+
+
+def vllm_sleep_seconds(host_bytes: int) -> float:
+    """Seconds per step level-1 sleep spends copying ``host_bytes`` to host memory and back (HOST_LINK_BYTES_S)."""
+    return 2 * host_bytes / HOST_LINK_BYTES_S
 
 
 def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state: list, update: list) -> None:
@@ -448,6 +491,9 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
       bounded by the TorchEngine's own prefill forward of one engine.prefill_chunk_tokens-token row (measured like
       the prefill chunk; it also materialises an attention mask and gathers K/V, which vLLM's attention kernels do
       not, so it overstates vLLM's peak), assuming vLLM's max_num_batched_tokens is engine.prefill_chunk_tokens;
+    - its CUDA-graph pool (not under engine.vllm_enforce_eager): :data:`VLLM_GRAPH_CAPTURES_WITH_LORA` times the
+      TorchEngine's decode forward of :func:`vllm_graph_capture_tokens` rows, measured like the prefill chunk, or
+      :data:`VLLM_GRAPH_SET_MIN_BYTES` when that is more; it stays on the GPU while vLLM sleeps;
     - its KV cache: the rest of the fraction, the same bytes per token as the TorchEngine's cache
       (2 x layers x KV heads x head_dim in the base dtype); rows of ``capacity`` positions (prompt + max_new_tokens
       rounded up, or engine.max_model_len, vLLM's max_model_len).
@@ -456,17 +502,21 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
     frac, asleep_ok = ecfg.vllm_gpu_memory_utilization, ecfg.vllm_enable_sleep_mode
     share = int(frac * p.gpu_bytes)
     weights, lora, act, per_token = m["base"], m["vllm_lora"], m["vllm_forward"], m["vllm_kv_token"]
+    measured_graph = m.get("vllm_graph", 0)
+    graph = 0 if ecfg.vllm_enforce_eager else VLLM_GRAPH_CAPTURES_WITH_LORA * max(measured_graph,
+                                                                                VLLM_GRAPH_SET_MIN_BYTES)
     row = per_token * capacity
-    p.vllm_bytes = share
-    p.vllm_kv_bytes = share - weights - lora - act
+    p.vllm_bytes, p.vllm_graph_bytes = share, graph
+    p.vllm_sleep_host_bytes = weights + lora if asleep_ok else 0  # the "weights" tag sleep offloads
+    p.vllm_kv_bytes = share - weights - lora - act - graph
     p.kv_slots_fit = max(0, p.vllm_kv_bytes // row)
     torch_resident = sum(b for _, b, _ in torch_state)
     ckpt = ecfg.gradient_checkpointing
     train_peak = m["train_ckpt"] if ckpt else m["train"]
-    in_update = VLLM_ASLEEP_BYTES if asleep_ok else share
+    in_update = graph if asleep_ok else share
     p.generation_bytes = torch_resident + share
     p.train_bytes = torch_resident + train_peak + in_update
-    need = weights + lora + act + row
+    need = weights + lora + act + graph + row
     p.vllm_fraction_min = need / p.gpu_bytes
     p.vllm_fraction_max = (p.limit - torch_resident - (0 if asleep_ok else train_peak)) / p.gpu_bytes
     n = measured.n_adapters
@@ -480,6 +530,10 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
         ("  vLLM LoRA slots", lora, f"max_loras {n}, rank {ecfg.rank}, {ecfg.dtype}"),
         ("  vLLM activations (allowance)", act, f"one {ecfg.prefill_chunk_tokens}-token forward: "
                                                 "max_num_batched_tokens = prefill_chunk_tokens"),
+        ("  vLLM CUDA-graph pool", graph,
+         f"{VLLM_GRAPH_CAPTURES_WITH_LORA} captures (with and without LoRA) of up to "
+         f"{vllm_graph_capture_tokens(ecfg)} rows, at least {VLLM_GRAPH_SET_MIN_BYTES / GIB:g} GiB each; kept "
+         "through sleep" if graph else "engine.vllm_enforce_eager"),
         ("  vLLM KV cache (the rest of its share)", max(0, p.vllm_kv_bytes),
          f"{kv_tokens} tokens: {p.kv_slots_fit} rows of {capacity}"),
         *update,
@@ -491,9 +545,9 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
         lo = _ceil2(p.vllm_fraction_min)
         p.advice.append(
             f"vLLM: engine.vllm_gpu_memory_utilization={frac:g} gives vLLM {share / GIB:.1f} GiB, less than its "
-            f"weights ({weights / GIB:.1f} GiB), LoRA slots ({lora / GIB:.2f}), activations ({act / GIB:.2f}) and "
-            f"one {capacity}-token row of KV cache ({row / GIB:.2f}) take ({need / GIB:.1f} GiB): raise it to "
-            f"--engine.vllm_gpu_memory_utilization={lo:.2f} (+{lo - frac:.2f})")
+            f"weights ({weights / GIB:.1f} GiB), LoRA slots ({lora / GIB:.2f}), activations ({act / GIB:.2f}), "
+            f"CUDA graphs ({graph / GIB:.2f}) and one {capacity}-token row of KV cache ({row / GIB:.2f}) take "
+            f"({need / GIB:.1f} GiB): raise it to --engine.vllm_gpu_memory_utilization={lo:.2f} (+{lo - frac:.2f})")
     if p.generation_bytes > p.limit:
         hi = _floor2((p.limit - torch_resident) / p.gpu_bytes)
         if hi >= _ceil2(p.vllm_fraction_min) and hi > 0:
@@ -506,7 +560,7 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
                             f"TorchEngine's base and adapters ({torch_resident / GIB:.1f} GiB): fewer adapters, "
                             "shorter rows (max_new_tokens, engine.max_model_len) or a larger GPU")
     if p.train_bytes > p.limit and not asleep_ok:
-        alone = torch_resident + train_peak + VLLM_ASLEEP_BYTES
+        alone = torch_resident + train_peak + graph
         if alone <= p.limit:
             p.advice.append(f"update: set --engine.vllm_enable_sleep_mode=true (vLLM's {share / GIB:.1f} GiB go "
                             f"while the update runs; peak {alone / GIB:.1f} GiB)")

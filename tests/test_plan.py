@@ -162,7 +162,8 @@ def test_vllm_7b_fits_80gb_at_its_shipped_fraction(vllm_7b):
     assert ph[VLLM_SHARE] == p.vllm_bytes == int(frac * p.gpu_bytes)
     assert ph["  vLLM base weights"] == ph["base weights"]  # vLLM's own copy of the same parameters
     # its KV cache is what its share leaves after its weights, LoRA slots and activation allowance
-    kv = p.vllm_bytes - ph["  vLLM base weights"] - ph["  vLLM LoRA slots"] - ph["  vLLM activations (allowance)"]
+    kv = (p.vllm_bytes - ph["  vLLM base weights"] - ph["  vLLM LoRA slots"] - ph["  vLLM activations (allowance)"]
+          - ph["  vLLM CUDA-graph pool"])
     assert ph["  vLLM KV cache (the rest of its share)"] == p.vllm_kv_bytes == kv > 0
     row = m.phases["vllm_kv_token"] * kv_capacity(m.prompt_tokens + m.new_tokens, m.engine.max_model_len)
     assert p.kv_slots_fit == kv // row >= 1
@@ -170,7 +171,15 @@ def test_vllm_7b_fits_80gb_at_its_shipped_fraction(vllm_7b):
     assert not {"adapters' inference copies", "KV cache", "prefill chunk (peak)"} & set(ph)
     torch_state = ph["base weights"] + ph[ADAPTERS]
     assert p.generation_bytes == torch_state + p.vllm_bytes
-    assert p.train_bytes == torch_state + ph["train micro-batch, checkpointing (peak)"] + planmod.VLLM_ASLEEP_BYTES
+    # its CUDA-graph pool (two captures with LoRA, at least 1 GiB each) stays on the GPU through sleep
+    graph = ph["  vLLM CUDA-graph pool"]
+    assert graph == p.vllm_graph_bytes >= 2 * GIB
+    assert p.train_bytes == torch_state + ph["train micro-batch, checkpointing (peak)"] + graph
+    # level-1 sleep moves vLLM's weights and LoRA slots to host memory and back every step: ~15 GiB each way at 7B
+    assert p.vllm_sleep_host_bytes == ph["  vLLM base weights"] + ph["  vLLM LoRA slots"] > 14 * GIB
+    assert "sleep (level 1) per step: " in p.render() and "GB/s each way (assumed" in p.render()
+    seconds = planmod.vllm_sleep_seconds(p.vllm_sleep_host_bytes)
+    assert seconds == 2 * p.vllm_sleep_host_bytes / planmod.HOST_LINK_BYTES_S
     assert p.fits and p.vllm_fraction_min <= frac <= p.vllm_fraction_max
 
 
@@ -197,7 +206,8 @@ def test_vllm_sleep_mode_off_keeps_its_share_through_the_update(vllm_7b):
     _, m = vllm_7b
     on, off = assemble(m, 80.0), assemble(_with(m, vllm_enable_sleep_mode=False), 80.0)
     assert off.generation_bytes == on.generation_bytes
-    assert off.train_bytes == on.train_bytes - planmod.VLLM_ASLEEP_BYTES + off.vllm_bytes
+    assert off.train_bytes == on.train_bytes - on.vllm_graph_bytes + off.vllm_bytes  # the pool is in its share
+    assert off.vllm_sleep_host_bytes == 0 and "sleep (level 1)" not in off.render()
     # 8T+8S's update does not fit beside vLLM's awake share; the advice names the settings that make it fit
     assert off.train_bytes > off.limit and not off.fits
     advice = "\n".join(off.advice)
@@ -210,3 +220,19 @@ def test_cli_plan_vllm_backend(capsys):
     assert main(["plan", "cpu_demo", "--engine.backend=vllm", "--prompt-tokens", "128", *SHORT]) == 0
     out = capsys.readouterr().out
     assert "backend vllm" in out and VLLM_SHARE in out and "peak in generation (vLLM)" in out
+
+
+def test_vllm_graph_pool_follows_vllms_capture_sizes_and_eager_has_none(vllm_7b):
+    """vLLM captures up to min(2 x max_num_seqs, 512) tokens (VllmConfig._set_cudagraph_sizes), at most
+    max_num_batched_tokens; engine.vllm_enforce_eager captures nothing, and its KV cache gets the pool's bytes."""
+    from lorapop.engine.base import EngineConfig
+
+    assert planmod.vllm_graph_capture_tokens(EngineConfig(gen_batch_size=48)) == 96
+    assert planmod.vllm_graph_capture_tokens(EngineConfig(gen_batch_size=1024)) == 512
+    assert planmod.vllm_graph_capture_tokens(EngineConfig(gen_batch_size=48, prefill_chunk_tokens=64)) == 64
+    assert planmod.vllm_graph_capture_tokens(EngineConfig(vllm_enforce_eager=True)) == 0
+    _, m = vllm_7b
+    graphs, eager = assemble(m, 80.0), assemble(_with(m, vllm_enforce_eager=True), 80.0)
+    assert eager.vllm_graph_bytes == 0 < graphs.vllm_graph_bytes
+    assert eager.vllm_kv_bytes == graphs.vllm_kv_bytes + graphs.vllm_graph_bytes
+    assert eager.train_bytes == graphs.train_bytes - graphs.vllm_graph_bytes

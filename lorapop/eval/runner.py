@@ -146,11 +146,15 @@ def _engine_for(group: list[_Run], cfg: EvalConfig):
                         target_modules=targets or list(DEFAULT_TARGET_MODULES), **common)
     engine = make_engine(group[0].model, len(ms), ecfg)
     slot = 0
-    for r in group:
-        for m in r.members:
-            engine.load_adapter(slot, m.adapter_dir)
-            r.slots[m.id] = slot
-            slot += 1
+    try:
+        for r in group:
+            for m in r.members:
+                engine.load_adapter(slot, m.adapter_dir)
+                r.slots[m.id] = slot
+                slot += 1
+    except BaseException:  # a bad adapter dir: the engine goes with the error (one vLLM engine per process)
+        engine.close()
+        raise
     return engine
 
 
@@ -223,30 +227,35 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
         judge = CodeJudge(executor, cfg.min_time_limit, cfg.gt_time_limit_factor, lcb_timeout_s=cfg.code_timeout_s,
                           workers=cfg.code_workers) if executor else None
         for gi, group in enumerate(groups.values()):
+            # One engine at a time, closed before the next group's starts, also when a group fails: under
+            # --backend vllm a second in-process vLLM engine may not start while the first lives (VLLMEngine's
+            # "one engine per process", which refuses it).
             engine = _engine_for(group, cfg)
-            ids = [BASE] + [s for r in group for s in r.slots.values()]
-            for b, probs in problems.items():
-                if b in errors:
-                    continue
-                spec = BENCHMARKS[b]
-                mnt = cfg.max_new_tokens_code if spec.family == "code" else cfg.max_new_tokens_math
-                t = time.perf_counter()
-                try:
-                    res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text,
-                                             template=templates[spec.family], checker=checker,
-                                             sampling=sampling)
-                except Exception as e:  # one broken benchmark must not sink the others
-                    errors[b] = f"{type(e).__name__}: {e}"
-                    continue
-                timings[f"{b}/group{gi}"] = time.perf_counter() - t
-                warnings += res.warnings
-                prompt_examples.setdefault(b, res.prompt_example)
-                if gi == 0:
-                    base_scores[b] = _entry(res, BASE, probs, ks)
-                for r in (group if runs else []):
-                    for m in r.members:
-                        per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs, ks)
-            engine.close()
+            try:
+                ids = [BASE] + [s for r in group for s in r.slots.values()]
+                for b, probs in problems.items():
+                    if b in errors:
+                        continue
+                    spec = BENCHMARKS[b]
+                    mnt = cfg.max_new_tokens_code if spec.family == "code" else cfg.max_new_tokens_math
+                    t = time.perf_counter()
+                    try:
+                        res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text,
+                                                 template=templates[spec.family], checker=checker,
+                                                 sampling=sampling)
+                    except Exception as e:  # one broken benchmark must not sink the others
+                        errors[b] = f"{type(e).__name__}: {e}"
+                        continue
+                    timings[f"{b}/group{gi}"] = time.perf_counter() - t
+                    warnings += res.warnings
+                    prompt_examples.setdefault(b, res.prompt_example)
+                    if gi == 0:
+                        base_scores[b] = _entry(res, BASE, probs, ks)
+                    for r in (group if runs else []):
+                        for m in r.members:
+                            per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs, ks)
+            finally:
+                engine.close()
     finally:
         if executor is not None:
             executor.close()
