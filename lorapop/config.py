@@ -250,7 +250,7 @@ def resolve_report_to(value: list[str] | str, tensorboard: bool | None = None) -
     for n in names:
         if n != "tensorboard" and importlib.util.find_spec(REPORT_TO[n]) is None:
             raise ConfigError(f"run.report_to: '{n}' needs the {REPORT_TO[n]} package, which is not installed; "
-                              f"install it with: pip install 'lorapop[{n}]' (or drop {n} from run.report_to)")
+                              f"install it from the clone with: .venv/bin/pip install -e '.[{n}]' (or drop {n} from run.report_to)")
     return names
 
 

@@ -39,18 +39,19 @@ from types import SimpleNamespace
 from typing import Any
 
 from lorapop.configlib import ConfigError
+from lorapop.tasks.formats import AZR, SHORT, prompt_format
 
 GIB = 2**30
 HEADROOM = 0.92  # of the GPU's memory the plan lets tensors take (context, workspaces, fragmentation: the rest)
-DEFAULT_PROMPT_TOKENS = 1024  # the short prompts' budget; teacher prompts with references come near it
-# selfplay.prompt_format azr: AZR drops prompts longer than this (max_prompt_length). Its proposer prompts with K=6
-# seed references are 1.4k-2.7k tokens and grow with the programs in the buffer, so plan for the longest AZR keeps.
-AZR_PROMPT_TOKENS = 6144
+# The prompt budgets the plan assumes live on the prompt formats (lorapop/tasks/formats.py); named here for the CLI.
+DEFAULT_PROMPT_TOKENS = SHORT.plan_prompt_tokens
+AZR_PROMPT_TOKENS = AZR.plan_prompt_tokens
 
 
 def default_prompt_tokens(cfg: Any) -> int:
-    """The longest prompt a config's plan assumes unless told: AZR's cap under prompt_format azr, else 1024."""
-    return AZR_PROMPT_TOKENS if getattr(cfg.selfplay, "prompt_format", "short") == "azr" else DEFAULT_PROMPT_TOKENS
+    """The longest prompt a config's plan assumes unless told: its prompt format's (AZR's cap under azr, else 1024)."""
+    return prompt_format(getattr(cfg.selfplay, "prompt_format", "short")).plan_prompt_tokens
+
 
 # Model shapes for the shipped configs, so `lorapop plan` needs neither the network nor a download.
 _QWEN25_CODER_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,

@@ -25,7 +25,7 @@ def import_ray() -> Any:
         import ray
     except ImportError as e:
         raise RayUnavailableError(
-            "engine.replicas > 1 and executor.ray run on Ray, which is not installed: pip install 'lorapop[ray]' "
+            "engine.replicas > 1 and executor.ray run on Ray, which is not installed: .venv/bin/pip install -e '.[ray]' "
             "(or set engine.replicas: 1 and executor.ray: false)") from e
     return ray
 

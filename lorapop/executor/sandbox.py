@@ -120,7 +120,7 @@ class ExecutorConfig:
     ray: bool = field(default=False, metadata={"help": "run validation and checking jobs on Ray executor actors "
                                                      "(any node of engine.ray_address's cluster, or a local Ray), "
                                                      "each wrapping this same sandbox with every protection above; "
-                                                     "needs `pip install lorapop[ray]` (lorapop/executor/ray_executor.py)"})
+                                                     "needs `.venv/bin/pip install -e '.[ray]'` (lorapop/executor/ray_executor.py)"})
     ray_actors: int = field(default=2, metadata={"help": "with ray: executor actors; a batch is split across them, "
                                                          "each runs its share on its own n_workers sandbox workers"})
     ray_num_cpus: float = field(default=1.0, metadata={"help": "with ray: CPUs Ray reserves per executor actor "

@@ -20,6 +20,9 @@ from lorapop.tasks.styles.base import ProposalStyle, lookup
 class PromptFormat:
     """The short chat prompt; :class:`AzrFormat` overrides what AZR's template changes."""
     name = "short"
+    # the longest prompt `lorapop plan` assumes unless told: the short prompts' budget (teacher prompts with their
+    # references come near it)
+    plan_prompt_tokens = 1024
 
     def check_config(self, sp: Any) -> None:
         """Refuse a ``selfplay`` section this format cannot work under (raises ConfigError)."""
@@ -59,6 +62,9 @@ class AzrFormat(PromptFormat):
     name = "azr"
     # AZR's proposer prompt has one layout
     styles = ("azr",)
+    # AZR drops prompts longer than this (max_prompt_length). Its proposer prompts with K=6 seed references are
+    # 1.4k-2.7k tokens and grow with the programs in the buffer, so plan for the longest AZR keeps.
+    plan_prompt_tokens = 6144
 
     def check_config(self, sp: Any) -> None:
         # AZR's reply opens with its think block: no block can be prefilled, and its one proposal layout is AZR's,
