@@ -34,7 +34,8 @@ def _run_shaped_calls(seed: int = 0, n_slots: int = 8):
 def test_compiled_once_before_the_first_step_then_never_again():
     """Issue 46: the first generate warms the compiled step over its declared set (batch buckets up to the cache's
     slots, attention lengths up to its capacity, both sampling branches) and compiles exactly the set's graphs
-    (dynamo's count and the engine's perf/graphs agree); the rest of a run-shaped sequence of calls compiles nothing.
+    (dynamo's count and the engine's perf/graphs agree); the rest of a run-shaped sequence of calls compiles nothing,
+    nor does a row that outgrows the cache.
     EOS falls at random points (ids the rows really produce are made EOS). The compiled step (dense LoRA path,
     inductor) gives the eager step's tokens (grouped LoRA path), greedy and seeded sampling. On the tiny Llama: two
     inductor compiles with symbolic shapes, ~1-3 min on 2 shared cores with inductor's cache cold."""
@@ -65,6 +66,13 @@ def test_compiled_once_before_the_first_step_then_never_again():
             eager.eos_ids = compiled.eos_ids = sorted(set(eager.eos_ids) | eos)
     assert n_eos > 0  # EOS did stop rows
     assert compiled.kv_cache_allocations == 1
+    # A row past the capacity: a longer cache, whose shape is symbolic too: warmed again, compiled never
+    long = [[1] + [rng.randint(3, 900) for _ in range(600)]]
+    p = SamplingParams(max_new_tokens=8, greedy=True)
+    assert [c.token_ids for c in compiled.generate(long, [1], p)] == [c.token_ids for c in eager.generate(long, [1], p)]
+    assert compiled.kv_cache_allocations == 2 and compiled.decode_shapes().max_len == 768
+    assert compiled.pop_metrics()["perf/graphs"] == counters["stats"]["unique_graphs"] == 2
+    assert compiled.decode_compile.after_warmup == 0
     assert len(shapes.shapes) == 2 * 3 * 2  # branches x batch buckets (2, 4, 8) x attention (64, symbolic; 512)
 
 

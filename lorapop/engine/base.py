@@ -123,8 +123,8 @@ class EngineConfig:
         "help": "Tokens (prompt + max_new_tokens) the KV cache holds per row, fixed for the run (vLLM's name): the "
                 "cache is allocated once, with this capacity and gen_batch_size slots (fewer where the budget holds "
                 "fewer), and reused by every generate call. 0: the first call's longest row, rounded up to 256. "
-                "A longer row later allocates a longer cache (and on a compiled engine compiles its step again: "
-                "set it to the run's longest prompt + max_new_tokens with engine.compile)."})
+                "A longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
+                "records its CUDA graphs again)."})
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
@@ -138,8 +138,8 @@ class EngineConfig:
                 "batch size and attention length are symbolic, so 2 graphs (with and without a top_p cut) serve "
                 "every row count, length, temperature and adapter mix; on CUDA a CUDA graph is then recorded per "
                 "(branch, batch bucket 2..gen_batch_size, attention length bucket in powers of two). It prints the "
-                "graphs and seconds; afterwards nothing compiles (perf/compile_s, perf/graphs in metrics.jsonl) "
-                "unless a row outgrows engine.max_model_len. At 7B, inductor took tens of seconds per graph on an "
+                "graphs and seconds; afterwards nothing compiles (perf/compile_s, perf/graphs in metrics.jsonl), "
+                "not even for a cache that grows (its shape is symbolic too). At 7B, inductor took tens of seconds per graph on an "
                 "H200; on CPU the embedded model takes minutes and no speed-up over the eager path was measured "
                 "there (bench/gpu.py measures it). Off by default; the 7B configs turn it on."})
     stop_check_interval: int = field(default=1, metadata={

@@ -122,9 +122,9 @@ class ContinuousBatcher:
         self.hpos = [0] * n
         self._ctx_for: tuple | None = None  # (nb, ids version) the LoRAContext was last set for
         self._view_cache: dict[int, tuple[torch.Tensor, ...]] = {}
-        # Host time of the per-row bookkeeping after each interval's sync, and the row-steps it covered
-        # (bench/gpu.py's host_us_per_row_token).
-        self.host_s, self.row_tokens = 0.0, 0
+        # Host time of the per-row bookkeeping after each interval's sync, the row-steps it covered and the decode
+        # steps (bench/gpu.py: host_us_per_row_token, rows decoded per step).
+        self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
 
     # ------------------------------------------------------------------ public
     def run(self, prompts: list[list[int]], adapter_ids: list[int], seeds: list[int],
@@ -300,6 +300,7 @@ class ContinuousBatcher:
                 freed.append(s)
             self.hpos[s] += k
             self.row_tokens += k
+        self.decode_steps += k
         self.host_s += time.perf_counter() - t0
         if freed:
             idx = torch.tensor(freed, dtype=torch.long, device=self.dev)

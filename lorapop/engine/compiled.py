@@ -12,7 +12,9 @@ from its cache, every shape the step can meet and makes it ready at once, as vLL
 - on CUDA (``mode='reduce-overhead'``) a CUDA graph is recorded per concrete (branch, batch bucket, attention
   bucket); the attention lengths are bucketed to powers of two there (a step reads at most twice what it attends,
   one graph per doubling, not per length), and every one of them is recorded at warm-up;
-- off CUDA the length needs no bucket beyond 64 positions (no graph is recorded per length).
+- off CUDA the length needs no bucket beyond 64 positions (no graph is recorded per length);
+- the cache's slots and capacity are symbolic as well (decode.StaticKVCache), so a cache that grows (a row past
+  ``engine.max_model_len``) compiles nothing; on CUDA its graphs are recorded again, in a warm-up of its own.
 
 :class:`CompileStats` counts what torch compiled and recorded (through dynamo's compile callbacks), so the engine
 reports ``perf/compile_s`` and ``perf/graphs`` every step and warns, naming ``engine.compile``, about any compile
@@ -131,8 +133,8 @@ class CompileStats:
         if "hit config." in str(record.msg):
             self.limit_hits += 1
             warnings.warn("engine.compile: torch's recompile limit was reached, so the decode step now runs "
-                          "uncompiled; the shapes it met were not the declared set (a cache that grew past "
-                          "engine.max_model_len compiles again: set it to the run's longest row)", RuntimeWarning,
+                          "uncompiled (a shape outside the declared set: please report it with "
+                          "TORCH_LOGS=recompiles)", RuntimeWarning,
                           stacklevel=2)
         return True
 
@@ -214,8 +216,8 @@ class CompiledDecode:
         if not warm_up and compiles + recordings:
             self.after_warmup += compiles + recordings
             warnings.warn(f"engine.compile: the decode step compiled {compiles} graphs and recorded {recordings} CUDA "
-                          f"graphs after its warm-up ({seconds:.1f}s): a shape outside its declared set (a cache "
-                          "that grew: set engine.max_model_len to the run's longest row)", RuntimeWarning,
+                          f"graphs after its warm-up ({seconds:.1f}s): a shape outside its declared set (rerun "
+                          "with TORCH_LOGS=recompiles to see which)", RuntimeWarning,
                           stacklevel=4)
         return compiles, recordings
 

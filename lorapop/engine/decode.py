@@ -136,6 +136,12 @@ class StaticKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.n_slots, self.max_len, self.trash = n_slots, max_len, max_len
         self.index = torch.arange(max_len + 1, device=device)  # cache indices; span() hands out its prefixes
+        # Slots and capacity symbolic for a compiled step: a cache of another shape (a row that outgrew the
+        # capacity, a budget that holds fewer slots) reuses the step's graphs instead of compiling them again.
+        for t in self.k + self.v:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(t, 2)
+        torch._dynamo.maybe_mark_dynamic(self.index, 0)
         if device.type == "cuda":  # CUDA graphs may then read and write them in place without copies
             for t in self.k + self.v:
                 torch._dynamo.mark_static_address(t)

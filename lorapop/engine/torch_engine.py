@@ -99,7 +99,8 @@ class TorchEngine:
         self._cache: StaticKVCache | None = None
         self._kv_shape: tuple[int, int] | None = None  # (slots, capacity) of the run's cache
         self.kv_cache_allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
-        self.host_s, self.row_tokens = 0.0, 0  # generate's per-row bookkeeping and the row-steps it covered
+        # generate's per-row bookkeeping (seconds), the row-steps it covered and the decode steps (bench/gpu.py)
+        self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
         self.decode_compile: CompiledDecode | None = None  # engine.compile's step, warm-up and figures
         self._vocab_key: torch.Tensor | None = None
         for i in range(n_adapters):
@@ -194,6 +195,7 @@ class TorchEngine:
                 self._ctx.set(None)
         self.host_s += batcher.host_s
         self.row_tokens += batcher.row_tokens
+        self.decode_steps += batcher.decode_steps
         temp = 0.0 if params.greedy else max(0.0, float(params.temperature))
         return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r, lp, temp)
                 for p, t, r, lp in zip(prompts, toks, reasons, lps)]
