@@ -205,6 +205,8 @@ class TorchEngine:
             self._dec = LlamaFamilyDecoder(self.model, self.n_adapters, self.cfg.rank, self.scaling)
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._vocab_key = _mix32(torch.arange(vocab, dtype=torch.long, device=self.device) + 0x9E3779B9)
+            if self.device.type == "cuda":  # read in place by the CUDA graphs, not copied into them every step
+                torch._dynamo.mark_static_address(self._vocab_key)
         return self._dec
 
     def _eos_mask(self) -> torch.Tensor | None:
