@@ -115,11 +115,11 @@ class CompileStats:
         callback_handler.register_end_callback(self._end)
         logging.getLogger("torch._dynamo.convert_frame").addFilter(self._limit_filter)
 
-    def _start(self, args) -> None:
+    def _start(self, *args) -> None:  # torch < 2.7 passes no CallbackArgs
         self._t0 = time.perf_counter()
 
-    def _end(self, args) -> None:
-        trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO")
+    def _end(self, *args) -> None:
+        trigger = getattr(getattr(args[0] if args else None, "callback_trigger", None), "name", "DYNAMO")
         with self._lock:
             if self._t0 is not None:
                 self.seconds += time.perf_counter() - self._t0
