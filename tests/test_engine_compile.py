@@ -1,65 +1,115 @@
-"""The compiled decode step (issues 24 and 28): one graph per batch bucket for a whole run, whatever the prompt
-lengths, token caps and sampling settings; compiled tokens equal eager ones; and the step's memory traffic follows
-what it reads, not the cache's capacity."""
+"""The compiled decode step (issues 24, 28 and 46): compiled once, over a declared set of shapes, before the first
+decode step, then never again whatever the rows, lengths, caps, sampling settings and adapters of a run; compiled
+tokens equal eager ones; and the step's memory traffic follows what it reads, not the cache's capacity."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
 from test_engine_helpers import tiny_engine
-from lorapop.engine import SamplingParams, batching
-
-# Varied calls: row counts across buckets (2 slots: buckets 1 and 2), prompt lengths from 3 to 250 tokens, caps
-# from 3 to 70 tokens, greedy, min_new_tokens, temperatures and top-p cuts.
-CALLS = [
-    ([[1, 5, 9, 13, 17, 21], [1, 7, 8], [1, 40, 41, 42, 43, 44], [1, 3]], [0, 1, -1, 2],
-     SamplingParams(max_new_tokens=6, greedy=True), None),
-    ([[1, 5, 9] * 30, [1, 7]], [1, 2], SamplingParams(max_new_tokens=20, temperature=0.7, top_p=0.9,
-                                                       min_new_tokens=5), [3, 4]),
-    ([[1, 8, 9, 10]] * 5, [0, 1, 2, 0, -1], SamplingParams(max_new_tokens=3, temperature=1.0), list(range(5))),
-    ([[1, 2, 3, 4, 5] * 50], [2], SamplingParams(max_new_tokens=70, temperature=1.3, top_p=0.5), [9]),
-]
+from lorapop.engine import SamplingParams
 
 
-def _run(eager, compiled):
-    """Run CALLS on both engines; returns (the (batch bucket, nucleus) pairs decoded, dynamo's unique graphs)."""
+def _run_shaped_calls(seed: int = 0, n_slots: int = 8):
+    """Calls shaped like a run's: 1..n_slots + 4 rows (every batch bucket, and more rows than slots), prompt lengths
+    from 3 to 250 tokens, caps from 3 to 40, greedy and sampled, top_p 1 and < 1, min_new_tokens, every row on one
+    adapter and mixed (base rows included)."""
+    rng = random.Random(seed)
+    calls = []
+    for i, n in enumerate([1, 2, 3, 5, 8, n_slots + 4, 4, 7]):
+        lens = [3, 250] + [rng.randint(3, 120) for _ in range(n)]
+        prompts = [[1] + [rng.randint(3, 900) for _ in range(lens[k] - 1)] for k in range(n)]
+        ids = [i % 3] * n if i % 2 else [rng.choice([-1, 0, 1, 2]) for _ in range(n)]
+        greedy = i % 4 == 0
+        p = SamplingParams(max_new_tokens=rng.randint(3, 40), greedy=greedy, temperature=rng.choice([0.7, 1.0, 1.3]),
+                           top_p=1.0 if greedy or i % 3 else 0.9, min_new_tokens=rng.choice([0, 2]))
+        calls.append((prompts, ids, p, [rng.randint(0, 2**40) for _ in range(n)]))
+    return calls
+
+
+@pytest.mark.slow
+def test_compiled_once_before_the_first_step_then_never_again():
+    """Issue 46: the first generate warms the compiled step over its declared set (batch buckets up to the cache's
+    slots, attention lengths up to its capacity, both sampling branches) and compiles exactly the set's graphs
+    (dynamo's count and the engine's perf/graphs agree); the rest of a run-shaped sequence of calls compiles nothing,
+    nor does a row that outgrows the cache.
+    EOS falls at random points (ids the rows really produce are made EOS). The compiled step (dense LoRA path,
+    inductor) gives the eager step's tokens (grouped LoRA path), greedy and seeded sampling. On the tiny Llama: two
+    inductor compiles with symbolic shapes, ~1-3 min on 2 shared cores with inductor's cache cold."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    buckets = set()
-    orig = batching.ContinuousBatcher._buckets
-
-    def recording(self, k):
-        nb, kv = orig(self, k)
-        if self.compiled:  # a graph per bucket and nucleus setting (a call cutting one compiles its own)
-            buckets.add((nb, self.branches[1]))
-        return nb, kv
-
-    batching.ContinuousBatcher._buckets = recording
-    try:
-        for prompts, ids, p, seeds in CALLS:
-            want = [c.token_ids for c in eager.generate(prompts, ids, p, seeds)]
-            assert [c.token_ids for c in compiled.generate(prompts, ids, p, seeds)] == want
-            assert counters["stats"]["unique_graphs"] <= len(buckets)
-    finally:
-        batching.ContinuousBatcher._buckets = orig
+    eager = tiny_engine(gen_batch_size=8, max_model_len=512)
+    compiled = tiny_engine(gen_batch_size=8, max_model_len=512, compile=True)
+    assert compiled.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0}
+    rng, n_eos = random.Random(1), 0
+    for k, (prompts, ids, p, seeds) in enumerate(_run_shaped_calls()):
+        want = eager.generate(prompts, ids, p, seeds)
+        n_eos += sum(c.finish_reason == "eos" for c in want)
+        assert [c.token_ids for c in compiled.generate(prompts, ids, p, seeds)] == [c.token_ids for c in want]
+        shapes = compiled.decode_shapes()
+        assert shapes is not None and shapes.n_slots == 8 and shapes.max_len == 512
+        m = compiled.pop_metrics()
+        assert m["perf/graphs"] == shapes.graphs == counters["stats"]["unique_graphs"] == 2, (k, m)
+        assert compiled.decode_compile.after_warmup == 0 and m["perf/compile_s"] > 0
+        if k == 0:
+            first_compile_s = m["perf/compile_s"]
+        assert m["perf/compile_s"] == first_compile_s  # all of it in the first call's warm-up
+        # EOS at random points of the next calls: ids the rows produced mid-way
+        made = [t for c in want for t in c.token_ids[1:-1]]
+        if made:
+            eos = set(rng.sample(made, min(2, len(made))))
+            eager.eos_ids = compiled.eos_ids = sorted(set(eager.eos_ids) | eos)
+    assert n_eos > 0  # EOS did stop rows
     assert compiled.kv_cache_allocations == 1
-    return buckets, counters["stats"]["unique_graphs"]
+    # A row past the capacity: a longer cache, whose shape is symbolic too: warmed again, compiled never
+    long = [[1] + [rng.randint(3, 900) for _ in range(600)]]
+    p = SamplingParams(max_new_tokens=8, greedy=True)
+    assert [c.token_ids for c in compiled.generate(long, [1], p)] == [c.token_ids for c in eager.generate(long, [1], p)]
+    assert compiled.kv_cache_allocations == 2 and compiled.decode_shapes().max_len == 768
+    assert compiled.pop_metrics()["perf/graphs"] == counters["stats"]["unique_graphs"] == 2
+    assert compiled.decode_compile.after_warmup == 0
+    assert len(shapes.shapes) == 2 * 3 * 2  # branches x batch buckets (2, 4, 8) x attention (64, symbolic; 512)
 
 
-@pytest.mark.slow
-def test_compiled_decode_equals_eager_decode_token_for_token():
-    """Issue 24: one compiled graph per batch bucket over calls of varied prompt lengths, caps, sampling settings
-    and row counts (dynamo's unique_graphs), and the compiled step (dense LoRA path, inductor) gives the eager
-    step's tokens (grouped LoRA path), greedy and seeded sampling, mixed adapters and base rows. On the tiny Llama
-    (two inductor compiles, ~1-2 min on 2 cores); the embedded model is checked greedily in
-    test_engine_integration."""
-    eager = tiny_engine(gen_batch_size=2, max_model_len=320)
-    compiled = tiny_engine(gen_batch_size=2, max_model_len=320, compile=True)
-    buckets, graphs = _run(eager, compiled)
-    assert graphs <= len(buckets) and compiled._compiled_step is not None and eager._compiled_step is None
+def test_declared_set_covers_every_bucket_the_batcher_can_pick():
+    """The batcher's buckets (rows, attention) always lie in the declared set, on CPU and under CUDA graphs, for
+    caches of every slot count (powers of two or not, one slot) and capacity."""
+    from lorapop.engine.compiled import DecodeShapes, batch_bucket, kv_bucket
+
+    for n_slots in (1, 2, 3, 8, 48, 256):
+        for max_len in (64, 320, 1024, 14336):
+            for cuda in (False, True):
+                shapes = DecodeShapes(n_slots, max_len, cuda)
+                nbs = {nb for _, nb, _ in shapes.shapes}
+                kvs = {kv for _, _, kv in shapes.shapes}
+                assert {batch_bucket(n, n_slots) for n in range(1, n_slots + 1)} == nbs
+                assert 1 not in nbs or n_slots == 1  # a size of 1 would be specialised: its own graph
+                got = {kv_bucket(need, max_len, cuda) for need in range(1, max_len + 1)}
+                if cuda:
+                    assert got == kvs and len(kvs) <= 8  # one CUDA graph per doubling, not per length
+                else:
+                    assert got <= set(range(64, max_len + 64, 64)) and min(got) in kvs and max_len in kvs
+                for need in range(1, max_len + 1, 7):
+                    assert need <= kv_bucket(need, max_len, cuda) <= max(2 * need, 128 if cuda else 64)
+
+
+def test_recompile_limit_warning_names_engine_compile():
+    """Torch's recompile limit, if ever reached, is a warning that names engine.compile (a real dynamo compile with
+    the eager backend: a function recompiled for static shapes past a limit of 1)."""
+    from lorapop.engine.compiled import compile_stats
+
+    stats = compile_stats()
+    fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=1, automatic_dynamic_shapes=False), \
+            pytest.warns(RuntimeWarning, match="engine.compile"):
+        for n in (2, 3, 4):
+            fn(torch.ones(n))
+    assert stats.limit_hits >= 1
 
 
 @pytest.mark.slow
@@ -95,12 +145,12 @@ def test_cpu_inductor_cache_is_per_cpu_capability(monkeypatch, tmp_path):
     decoded token 0 everywhere. CPU compiles get one cache directory per capability (unless the user set one)."""
     import os
 
-    from lorapop.engine.torch_engine import inductor_cache_dir
+    from lorapop.engine.compiled import inductor_cache_dir
 
     a, b = inductor_cache_dir("AVX2"), inductor_cache_dir("AVX512")
     assert a != b and a.endswith("cpu-avx2") and os.path.dirname(a) == os.path.dirname(b)
     assert inductor_cache_dir().endswith("cpu-" + torch.backends.cpu.get_cpu_capability().lower())
-    from lorapop.engine.torch_engine import use_inductor_cache_per_capability
+    from lorapop.engine.compiled import use_inductor_cache_per_capability
 
     for unset_or_default in (None, os.path.dirname(a)):  # inductor writes its default itself when it first looks
         if unset_or_default is None:

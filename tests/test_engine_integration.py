@@ -118,7 +118,8 @@ def test_real_train_step_moves_only_its_adapter(eng):
 
 def test_real_compiled_greedy_decode_equals_eager():
     """Issue 24: the compiled step (inductor, dense LoRA path) on the embedded model gives the eager step's greedy
-    tokens, for an adapted row and a base row. Kept to one batch bucket and 8 tokens, and to the embedded model's
+    tokens, for an adapted row and a base row (the first generate compiles the declared set's 2 graphs: issue 46).
+    Kept to 8 tokens, and to the embedded model's
     first 4 of 30 layers (its weights, hidden size, 9 query / 3 KV heads and vocabulary): inductor lowers every layer
     with the same code, so the other 26 compile the same kernels again; the whole model's compile took about 5 min
     on a 2-core AVX2 EPYC, most of the suite's longest tests. More buckets or tokens would test the same code again."""
@@ -142,4 +143,4 @@ def test_real_compiled_greedy_decode_equals_eager():
     finally:
         eng.close()
     assert got == want
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 2  # the declared set: with and without a nucleus cut

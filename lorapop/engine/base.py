@@ -123,7 +123,8 @@ class EngineConfig:
         "help": "Tokens (prompt + max_new_tokens) the KV cache holds per row, fixed for the run (vLLM's name): the "
                 "cache is allocated once, with this capacity and gen_batch_size slots (fewer where the budget holds "
                 "fewer), and reused by every generate call. 0: the first call's longest row, rounded up to 256. "
-                "A longer row later allocates a longer cache (and on a compiled engine compiles its step again)."})
+                "A longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
+                "records its CUDA graphs again)."})
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
@@ -132,11 +133,15 @@ class EngineConfig:
                 "lorapop/engine/cudamem.py) the static KV cache may take; the rest is left for "
                 "activations, logits and the prefill."})
     compile: bool = field(default=False, metadata={
-        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs): one "
-                "graph per batch-size bucket for the run, whatever the lengths and sampling settings; the first call "
-                "of each bucket compiles (tens of seconds; CUDA graphs record once per attention length). Off by "
-                "default: on CPU the first compile of the embedded model takes minutes and no speed-up over the "
-                "eager path was measured there (bench/gpu.py --compile measures it); the 7B configs turn it on."})
+        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs). The "
+                "first generate makes it ready for every shape it can meet over the run's KV cache before decoding: "
+                "batch size and attention length are symbolic, so 2 graphs (with and without a top_p cut) serve "
+                "every row count, length, temperature and adapter mix; on CUDA a CUDA graph is then recorded per "
+                "(branch, batch bucket 2..gen_batch_size, attention length bucket in powers of two). It prints the "
+                "graphs and seconds; afterwards nothing compiles (perf/compile_s, perf/graphs in metrics.jsonl), "
+                "not even for a cache that grows (its shape is symbolic too). At 7B, inductor took tens of seconds per graph on an "
+                "H200; on CPU the embedded model takes minutes and no speed-up over the eager path was measured "
+                "there (bench/gpu.py measures it). Off by default; the 7B configs turn it on."})
     stop_check_interval: int = field(default=1, metadata={
         "help": "Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
                 "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "

@@ -14,46 +14,65 @@ same adapter) prefill once. Requests are queued longest prompt first with equal 
 
 When no request is waiting and at most half the decoded slots are live, the live slots are moved to the front of
 the cache (compaction), so the tail of a generation decodes a smaller batch. Decoded batches are rounded up to powers
-of two (the batch buckets: one compiled graph each) and attention lengths to multiples of 64 (to powers of two
-under CUDA graphs, which record one graph per length; the compiled code itself treats the length as symbolic).
+of two from 2 (the batch buckets) and attention lengths to multiples of 64 (to powers of two under CUDA graphs,
+which record one graph per shape); the compiled step treats both as symbolic (:mod:`.compiled`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Callable
 
 import torch
 
+from .compiled import batch_bucket, kv_bucket
 from .decode import LlamaFamilyDecoder, StaticKVCache
 
 
-def stop_checker(tokenizer: Any, stop: tuple[str, ...] | list[str]) -> Callable[[list[int]], bool] | None:
-    """``fn(row_ids) -> True`` when the row's last id completes a stop string; None without any. vLLM's rule
-    (``check_stop_strings``): a stop string counts only where it ends inside the newest token's characters, so one
-    completed while ``min_new_tokens`` held stops back is never found later (the batcher calls this only past
-    ``min_new_tokens``), and both backends end the same rows at the same token. Called after every token, it decodes
-    a short tail (a token is at least one character, plus slack for ids that decode to partial UTF-8), with and
-    without its last id."""
+class StopChecker:
+    """Stop strings under vLLM's rule (``check_stop_strings``): a stop string counts only where it ends inside the
+    newest token's characters, so one completed while ``min_new_tokens`` held stops back is never found later (the
+    batcher looks only past ``min_new_tokens``), and both backends end the same rows at the same token.
+    :meth:`hit` is that rule for the row's last token: it decodes a short tail (a token is at least one character,
+    plus slack for ids that decode to partial UTF-8), with and without its last id. :meth:`first_hit` applies it to
+    every token of an interval at the cost of one decode when no stop string is in the new text (the common case)."""
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+        self.longest = max(len(s) for s in stop)
+        self.n_tail = self.longest + 8
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def hit(self, row: list[int]) -> bool:
+        tail = row[-self.n_tail:]
+        text = self._text(tail)
+        before = len(self._text(tail[:-1])) if len(tail) > 1 else 0
+        return any(text.find(s, max(0, before - len(s) + 1)) != -1 for s in self.stop)
+
+    def __call__(self, row: list[int]) -> bool:
+        return self.hit(row)
+
+    def first_hit(self, row: list[int], start: int) -> int | None:
+        """The shortest length ``j > start`` at which ``hit(row[:j])``, or None. First one decode of the window
+        from ``n_tail`` ids before ``start``: a stop string ending in the new tokens' text lies in it, past the old
+        text (less a stop string's length and the slack), so when none is there no token is checked one by one."""
+        if len(row) <= start:
+            return None
+        lo = max(0, start - self.n_tail)
+        text = self._text(row[lo:])
+        old = len(self._text(row[lo:start])) if start > lo else 0
+        if all(text.find(s, max(0, old - len(s) + 1 - 8)) == -1 for s in self.stop):
+            return None
+        return next((j for j in range(start + 1, len(row) + 1) if self.hit(row[:j])), None)
+
+
+def stop_checker(tokenizer: Any, stop: tuple[str, ...] | list[str]) -> StopChecker | None:
+    """The :class:`StopChecker` of ``stop`` (empty strings dropped); None without any."""
     stop = tuple(s for s in stop if s)
-    if not stop:
-        return None
-    n_tail = max(len(s) for s in stop) + 8
-
-    def hit(row: list[int]) -> bool:
-        tail = row[-n_tail:]
-        text = tokenizer.decode(tail, skip_special_tokens=True)
-        before = len(tokenizer.decode(tail[:-1], skip_special_tokens=True)) if len(tail) > 1 else 0
-        return any(text.find(s, max(0, before - len(s) + 1)) != -1 for s in stop)
-
-    return hit
-
-
-def pow2_at_least(n: int, lo: int = 1) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
+    return StopChecker(tokenizer, stop) if stop else None
 
 
 class ContinuousBatcher:
@@ -63,7 +82,7 @@ class ContinuousBatcher:
                  compiled: bool, prefill_chunk_tokens: int, check_interval: int, max_new_tokens: int,
                  sampling: tuple, eos_ids: list[int], vocab_key: torch.Tensor, eos_mask: torch.Tensor | None,
                  on_finished: Callable[[int], None] | None = None,
-                 stop_fn: Callable[[list[int]], bool] | None = None, min_new_tokens: int = 0) -> None:
+                 stop_fn: StopChecker | None = None, min_new_tokens: int = 0) -> None:
         self.dec, self.cache, self.ctx, self.step = dec, cache, ctx, step
         self.dense, self.compiled = dense, compiled
         self.chunk = max(1, prefill_chunk_tokens)
@@ -102,6 +121,10 @@ class ContinuousBatcher:
         self.key: list[tuple | None] = [None] * n
         self.hpos = [0] * n
         self._ctx_for: tuple | None = None  # (nb, ids version) the LoRAContext was last set for
+        self._view_cache: dict[int, tuple[torch.Tensor, ...]] = {}
+        # Host time of the per-row bookkeeping after each interval's sync, the row-steps it covered and the decode
+        # steps (bench/gpu.py: host_us_per_row_token, rows decoded per step).
+        self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
 
     # ------------------------------------------------------------------ public
     def run(self, prompts: list[list[int]], adapter_ids: list[int], seeds: list[int],
@@ -214,13 +237,38 @@ class ContinuousBatcher:
     # ------------------------------------------------------------------ decode
     def _buckets(self, k: int) -> tuple[int, int]:
         live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
-        nb = min(pow2_at_least(max(live) + 1), self.cache.n_slots)
         need = max(self.hpos[s] for s in live) + k
-        if self.compiled and self.dev.type == "cuda":  # few lengths: a CUDA graph is recorded per length
-            kv = min(pow2_at_least(need, 128), self.cache.max_len)
-        else:
-            kv = min(-(-need // 64) * 64, self.cache.max_len)
-        return nb, kv
+        return (batch_bucket(max(live) + 1, self.cache.n_slots, self.compiled),
+                kv_bucket(need, self.cache.max_len, self.compiled and self.dev.type == "cuda"))
+
+    def _views(self, nb: int) -> tuple[torch.Tensor, ...]:
+        """The per-slot state of slots ``0..nb-1`` as views, made once per bucket; on the compiled path their batch
+        dimension is marked symbolic, so every bucket runs the one graph of its sampling branch."""
+        views = self._view_cache.get(nb)
+        if views is None:
+            views = tuple(t[:nb] for t in (self.tok, self.pos, self.ids, self.seeds, self.steps, self.min_new_t,
+                                           self.temp, self.top_p))
+            if self.compiled and nb > 1:
+                for v in views:
+                    torch._dynamo.maybe_mark_dynamic(v, 0)
+            self._view_cache[nb] = views
+        return views
+
+    def _step(self, nb: int, span: torch.Tensor, branches: tuple[bool, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        tok, pos, ids, seeds, steps, min_new, temp, top_p = self._views(nb)
+        return self.step(self.cache, tok, pos, ids, seeds, steps, span, self.vocab_key, self.eos_mask, min_new, temp,
+                         top_p, self.dense, branches)
+
+    @torch.no_grad()
+    def warm_up(self, shapes: list[tuple[bool, int, int]], calls: int) -> None:
+        """Run the step ``calls`` times at each declared (nucleus, batch, attention length) before any row is
+        admitted: every slot is free, so each step writes only the trash column and its tokens are dropped."""
+        if any(r >= 0 for r in self.req):
+            raise RuntimeError("warm_up runs before any row is admitted")
+        for nucleus, nb, kv in shapes:
+            span = self.cache.span(kv)
+            for _ in range(calls):
+                self._step(nb, span, (True, nucleus))
 
     @torch.no_grad()
     def _decode_interval(self) -> None:
@@ -233,35 +281,27 @@ class ContinuousBatcher:
         if not self.dense and self._ctx_for != (nb, self._ids_version):
             self.ctx.set(self.ids[:nb])
             self._ctx_for = (nb, self._ids_version)
+        tok, pos, _, _, steps = self._views(nb)[:5]
+        out, out_lp, trash = self.out[:nb], self.out_lp[:nb], self.cache.trash
         for i in range(k):
-            nxt, lp = self.step(self.cache, self.tok[:nb], self.pos[:nb], self.ids[:nb], self.seeds[:nb],
-                                self.steps[:nb], span, self.vocab_key, self.eos_mask, self.min_new_t[:nb],
-                                self.temp[:nb], self.top_p[:nb], self.dense, self.branches)
-            self.out[:nb, i] = nxt  # a copy: a CUDA-graph output buffer is overwritten by the next replay
-            self.out_lp[:nb, i] = lp
-            self.tok[:nb] = nxt
-            self.pos[:nb] = (self.pos[:nb] + 1).clamp(max=self.cache.trash)
-            self.steps[:nb] += 1
+            nxt, lp = self._step(nb, span, self.branches)
+            out[:, i] = nxt  # a copy: a CUDA-graph output buffer is overwritten by the next replay
+            out_lp[:, i] = lp
+            tok.copy_(nxt)
+            pos.add_(1).clamp_(max=trash)
+            steps.add_(1)
         got = self.out[:nb, :k].tolist()  # the one host sync of the interval
         got_lp = self.out_lp[:nb, :k].tolist()  # already computed: no wait
+        t0 = time.perf_counter()
         freed = []
         for s in live:
             r = self.req[s]
-            row, row_lp = self.tokens[r], self.logprobs[r]
-            for t, lp in zip(got[s], got_lp[s]):
-                row.append(t)
-                row_lp.append(lp)
-                if t in self.eos:
-                    self.reasons[r] = "eos"
-                    break
-                if self.stop_fn is not None and len(row) > self.min_new and self.stop_fn(row):
-                    self.reasons[r] = "stop"  # tokens sampled after it in this interval are dropped
-                    break
-                if len(row) >= self.row_max[r]:
-                    break
-            self.hpos[s] += k
-            if self.reasons[r] != "length" or len(row) >= self.row_max[r]:
+            if self._take(r, got[s][:self.row_max[r] - len(self.tokens[r])], got_lp[s]):
                 freed.append(s)
+            self.hpos[s] += k
+            self.row_tokens += k
+        self.decode_steps += k
+        self.host_s += time.perf_counter() - t0
         if freed:
             idx = torch.tensor(freed, dtype=torch.long, device=self.dev)
             self.pos[idx] = self.cache.trash
@@ -272,12 +312,30 @@ class ContinuousBatcher:
                 self.req[s] = -1
             self._ids_version += 1
 
+    def _take(self, r: int, seg: list[int], seg_lp: list[float]) -> bool:
+        """Append an interval's tokens (already capped at the row's budget) to request ``r``, cut at its first EOS
+        or stop string; True when the row is done. Per row, not per token: a C-level membership test finds an EOS,
+        and the stop strings are looked for in one decode of the new text (see StopChecker)."""
+        row, row_lp = self.tokens[r], self.logprobs[r]
+        n, start = len(seg), len(row)
+        if not self.eos.isdisjoint(seg):
+            n = next(i for i, t in enumerate(seg) if t in self.eos) + 1
+            self.reasons[r] = "eos"
+        row.extend(seg[:n])
+        row_lp.extend(seg_lp[:n])
+        if self.stop_fn is not None and len(row) > self.min_new:
+            j = self.stop_fn.first_hit(row, max(start, self.min_new))
+            if j is not None and (j < len(row) or self.reasons[r] != "eos"):  # EOS first at the same token
+                del row[j:], row_lp[j:]  # tokens sampled after it in this interval are dropped
+                self.reasons[r] = "stop"
+        return self.reasons[r] != "length" or len(row) >= self.row_max[r]
+
     def _compact(self) -> None:
         """Move live slots to the front once they fill at most half of the decoded batch."""
         live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
         if not live:
             return
-        nb = min(pow2_at_least(max(live) + 1), self.cache.n_slots)
+        nb = batch_bucket(max(live) + 1, self.cache.n_slots, self.compiled)
         if len(live) > nb // 2:
             return
         holes = [s for s in range(len(live)) if self.req[s] < 0]

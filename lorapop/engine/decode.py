@@ -19,13 +19,13 @@ Sampling is whole-batch and counter-based: each row's Gumbel noise is a hash of 
 so a row's sample depends only on its seed and how many tokens it has produced, never on the batch around it or
 its slot, and costs no per-row kernel launch.
 
-The compiled step (issue 24) is one graph per batch bucket (and nucleus setting: a call that cuts one compiles
-a second) for a whole run, as in gpt-fast (one compiled decode
-over a fixed-size cache) and vLLM (a CUDA graph per batch size): the cache keeps one shape for the run, the number
-of positions attention reads travels as the length of ``cache.span(kv_len)``, a dimension dynamo treats as
-symbolic (so a step still reads only what it needs, not the whole capacity), and the sampling settings are per-row
-tensors. The K/V write is one ``index_put_`` on the whole cache tensor (only the new positions are touched), and
-attention folds each query group into the query length so the fused CUDA kernels accept it (see ``attend``).
+The compiled step (issues 24, 46) is one graph per sampling branch for a whole run, made ready before the first
+decode step (:mod:`.compiled`), as in gpt-fast (one compiled decode over a fixed-size cache) and vLLM (symbolic
+shapes, then a CUDA graph per batch size): the cache keeps one shape for the run, the batch size and the number of
+positions attention reads (the length of ``cache.span(kv_len)``) are dimensions dynamo treats as symbolic (so a
+step still reads only what it needs, not the whole capacity), and the sampling settings are per-row tensors. The
+K/V write is one ``index_put_`` on the whole cache tensor (only the new positions are touched), and attention
+folds each query group into the query length so the fused CUDA kernels accept it (see ``attend``).
 """
 
 from __future__ import annotations
@@ -136,6 +136,12 @@ class StaticKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.n_slots, self.max_len, self.trash = n_slots, max_len, max_len
         self.index = torch.arange(max_len + 1, device=device)  # cache indices; span() hands out its prefixes
+        # Slots and capacity symbolic for a compiled step: a cache of another shape (a row that outgrew the
+        # capacity, a budget that holds fewer slots) reuses the step's graphs instead of compiling them again.
+        for t in self.k + self.v:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(t, 2)
+        torch._dynamo.maybe_mark_dynamic(self.index, 0)
         if device.type == "cuda":  # CUDA graphs may then read and write them in place without copies
             for t in self.k + self.v:
                 torch._dynamo.mark_static_address(t)
@@ -270,8 +276,8 @@ class LlamaFamilyDecoder:
         """One token and its sampler log-probability for rows = slots ``0..b-1``: forward their input
         ``tokens [b]`` at ``pos [b]`` (writing K/V there; pos == trash for free slots), attending over ``span``
         (``cache.span(kv_len)``), and sample with the per-row settings (see sample_tokens). This is the function
-        ``torch.compile`` wraps: its only shape that varies within a run is the batch bucket ``b`` (``span``'s length
-        is symbolic; the settings are tensors)."""
+        ``torch.compile`` wraps: ``b`` and ``span``'s length are symbolic, the settings tensors, so only ``branches``
+        makes another graph."""
         mask = self.row_mask(ids, cache.k[0].dtype) if dense else None
         hidden = self.forward(cache, tokens[:, None], pos[:, None], pos[:, None], span, None, mask)
         return sample_tokens(self.logits(hidden[:, -1]), seeds, steps, vocab_key, eos_mask, min_new, temperature,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -29,6 +29,7 @@ from lorapop.progress import progress
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_generate_args,
                    check_rows, check_samples, check_slot, end_of_turn_ids)
 from .batching import ContinuousBatcher, stop_checker
+from .compiled import CompiledDecode, DecodeShapes
 from .cudamem import allocatable_bytes
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32, kv_capacity
 from .dtype import resolve_dtype, resolve_lora_compute_dtype
@@ -47,35 +48,6 @@ def resolve_device(device: str) -> torch.device:
 def _chunks(seq: list, n: int):
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
-
-
-def use_inductor_cache_per_capability() -> None:
-    """Point inductor at :func:`inductor_cache_dir` unless the user chose a directory. Inductor writes its default
-    into ``TORCHINDUCTOR_CACHE_DIR`` the first time it looks, so that value counts as not chosen."""
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not chosen or os.path.abspath(chosen) == os.path.abspath(_inductor_default_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
-
-
-def _inductor_default_dir() -> str:
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        return default_cache_dir()
-    except ImportError:  # a private module: fall back to where torch puts it
-        import tempfile
-
-        return os.path.join(tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "user"))
-
-
-def inductor_cache_dir(capability: str | None = None) -> str:
-    """Where CPU compiles keep inductor's on-disk cache unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise: one
-    directory per CPU capability (torch's probe, which ``ATEN_CPU_CAPABILITY`` can lower). Inductor's cache key
-    leaves the capability out: under ``ATEN_CPU_CAPABILITY=avx2`` kernels cached by an AVX-512 run of the same graph
-    were reused and the compiled decode produced token 0 everywhere (torch 2.13, docs/RESULTS.md, "Green on every
-    CPU"); a cache shared by machines with different ISAs would do the same."""
-    cap = (capability or torch.backends.cpu.get_cpu_capability()).lower()
-    return os.path.join(_inductor_default_dir(), f"cpu-{cap}")
 
 
 def _rms_norm_float64(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -127,7 +99,9 @@ class TorchEngine:
         self._cache: StaticKVCache | None = None
         self._kv_shape: tuple[int, int] | None = None  # (slots, capacity) of the run's cache
         self.kv_cache_allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
-        self._compiled_step = None
+        # generate's per-row bookkeeping (seconds), the row-steps it covered and the decode steps (bench/gpu.py)
+        self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
+        self.decode_compile: CompiledDecode | None = None  # engine.compile's step, warm-up and figures
         self._vocab_key: torch.Tensor | None = None
         for i in range(n_adapters):
             self.reset_adapter(i, seed=seed * 1_000_003 + i)
@@ -143,8 +117,13 @@ class TorchEngine:
         return cls(model, tok, n_adapters, cfg, seed)
 
     def pop_metrics(self) -> dict[str, float]:
-        """Nothing to report: generation and the update share the weights, so there is no sync to time."""
-        return {}
+        """engine.compile's cumulative figures: seconds torch spent compiling and recording the decode step
+        (``perf/compile_s``), the graphs it compiled (``perf/graphs``) and the CUDA graphs it recorded
+        (``perf/cuda_graphs``); all 0 with compile off. (No weight sync to time: generation and the update share
+        the weights.)"""
+        c = self.decode_compile
+        return {"perf/compile_s": round(c.compile_s, 3) if c else 0.0, "perf/graphs": c.graphs if c else 0,
+                "perf/cuda_graphs": c.cuda_graphs if c else 0}
 
     def close(self) -> None:
         """Remove the LoRA layers from the model (it becomes the plain base again)."""
@@ -200,18 +179,23 @@ class TorchEngine:
         sampling = (int(params.min_new_tokens), bool(params.greedy), float(params.temperature), float(params.top_p))
         with progress("generate", total=len(prompts), unit="rows") as bar:
             batcher = ContinuousBatcher(
-                dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=bool(self.cfg.compile),
+                dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=dense,
                 prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
                 max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
                 vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1),
                 stop_fn=stop_checker(self.tokenizer, params.stop), min_new_tokens=int(params.min_new_tokens))
             self._ctx.low_precision = True
             try:
-                toks, reasons, lps = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
-                                            None if max_new_tokens is None else [int(m) for m in max_new_tokens])
+                caps = None if max_new_tokens is None else [int(m) for m in max_new_tokens]
+                with self.decode_compile.call(batcher, cache, self.kv_cache_allocations) if dense else nullcontext():
+                    toks, reasons, lps = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
+                                                     caps)
             finally:
                 self._ctx.low_precision = False
                 self._ctx.set(None)
+        self.host_s += batcher.host_s
+        self.row_tokens += batcher.row_tokens
+        self.decode_steps += batcher.decode_steps
         temp = 0.0 if params.greedy else max(0.0, float(params.temperature))
         return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r, lp, temp)
                 for p, t, r, lp in zip(prompts, toks, reasons, lps)]
@@ -221,13 +205,16 @@ class TorchEngine:
             self._dec = LlamaFamilyDecoder(self.model, self.n_adapters, self.cfg.rank, self.scaling)
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._vocab_key = _mix32(torch.arange(vocab, dtype=torch.long, device=self.device) + 0x9E3779B9)
+            if self.device.type == "cuda":  # read in place by the CUDA graphs, not copied into them every step
+                torch._dynamo.mark_static_address(self._vocab_key)
         return self._dec
 
     def _eos_mask(self) -> torch.Tensor | None:
-        """``[V]`` bool, True at the EOS ids (built per call: ``eos_ids`` may change), None without any."""
+        """``[V]`` bool, True at the EOS ids (built per call: ``eos_ids`` may change); None without any, except on
+        the compiled path, where an all-False mask keeps the declared set's one graph per sampling branch."""
         vocab = self._vocab_key.shape[0]
         ok = [i for i in self.eos_ids if 0 <= i < vocab]
-        if not ok:
+        if not ok and not self.cfg.compile:
             return None
         mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         mask[ok] = True
@@ -237,19 +224,15 @@ class TorchEngine:
         """The decode step, compiled once per engine when ``cfg.compile`` (see EngineConfig.compile)."""
         if not self.cfg.compile:
             return self._dec.decode_step
-        if self._compiled_step is None:
-            import torch._dynamo
+        if self.decode_compile is None:
+            self.decode_compile = CompiledDecode(self._dec.decode_step, self.device)
+        return self.decode_compile.step
 
-            # One graph per batch bucket and nucleus setting (decode.py; at most 2 x 9 buckets for 256 slots): the
-            # limit only matters if a cache must grow (a new shape).
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(torch._dynamo.config, name):
-                    setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            if self.device.type == "cpu":
-                use_inductor_cache_per_capability()
-            self._compiled_step = torch.compile(self._dec.decode_step, mode=mode, dynamic=False)
-        return self._compiled_step
+    def decode_shapes(self) -> DecodeShapes | None:
+        """The declared set of the compiled decode step over the run's cache (None before the first generate)."""
+        if self._kv_shape is None:
+            return None
+        return DecodeShapes(*self._kv_shape, self.device.type == "cuda")
 
     def kv_budget_bytes(self) -> int:
         """Bytes the static KV cache may take now: on CUDA a fraction of what a new allocation can use (the

@@ -1,0 +1,259 @@
+"""``engine.compile``: the decode step compiled once, over a declared set of shapes, before the first decode step.
+
+A run meets new decode shapes in its first steps: the number of rows changes with the valid tasks, the lengths with
+EOS, the sampling settings with the role. Compiling each on first meeting (issue 24's one graph per batch bucket)
+scattered tens of seconds of inductor per bucket at 7B over the first steps (issue 46). Here the engine declares,
+from its cache, every shape the step can meet and makes it ready at once, as vLLM does before it serves:
+
+- the batch size and the attention length are *symbolic* (``maybe_mark_dynamic``), so dynamo and inductor compile
+  one graph for all of them; the batch buckets start at 2, since torch specialises a size of 1;
+- the only compile-time switch is the sampling branch (nucleus cut or not: a ``[b, V]`` sort per token that a run
+  without ``top_p < 1`` should not pay), so the declared set compiles into :data:`N_BRANCHES` graphs;
+- on CUDA (``mode='reduce-overhead'``) a CUDA graph is recorded per concrete (branch, batch bucket, attention
+  bucket); the attention lengths are bucketed to powers of two there (a step reads at most twice what it attends,
+  one graph per doubling, not per length), and every one of them is recorded at warm-up;
+- off CUDA the length needs no bucket beyond 64 positions (no graph is recorded per length);
+- the cache's slots and capacity are symbolic as well (decode.StaticKVCache), so a cache that grows (a row past
+  ``engine.max_model_len``) compiles nothing; on CUDA its graphs are recorded again, in a warm-up of its own.
+
+:class:`CompileStats` counts what torch compiled and recorded (through dynamo's compile callbacks), so the engine
+reports ``perf/compile_s`` and ``perf/graphs`` every step and warns, naming ``engine.compile``, about any compile
+after its warm-up and if torch's recompile limit is ever reached.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+N_BRANCHES = 2  # the sampling branches that compile separately: (sample, no nucleus) and (sample, nucleus)
+KV_STEP = 64  # attention lengths off CUDA graphs are multiples of this (symbolic: no graph per length)
+KV_GRAPH_MIN = 128  # under CUDA graphs attention lengths are powers of two from this
+
+
+def pow2_at_least(n: int, lo: int = 1) -> int:
+    p = lo
+    while p < n:
+        p *= 2
+    return p
+
+
+def batch_bucket(n: int, n_slots: int, compiled: bool = True) -> int:
+    """The rows a step decodes when slots ``0..n-1`` hold its live rows: a power of two, at most the cache's
+    ``n_slots``; compiled, at least 2 (torch specialises a size of 1, which would cost a graph of its own)."""
+    return min(pow2_at_least(n, 2 if compiled else 1), n_slots)
+
+
+def batch_buckets(n_slots: int) -> list[int]:
+    return sorted({batch_bucket(n, n_slots) for n in range(1, n_slots + 1)})
+
+
+def kv_bucket(need: int, max_len: int, cuda_graphs: bool) -> int:
+    """The cache positions a step reads when its rows attend to ``need``: powers of two under CUDA graphs (each
+    length is a recorded graph), else multiples of :data:`KV_STEP`; never more than the cache holds."""
+    if cuda_graphs:
+        return min(pow2_at_least(need, KV_GRAPH_MIN), max_len)
+    return min(-(-need // KV_STEP) * KV_STEP, max_len)
+
+
+def kv_buckets(max_len: int, cuda_graphs: bool) -> list[int]:
+    """Attention lengths a warm-up must meet: every CUDA-graph bucket; off CUDA graphs the length is symbolic and
+    the shortest and longest stand for all."""
+    if not cuda_graphs:
+        return sorted({kv_bucket(1, max_len, False), max_len})
+    out, p = [], KV_GRAPH_MIN
+    while p < max_len:
+        out.append(p)
+        p *= 2
+    return out + [max_len]
+
+
+@dataclass(frozen=True)
+class DecodeShapes:
+    """The declared set: every (nucleus, batch bucket, attention bucket) the compiled step meets over a cache of
+    ``n_slots`` x ``max_len``. ``graphs``: what dynamo compiles for it; ``cuda_graphs``: what CUDA records."""
+    n_slots: int
+    max_len: int
+    cuda_graphs: bool
+
+    @property
+    def shapes(self) -> list[tuple[bool, int, int]]:
+        return [(nucleus, nb, kv) for nucleus in (False, True) for nb in batch_buckets(self.n_slots)
+                for kv in kv_buckets(self.max_len, self.cuda_graphs)]
+
+    @property
+    def graphs(self) -> int:
+        return N_BRANCHES
+
+    @property
+    def recorded(self) -> int:
+        return len(self.shapes) if self.cuda_graphs else 0
+
+
+class CompileStats:
+    """Process-wide counts of torch's compiles (dynamo frames, each through inductor) and CUDA-graph recordings, and
+    the seconds they took, from dynamo's compile callbacks; one instance (:func:`compile_stats`)."""
+
+    def __init__(self) -> None:
+        from torch._dynamo.callback import callback_handler
+
+        self.seconds = 0.0
+        self.compiles = 0
+        self.recordings = 0
+        self.limit_hits = 0
+        self._t0: float | None = None
+        self._lock = threading.Lock()
+        callback_handler.register_start_callback(self._start)
+        callback_handler.register_end_callback(self._end)
+        logging.getLogger("torch._dynamo.convert_frame").addFilter(self._limit_filter)
+
+    def _start(self, *args) -> None:  # torch < 2.7 passes no CallbackArgs
+        self._t0 = time.perf_counter()
+
+    def _end(self, *args) -> None:
+        trigger = getattr(getattr(args[0] if args else None, "callback_trigger", None), "name", "DYNAMO")
+        with self._lock:
+            if self._t0 is not None:
+                self.seconds += time.perf_counter() - self._t0
+                self._t0 = None
+            if trigger == "CUDAGRAPH_RECORDING":
+                self.recordings += 1
+            elif trigger == "DYNAMO":
+                self.compiles += 1
+
+    def _limit_filter(self, record: logging.LogRecord) -> bool:
+        if "hit config." in str(record.msg):
+            self.limit_hits += 1
+            warnings.warn("engine.compile: torch's recompile limit was reached, so the decode step now runs "
+                          "uncompiled (a shape outside the declared set: please report it with "
+                          "TORCH_LOGS=recompiles)", RuntimeWarning,
+                          stacklevel=2)
+        return True
+
+    def snapshot(self) -> tuple[float, int, int]:
+        """(seconds, compiles, CUDA-graph recordings) so far."""
+        with self._lock:
+            return self.seconds, self.compiles, self.recordings
+
+
+_STATS: CompileStats | None = None
+
+
+def compile_stats() -> CompileStats:
+    global _STATS
+    if _STATS is None:
+        _STATS = CompileStats()
+    return _STATS
+
+
+def compile_decode_step(fn, device: torch.device):
+    """``torch.compile`` of the decode step: static shapes but the ones the batcher marks symbolic (batch, attention
+    length), CUDA graphs on CUDA. The recompile limit leaves room for caches that grow (each a new shape)."""
+    import torch._dynamo
+
+    compile_stats()
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(16, getattr(torch._dynamo.config, name)))
+    if device.type == "cuda":
+        triton = torch._inductor.config.triton
+        if hasattr(triton, "cudagraph_dynamic_shape_warn_limit"):  # a graph per declared shape is the design
+            triton.cudagraph_dynamic_shape_warn_limit = None
+    else:
+        use_inductor_cache_per_capability()
+    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else None, dynamic=False)
+
+
+class CompiledDecode:
+    """One engine's compiled decode step, the declared set it was last made ready for, and its cumulative figures:
+    ``compile_s`` (compiling and recording), ``graphs`` (compiles), ``cuda_graphs`` (recordings), ``warm_up_s``
+    (wall clock of the warm-ups) and ``after_warmup`` (compiles and recordings outside one: the aim is 0)."""
+
+    def __init__(self, fn, device: torch.device) -> None:
+        self.device = device
+        self.step = compile_decode_step(fn, device)
+        self.warm: tuple[DecodeShapes, int] | None = None  # (declared set, cache allocation) last warmed
+        self.compile_s, self.graphs, self.cuda_graphs, self.warm_up_s, self.after_warmup = 0.0, 0, 0, 0.0, 0
+
+    @contextmanager
+    def call(self, batcher, cache, allocation: int):
+        """Around one generate: the warm-up over ``cache``'s declared set when it is new (on CUDA also when the
+        cache was allocated again: its graphs read it at its address), then the call, counting any compile."""
+        before = compile_stats().snapshot()
+        try:
+            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda")
+            if self.warm != (shapes, allocation if shapes.cuda_graphs else 0):
+                before = self._warm_up(batcher, shapes, before)
+                self.warm = (shapes, allocation if shapes.cuda_graphs else 0)
+            yield
+        finally:
+            self._count(before, warm_up=False)
+
+    def _warm_up(self, batcher, shapes: DecodeShapes, before):
+        t0 = time.perf_counter()
+        batcher.warm_up(shapes.shapes, calls=3 if shapes.cuda_graphs else 1)  # CUDA graph trees: warm, record, replay
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        self.warm_up_s += seconds
+        after = compile_stats().snapshot()
+        report_warm_up(shapes, seconds, *self._count(before, warm_up=True))
+        return after
+
+    def _count(self, before, *, warm_up: bool) -> tuple[int, int]:
+        seconds, compiles, recordings = (a - b for a, b in zip(compile_stats().snapshot(), before))
+        self.compile_s += seconds
+        self.graphs += compiles
+        self.cuda_graphs += recordings
+        if not warm_up and compiles + recordings:
+            self.after_warmup += compiles + recordings
+            warnings.warn(f"engine.compile: the decode step compiled {compiles} graphs and recorded {recordings} CUDA "
+                          f"graphs after its warm-up ({seconds:.1f}s): a shape outside its declared set (rerun "
+                          "with TORCH_LOGS=recompiles to see which)", RuntimeWarning,
+                          stacklevel=4)
+        return compiles, recordings
+
+
+def report_warm_up(shapes: DecodeShapes, seconds: float, compiles: int, recordings: int) -> None:
+    rec = f" and {recordings} CUDA graphs" if shapes.cuda_graphs else ""
+    print(f"engine.compile: decode step ready for {len(shapes.shapes)} shapes (batch 1..{shapes.n_slots}, "
+          f"attention up to {shapes.max_len}, 2 sampling branches, any adapters): {compiles} compiled graphs{rec} "
+          f"in {seconds:.1f}s", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- inductor's cache
+def use_inductor_cache_per_capability() -> None:
+    """Point inductor at :func:`inductor_cache_dir` unless the user chose a directory. Inductor writes its default
+    into ``TORCHINDUCTOR_CACHE_DIR`` the first time it looks, so that value counts as not chosen."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(_inductor_default_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()
+
+
+def _inductor_default_dir() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        return default_cache_dir()
+    except ImportError:  # a private module: fall back to where torch puts it
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), "torchinductor_" + os.environ.get("USER", "user"))
+
+
+def inductor_cache_dir(capability: str | None = None) -> str:
+    """Where CPU compiles keep inductor's on-disk cache unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise: one
+    directory per CPU capability (torch's probe, which ``ATEN_CPU_CAPABILITY`` can lower). Inductor's cache key
+    leaves the capability out: under ``ATEN_CPU_CAPABILITY=avx2`` kernels cached by an AVX-512 run of the same graph
+    were reused and the compiled decode produced token 0 everywhere (torch 2.13, docs/RESULTS.md, "Green on every
+    CPU"); a cache shared by machines with different ISAs would do the same."""
+    cap = (capability or torch.backends.cpu.get_cpu_capability()).lower()
+    return os.path.join(_inductor_default_dir(), f"cpu-{cap}")
