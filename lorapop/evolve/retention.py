@@ -65,6 +65,8 @@ class RetentionConfig:
     stronger: float = doc(0.0, "strength factor of the stronger arms (0: none)")
     stronger_ops: list[str] = doc(["auto"], "operators that get a stronger arm: names, or auto (those whose drop at "
                                             "step 0 is within the noise floor)")
+    probe_per_level: int | None = doc(None, "probe tasks per level (default: the run's run.probe_per_level); fewer "
+                                            "for a quick check only")
     n_train_per_level: int = doc(30, "training tasks per probe level (drawn from the probe's shapes with another seed)")
     group_size: int = doc(4, "arms trained together in one engine (slots = group_size)")
     min_parent_steps: int = doc(20, "refuse a checkpoint fewer self-play steps in than this: the protocol starts "
@@ -75,6 +77,8 @@ class RetentionConfig:
     def validate(self) -> None:
         if self.steps < 1 or self.answers < 1 or self.n_train_per_level < 1 or self.min_parent_steps < 0:
             raise ValueError("steps, answers and train tasks must be >= 1, min-parent-steps >= 0")
+        if self.probe_per_level is not None and self.probe_per_level < 1:
+            raise ValueError("probe-per-level must be >= 1")
         if self.floor_replicates < 0 or self.stronger < 0 or self.eval_every < 1:
             raise ValueError("floor-replicates and stronger must be >= 0, eval-every >= 1")
 
@@ -238,7 +242,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     solve = SamplingConfig(**{k: v for k, v in (sp.get("solve") or {}).items()
                               if k in SamplingConfig.__dataclass_fields__})
     prefill = proposal_style(style).answer_prefill(TASK_TYPES["code_o"]) if sp.get("response_prefill") else ""
-    per_level = int(rcfg.get("probe_per_level") or 30)
+    per_level = cfg.probe_per_level or int(rcfg.get("probe_per_level") or 30)
     loop = StudentLoopConfig(**{"lr": float((run_cfg.get("engine") or {}).get("lr", 1e-3)),
                                 "temperature": solve.temperature, "eval_temperature": solve.temperature,
                                 "max_new_tokens": solve.max_new_tokens,
@@ -385,6 +389,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stronger-ops", nargs="+", default=["auto"],
                    help="operators that get a stronger arm, or auto: those within the noise floor at step 0")
     p.add_argument("--train-per-level", type=int, default=30, help="training tasks per probe level")
+    p.add_argument("--probe-per-level", type=int, default=None,
+                   help="probe tasks per level (default: the run's run.probe_per_level); fewer for a quick check")
     p.add_argument("--tasks-per-step", type=int, default=8, help="training tasks per step")
     p.add_argument("--n-samples", type=int, default=4, help="answers per training task")
     p.add_argument("--lr", type=float, default=None, help="learning rate of every arm (default: the run's engine.lr)")
@@ -406,7 +412,8 @@ def run(args: argparse.Namespace) -> int:
                           steps=args.steps, answers=args.answers, floor_replicates=args.floor_replicates,
                           eval_every=args.eval_every,
                           stronger=args.stronger, stronger_ops=list(args.stronger_ops),
-                          n_train_per_level=args.train_per_level, group_size=args.group_size,
+                          n_train_per_level=args.train_per_level, probe_per_level=args.probe_per_level,
+                          group_size=args.group_size,
                           min_parent_steps=args.min_parent_steps, backend=args.backend, out=args.out)
     over = {"tasks_per_step": args.tasks_per_step, "n_samples": args.n_samples, "seed": args.seed}
     if args.lr is not None:
