@@ -330,7 +330,8 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
                 arm = out["arms"][m.id]
                 arm["train_reward"].append(row[m.id]["reward"])
                 arm["heldout"].append(statistics.fmean(score(m, step + 1)) if step + 1 in scored else None)
-                arm["step_s"].append(round((time.perf_counter() - t) / len(members), 1))
+            for m in members:  # the step's wall clock (training and scoring) per arm of the group
+                out["arms"][m.id]["step_s"].append(round((time.perf_counter() - t) / len(members), 1))
             log(f"retention: step {step + 1}/{cfg.steps} ({time.perf_counter() - t:.0f} s) " + "  ".join(
                 f"{m.id} {_fmt(out['arms'][m.id]['heldout'][-1])}" for m in members))
         out["seconds"] = round(out["seconds"] + time.perf_counter() - t0, 1)
