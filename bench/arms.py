@@ -1,7 +1,8 @@
 """The four arms of the dynamics experiment's second design (issue 38), every seed in one command:
 
     PYTHONPATH=. .venv/bin/python bench/arms.py [--config cpu_selection] [--seeds 0,1,2]
-        [--arms single,1T+1S,2T+2S,null] [--out runs/arms] [--steps N] [--report-only] [--section.key=value ...]
+        [--arms single,1T+1S,2T+2S,null] [--out runs/arms] [--steps N] [--report-only] [--keep-final DIR]
+        [--section.key=value ...]
 
 Per seed ``s`` and arm ``a`` one ordinary run directory ``<out>/seed<s>/<a>/``, trained by
 ``lorapop.compare.train`` (killed, the same command continues it from its last checkpoint; a run whose checkpoint
@@ -17,6 +18,11 @@ already holds ``run.steps`` is not loaded again). Every arm is the config (and t
   whatever its curves do is drift from the task buffers (teachers copying references) alone.
 
 PBT off means ``evolve.burn_in_period`` one past ``run.steps`` (lorapop/evolve/pbt.py: no round before it).
+
+Every run ends with a checkpoint at ``run.steps`` (``<out>/seed<s>/<arm>/checkpoints/step_<steps>/``, its members'
+PEFT adapters under ``adapters/<id>/``), which ``run.keep_checkpoints`` keeps until the run trains further.
+``--keep-final DIR`` also copies each finished arm's ``config.yaml`` and final checkpoint to ``DIR/seed<s>/<arm>/``, a
+run directory of its own that nothing prunes, for ``lorapop retention`` (issue 49's parents) and ``RUN_DIR:best``.
 
 Wall clock per arm (summed over invocations, with each invocation's step range) goes to
 ``<out>/seed<s>/<arm>/wall.json`` and is printed. At the end, and alone with ``--report-only``, ``<out>/arms.json``
@@ -81,8 +87,31 @@ def done_steps(run_dir: Path) -> int:
     return checkpoint_step(ckpt) if ckpt is not None else 0
 
 
+def keep_final(run_dir: Path, dest: Path) -> Path:
+    """Copy ``run_dir``'s config and latest complete checkpoint to ``dest`` (replaced whole when its checkpoint is
+    older): a minimal run directory that a later resume or prune of ``run_dir`` leaves alone."""
+    import shutil
+
+    from lorapop.rundir import CHECKPOINTS, CONFIG, RunDir, checkpoint_step
+
+    ckpt = RunDir(run_dir).latest_checkpoint()
+    if ckpt is None:
+        raise ValueError(f"{run_dir}: no complete checkpoint to keep")
+    kept = RunDir(dest).latest_checkpoint() if dest.is_dir() else None
+    if kept is not None and checkpoint_step(kept) >= checkpoint_step(ckpt):
+        return kept
+    tmp = dest.with_name(f".{dest.name}.{time.time_ns()}.tmp")
+    (tmp / CHECKPOINTS).mkdir(parents=True)
+    shutil.copy2(run_dir / CONFIG, tmp / CONFIG)
+    shutil.copytree(ckpt, tmp / CHECKPOINTS / ckpt.name)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.replace(dest)
+    return dest / CHECKPOINTS / ckpt.name
+
+
 def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[str], out: Path,
-               steps: int | None) -> None:
+               steps: int | None, keep: Path | None = None) -> None:
     from lorapop.compare import train
 
     for s in seeds:
@@ -92,6 +121,8 @@ def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[s
             start = done_steps(run_dir)
             if start >= cfg.run.steps:  # finished: loading the model again would cost a minute for nothing
                 print(f"seed {s} {arm}: done ({start} steps), skipped", flush=True)
+                if keep is not None:
+                    print(f"seed {s} {arm}: final checkpoint kept at {keep_final(run_dir, keep / f'seed{s}' / arm)}")
                 continue
             t0 = time.perf_counter()
             train(cfg)
@@ -105,6 +136,8 @@ def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[s
             times_path.write_text(json.dumps(rec, indent=1))
             print(f"seed {s} {arm}: steps {start}-{cfg.run.steps} in {wall / 60:.1f} min "
                   f"({wall / max(1, cfg.run.steps - start):.1f} s/step)", flush=True)
+            if keep is not None:
+                print(f"seed {s} {arm}: final checkpoint kept at {keep_final(run_dir, keep / f'seed{s}' / arm)}")
 
 
 def _by_step(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
@@ -288,6 +321,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="runs/arms")
     ap.add_argument("--steps", type=int, default=None, help="run.steps for every arm (timing a short version)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--keep-final", type=Path, default=None,
+                    help="also copy each finished arm's config and final checkpoint to DIR/seed<s>/<arm>/")
     args, overrides = ap.parse_known_args(argv)
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
@@ -299,7 +334,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "itself (use --out, --seeds, --arms)")
     out = Path(args.out)
     if not args.report_only:
-        train_arms(args.config, [int(s) for s in args.seeds.split(",")], arms, overrides, out, args.steps)
+        train_arms(args.config, [int(s) for s in args.seeds.split(",")], arms, overrides, out, args.steps,
+                   args.keep_final)
     result = report(out, args.config)
     crit = json.loads((out / "criteria.json").read_text())["across_seeds"] if result["per_seed"] else {}
     print(json.dumps({"seeds": sorted(result["per_seed"]), "seed_compute_s": {

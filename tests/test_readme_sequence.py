@@ -57,7 +57,8 @@ def small(args: list[str]) -> list[str] | None:
         return out + EVAL + (["--samples", "2", "--k", "1,2"] if "--samples" in args else [])
     if sub == "retention":
         return args + ["--min-parent-steps=2", "--steps", "1", "--operators", "full_gaussian", "average",
-                       "--tasks-per-step", "2", "--n-samples", "2", "--heldout", "2", "--max-new-tokens", "12"]
+                       "--tasks-per-step", "2", "--n-samples", "2", "--probe-per-level", "1", "--answers", "1",
+                       "--floor-replicates", "0", "--train-per-level", "2"]
     if sub == "plan":
         return args + PLAN
     return args  # report, export, prepare-model: as written

@@ -86,3 +86,39 @@ class EvolveConfig:
         q = self.quantile_fraction
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 0.5:
             raise ValueError(f"evolve.quantile_fraction: must be in (0, 0.5], got {q!r}")
+
+
+# The strength knob of each operator that has one (issue 49's "stronger setting"): the parameters that set how far a
+# child moves from its parent, and how a factor k strengthens them. "mul": the value times k; "mul_cap1": times k, at
+# most 1 (a share of components); "keep": a drop probability p whose kept share 1 - p is divided by k; "past1": an
+# extrapolation coefficient eta whose step past the better parent, eta - 1, is multiplied by k. layer_wise,
+# svd_subspace, average, svd_merge and clone have no knob: what they take from each parent is fixed.
+STRENGTH_KNOBS: dict[str, dict[str, str]] = {
+    "svd_structured": {"eps": "mul"},
+    "layer_selective_gaussian": {"eps": "mul"},
+    "component_masking": {"fraction": "mul_cap1"},
+    "full_gaussian": {"eps": "mul"},
+    "neftune_style": {"alpha_n": "mul"},
+    "dare": {"p": "keep"},
+    "extrapolative": {"eta_min": "past1", "eta_max": "past1"},
+    "xes": {"lr": "mul"},
+}
+
+
+def scaled_params(name: str, factor: float, params: dict[str, float] | None = None) -> dict[str, float]:
+    """``name``'s parameters (its registered defaults, then ``params``) with its strength knob turned up ``factor``
+    times (:data:`STRENGTH_KNOBS`); ValueError for an operator without a knob or a factor <= 0."""
+    from lorapop.evolve.operators import get_operator
+
+    op = get_operator(name)
+    if name not in STRENGTH_KNOBS:
+        raise ValueError(f"operator '{name}' has no strength knob to scale; these do: {', '.join(STRENGTH_KNOBS)}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"strength factor: must be a number > 0, got {factor!r}")
+    base = {**op.defaults, **(params or {})}
+    out = {}
+    for key, how in STRENGTH_KNOBS[name].items():
+        v = float(base[key])
+        out[key] = {"mul": v * factor, "mul_cap1": min(1.0, v * factor), "keep": 1 - (1 - v) / factor,
+                    "past1": 1 + (v - 1) * factor}[how]
+    return {**base, **out}

@@ -1,34 +1,42 @@
 """`lorapop retention RUN_DIR`: how fast does a PBT child get back to where its parent would have been (the paper's
-Appendix J protocol)?
+Appendix J protocol; issue 49)?
 
 From a parent trained in self-play (a member of the run's latest checkpoint, at least ``min_parent_steps`` = 20
-self-play steps in by default; by default the student with the best TrueSkill expose ``mu - 3 sigma``) one child is
-made per operator through :func:`lorapop.evolve.operators.make_child` (crossovers take the second-best member of the
-same role as the other parent), plus a ``continuation`` arm: the parent itself, trained on. Every arm is trained
-for ``steps`` steps on the same tasks with the same seeds. Recorded per arm: the verifier (training) reward of each
-step's answers, and a held-out mini-eval (solve rate and reward on easy tasks never trained on) right after the
-operator (step 0) and after every step. A child is compared at every step with the continuation arm *at the same
-step* (not with the parent's value before the operator: the parent keeps learning, and the question is whether the
-child keeps up): it has *recovered* at the first step whose held-out solve rate is within ``threshold`` of the
-continuation's, i.e. >= threshold x continuation (95%); never within the budget is "not recovered" (``null``).
-``gap`` is continuation minus child per step (``drop`` = the gap right after the operator, ``final_gap`` the last).
+self-play steps in by default; by default the student, or single mode's agent, with the best TrueSkill expose
+``mu - 3 sigma``) one child is made per operator through :func:`lorapop.evolve.operators.make_child`, plus a
+``continuation`` arm: the parent itself, trained on. Crossovers take a second parent: the second-best member of the
+same role, or ``--second-parent`` (any adapter source, e.g. ``RUN_DIR:best`` of another seed's run, for runs with one
+student). ``clone`` (an exact copy) is one of the operators. ``--stronger K`` adds, for operators with a strength knob
+(:data:`lorapop.evolve.config.STRENGTH_KNOBS`), an arm ``<op>@Kx`` with the knob turned up K times: for the operators
+named, or (``auto``) for those whose child did not move the score beyond the noise floor right after the operator.
 
-The mini-eval's resolution is one task in ``n_heldout x eval_samples`` answers (1/12 at the defaults): a gap
-smaller than that cannot be seen, and one task's difference is already more than 5% of a rate below 0.9.
+Every arm is trained for ``steps`` steps with the student loop of :mod:`lorapop.train.student` (TRR++, ``lr``; the
+run's ``engine.lr`` by default) on training tasks of the run's probe family (the probe's shapes drawn with another
+seed, none a held-out task): every arm sees the same tasks with the same training seeds, so a child's gap to the
+continuation is the operator's doing, not a different draw of teachers and tasks.
 
-The arms are trained with the student loop of :mod:`lorapop.train.student` (answers to easy code_o tasks, TRR++,
-``lr``), not in self-play: every arm then sees the same tasks with the same seeds, so a child's gap to the
-continuation is the operator's doing, not a different draw of teachers and tasks. The output and ``retention.json``
-say so.
+The held-out score is the run's own capability probe (:func:`lorapop.train.probe.run_probe`: its 90 tasks at the
+run's ``probe_per_level``, the run's ``selfplay.solve`` sampling and prefill), ``answers`` (``K``) answers per task,
+after the operator (step 0) and after every step; an arm's score is the mean over tasks of the share answered right.
+``eval_every`` > 1 scores only after steps 0, 1, 2, every ``eval_every``-th and the last (the others are ``null``):
+a scoring costs more than a training step. Each arm is scored with its own sampling seeds, so two arms with the same weights (the continuation and the clone)
+are two replicates of one scoring: the *noise floor* is the probe's (:func:`lorapop.train.probe.noise_floor`),
+the spread (max - min) of the step-0 scores of the continuation, the clone and ``floor_replicates`` further
+scorings of the parent, each with its own seeds. A child *lost* skill right after the operator when
+``drop = continuation - child`` at step 0 exceeds the floor; it has *recovered* at the first step whose gap to the
+continuation *at the same step* (not the parent's score before the operator: the parent keeps learning) is within
+the floor again; never within the budget is "not recovered" (``null``). ``final_gap`` is the gap at the last step.
 
-Output: ``retention.json`` in the run directory, which ``lorapop report`` renders (one curve per operator, the
-continuation drawn as the reference).
+Resumable: ``retention.json`` (in ``--out``, the run directory by default) is rewritten after every group of arms;
+run again with the same arguments, finished arms are kept and the others trained (a changed setting is refused).
+``lorapop report`` renders the file of a run directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -39,31 +47,50 @@ from lorapop.configlib import doc
 from lorapop.rundir import RETENTION
 
 CONTINUATION = "continuation"
+CLONE = "clone"
 
 
 @dataclass
 class RetentionConfig:
-    operators: list[str] = doc([], "operators to test (default: every registered one)")
+    operators: list[str] = doc([], "operators to test (default: every registered one, clone included)")
     member: str | None = doc(None, "parent member id (default: the student with the best TrueSkill expose)")
-    steps: int = doc(4, "training steps per arm after the operator")
-    threshold: float = doc(0.95, "recovered = held-out solve rate >= threshold * the continuation arm's at the "
-                                 "same step")
-    n_train: int = doc(64, "distinct easy training tasks")
-    n_heldout: int = doc(12, "easy held-out tasks of the mini-eval (its resolution is 1 / (n_heldout x the loop's "
-                             "eval_samples))")
+    second_parent: str | None = doc(None, "crossovers' second parent, an adapter source (PEFT directory, RUN_DIR:best, "
+                                          "RUN_DIR:<id>); default: the second-best member of the parent's role")
+    steps: int = doc(20, "training steps per arm after the operator (the paper's window is about 20)")
+    answers: int = doc(4, "answers per probe task in every scoring (the score's resolution is 1 / (tasks x answers))")
+    eval_every: int = doc(1, "score the arms after every this many steps (and always after steps 0, 1, 2 and the "
+                              "last): scoring costs more than a step")
+    floor_replicates: int = doc(4, "extra scorings of the parent at step 0, beside the continuation and the clone, "
+                                   "for the noise floor")
+    stronger: float = doc(0.0, "strength factor of the stronger arms (0: none)")
+    stronger_ops: list[str] = doc(["auto"], "operators that get a stronger arm: names, or auto (those whose drop at "
+                                            "step 0 is within the noise floor)")
+    probe_per_level: int | None = doc(None, "probe tasks per level (default: the run's run.probe_per_level); fewer "
+                                            "for a quick check only")
+    n_train_per_level: int = doc(30, "training tasks per probe level (drawn from the probe's shapes with another seed)")
     group_size: int = doc(4, "arms trained together in one engine (slots = group_size)")
     min_parent_steps: int = doc(20, "refuse a checkpoint fewer self-play steps in than this: the protocol starts "
                                     "from a parent trained in self-play")
     backend: str = doc("torch", "what generates the arms' answers: torch or vllm (engine.backend)")
+    out: str | None = doc(None, "directory of retention.json (default: the run directory)")
 
     def validate(self) -> None:
-        if not 0 < self.threshold <= 1:
-            raise ValueError(f"threshold: must be in (0, 1], got {self.threshold}")
-        if self.steps < 1 or self.n_heldout < 1 or self.min_parent_steps < 0:
-            raise ValueError("steps and heldout must be >= 1, min-parent-steps >= 0")
+        if self.steps < 1 or self.answers < 1 or self.n_train_per_level < 1 or self.min_parent_steps < 0:
+            raise ValueError("steps, answers and train tasks must be >= 1, min-parent-steps >= 0")
+        if self.probe_per_level is not None and self.probe_per_level < 1:
+            raise ValueError("probe-per-level must be >= 1")
+        if self.floor_replicates < 0 or self.stronger < 0 or self.eval_every < 1:
+            raise ValueError("floor-replicates and stronger must be >= 0, eval-every >= 1")
 
-TRAINING = ("student loop (lorapop/train/student.py: answers to easy code_o tasks, TRR++), not self-play: every arm "
-            "sees the same tasks and seeds, so a child's gap to the continuation is the operator's")
+
+def eval_steps(steps: int, every: int) -> list[int]:
+    """Steps after which the arms are scored: 0 (right after the operator), 1, 2, every ``every``-th, the last."""
+    return sorted({0, min(1, steps), min(2, steps), steps, *range(0, steps + 1, every)})
+
+
+TRAINING = ("student loop (lorapop/train/student.py: answers to code_o tasks of the run's probe family, not the "
+            "probe's own, TRR++), not self-play: every arm sees the same tasks and seeds, so a child's gap to the "
+            "continuation is the operator's")
 
 
 def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]]:
@@ -86,11 +113,11 @@ def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]
     return sorted(((m, expose(m.id)) for m in members), key=lambda x: (-x[1], x[0].id))
 
 
-def recovered_step(curve: list[float], reference: list[float], threshold: float) -> int | None:
-    """First step (0 = right after the operator) whose value is >= threshold * the reference's (the continuation
-    arm's) value at the same step, else None."""
+def recovered_step(curve: list[float | None], reference: list[float | None], floor: float) -> int | None:
+    """First scored step (0 = right after the operator; None: a step not scored) whose gap to the reference (the
+    continuation arm's value at the same step) is within ``floor``, else None."""
     for step, (v, ref) in enumerate(zip(curve, reference)):
-        if v >= threshold * ref:
+        if v is not None and ref is not None and ref - v <= floor:
             return step
     return None
 
@@ -105,26 +132,80 @@ def parent_steps(rd: Any, ckpt: Path) -> int:
         return checkpoint_step(ckpt)
 
 
-def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=print) -> dict[str, Any]:
+def family_tasks(style: str, per_level: int, train_per_level: int, seed: int) -> tuple[list[Any], list[Any]]:
+    """(held-out, training) code_o tasks of ``style``'s probe family: the run's probe tasks (``per_level`` per level,
+    the probe's seed), and the same shapes drawn with another seed, less any (program, input) held out."""
+    from lorapop.tasks.styles import proposal_style
+    from lorapop.train.probe import PROBE_SEED
+
+    family = proposal_style(style)
+    held = [t for _, t in family.probe_tasks(per_level, PROBE_SEED)]
+    seen = {(t.program, tuple(t.inputs)) for t in held}
+    train = [t for _, t in family.probe_tasks(train_per_level, PROBE_SEED + 1 + seed)
+             if (t.program, tuple(t.inputs)) not in seen]
+    return held, train
+
+
+def floor_of(out: dict[str, Any]) -> dict[str, Any] | None:
+    """The noise floor (:func:`lorapop.train.probe.noise_floor`) of the step-0 replicates in ``out``: the
+    continuation, the clone and the parent's extra scorings, per task."""
+    from lorapop.train.probe import noise_floor
+
+    reps = [(name, out["arms"][name]["step0_tasks"]) for name in (CONTINUATION, CLONE)
+            if name in out["arms"] and out["arms"][name].get("step0_tasks")]
+    reps += [(f"parent#{i + 1}", r) for i, r in enumerate(out.get("parent_replicates") or [])]
+    if len(reps) < 2:
+        return None
+    return noise_floor([(n, [{"score": x} for x in r]) for n, r in reps], True, out["probe"]["answers"])["noise_floor"]
+
+
+def summarise(out: dict[str, Any]) -> None:
+    """Per arm, against the continuation at the same step and the noise floor: gap, drop, lost, recovered step."""
+    nf = out["noise_floor"] = floor_of(out)
+    floor = nf["spread"] if nf else 0.0
+    ref = out["arms"][CONTINUATION]["heldout"]
+    for name, arm in out["arms"].items():
+        arm["gap"] = [None if c is None or v is None else c - v for c, v in zip(ref, arm["heldout"])]
+        arm["drop"], arm["final_gap"] = arm["gap"][0], arm["gap"][-1]
+        arm["lost"] = None if name == CONTINUATION else arm["drop"] > floor
+        arm["recovered_step"] = None if name == CONTINUATION else recovered_step(arm["heldout"], ref, floor)
+    if CLONE in out["arms"]:  # the floor along the way: two replicates of the same weights at every step
+        out["clone_gap"] = out["arms"][CLONE]["gap"]
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[str, Any] | None = None, *,
+                  log=print) -> dict[str, Any]:
+    import random
+    import zlib
+
     import torch
 
+    from lorapop.config import SamplingConfig
     from lorapop.engine.base import EngineConfig
     from lorapop.engine.factory import make_engine
     from lorapop.eval.harness import make_executor
+    from lorapop.evolve.config import STRENGTH_KNOBS, scaled_params
     from lorapop.evolve.operators import OPERATORS, make_child
     from lorapop.rundir import Member, RunDir, write_json_atomic
-    from lorapop.tasks.easy import split_tasks
-    from lorapop.train.student import StudentLoopConfig, evaluate, set_lr, train_step
+    from lorapop.tasks import TASK_TYPES
+    from lorapop.tasks.styles import proposal_style
+    from lorapop.train.probe import run_probe
+    from lorapop.train.stages import sampling_params
+    from lorapop.train.student import StudentLoopConfig, set_lr, train_step
 
     t0 = time.perf_counter()
     cfg.validate()
-    loop = loop or StudentLoopConfig(steps=cfg.steps)
-    loop.steps = cfg.steps
-    loop.validate()
     ops = list(cfg.operators or OPERATORS)
-    unknown = [o for o in ops if o not in OPERATORS]
+    unknown = [o for o in ops + [o for o in cfg.stronger_ops if o != "auto"] if o not in OPERATORS]
     if unknown:
         raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(OPERATORS)}")
+    knobless = [o for o in cfg.stronger_ops if o != "auto" and o not in STRENGTH_KNOBS]
+    if cfg.stronger and knobless:
+        raise ValueError(f"--stronger-ops {knobless}: no strength knob; these have one: {', '.join(STRENGTH_KNOBS)}")
     rd = RunDir(run_dir)
     ckpt = rd.find_checkpoint()
     trained = parent_steps(rd, ckpt)
@@ -138,95 +219,157 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop=None, *, log=p
         chosen = [x for x in ranked if x[0].id == cfg.member]
         if not chosen:
             raise ValueError(f"member {cfg.member!r} is not a student of {ckpt} ({[m.id for m, _ in ranked]})")
-        role = chosen[0][0].role
-        ranked = chosen + [x for x in ranked if x[0].id != cfg.member and x[0].role == role]
+        ranked = chosen + [x for x in ranked if x[0].id != cfg.member and x[0].role == chosen[0][0].role]
     if not ranked:
         raise ValueError(f"{ckpt}: no student or agent member to take as the parent")
-    (parent, p_fit), second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
-    crossovers = [o for o in ops if OPERATORS[o].kind == "crossover"]
-    if crossovers and second is None:
-        log(f"retention: only one {parent.role} in {ckpt.name}; skipping crossovers {crossovers}")
-        ops = [o for o in ops if o not in crossovers]
-    arms = [CONTINUATION] + ops
-    size = max(2, min(cfg.group_size, len(arms)))
-    ecfg = EngineConfig(rank=parent.rank, lora_alpha=parent.lora_alpha, target_modules=parent.target_modules,
-                        device="cpu" if not torch.cuda.is_available() else "auto", backend=cfg.backend)
+    (parent, p_fit) = ranked[0]
+    second: tuple[str, Path, float] | None = None
+    if cfg.second_parent is not None:
+        from lorapop.adapters import resolve_source
+
+        src = resolve_source(cfg.second_parent)
+        rating = src.picked.rating if src.picked is not None else None
+        second = (src.label, src.dir, rating.expose if rating is not None else 0.0)
+    elif len(ranked) > 1:
+        second = (ranked[1][0].id, ranked[1][0].adapter_dir, ranked[1][1])
+    if second is None and any(OPERATORS[o].kind == "crossover" for o in ops):
+        log(f"retention: only one {parent.role} in {ckpt.name} and no --second-parent; skipping crossovers")
+        ops = [o for o in ops if OPERATORS[o].kind != "crossover"]
+
+    run_cfg = rd.read_config()
+    sp, rcfg = run_cfg.get("selfplay") or {}, run_cfg.get("run") or {}
+    style = str(sp.get("proposal_style", "azr"))
+    solve = SamplingConfig(**{k: v for k, v in (sp.get("solve") or {}).items()
+                              if k in SamplingConfig.__dataclass_fields__})
+    prefill = proposal_style(style).answer_prefill(TASK_TYPES["code_o"]) if sp.get("response_prefill") else ""
+    per_level = cfg.probe_per_level or int(rcfg.get("probe_per_level") or 30)
+    loop = StudentLoopConfig(**{"lr": float((run_cfg.get("engine") or {}).get("lr", 1e-3)),
+                                "temperature": solve.temperature, "eval_temperature": solve.temperature,
+                                "max_new_tokens": solve.max_new_tokens,
+                                "response_prefill": bool(sp.get("response_prefill")), "eval_samples": cfg.answers,
+                                **(loop_overrides or {}), "steps": cfg.steps})
+    loop.validate()
+    held, train = family_tasks(style, per_level, cfg.n_train_per_level, loop.seed)
+    n_answers = len(held) * cfg.answers
+    settings = {"run": str(rd.path), "checkpoint": ckpt.name, "parent": parent.id, "parent_selfplay_steps": trained,
+                "second_parent": second[0] if second else None, "reference": CONTINUATION, "training": TRAINING,
+                "steps": cfg.steps, "loop": {k: getattr(loop, k) for k in loop.__dataclass_fields__},
+                "probe": {"style": style, "n_tasks": len(held), "per_level": per_level, "answers": cfg.answers,
+                          "resolution": 1.0 / n_answers, "temperature": solve.temperature,
+                          "max_new_tokens": solve.max_new_tokens, "prefill": prefill},
+                "n_train_tasks": len(train), "floor_replicates": cfg.floor_replicates,
+                "eval_steps": eval_steps(cfg.steps, cfg.eval_every)}
+    out_dir = Path(cfg.out) if cfg.out else rd.path
+    out_path = out_dir / RETENTION
+    out: dict[str, Any] = {**settings, "arms": {}, "seconds": 0.0}
+    if out_path.is_file():
+        old = json.loads(out_path.read_text())
+        changed = [k for k in settings if old.get(k) != settings[k]]
+        if changed:
+            raise ValueError(f"{out_path} was made with other settings ({', '.join(changed)}): delete it or give "
+                             "another --out")
+        out.update(old)
+        out["arms"] = {n: a for n, a in old["arms"].items() if len(a.get("heldout") or []) == cfg.steps + 1}
+    done = set(out["arms"])
+    # mini_eval: the keys lorapop report reads
+    out["mini_eval"] = {"n_tasks": len(held), "samples_per_task": cfg.answers, "resolution": 1.0 / n_answers}
+    log(f"retention: arms trained with the {TRAINING}")
+    log(f"retention: scored on the run's probe family ({style}): {len(held)} tasks x {cfg.answers} answers, "
+        f"resolution 1/{n_answers} = {1.0 / n_answers:.4f}; {len(train)} training tasks"
+        + (f"; {len(done)} arm(s) already in {out_path}" if done else ""))
+    specs: list[tuple[str, str, dict[str, float] | None]] = [(CONTINUATION, CONTINUATION, None)]
+    specs += [(o, o, None) for o in ops]
+    if cfg.stronger and cfg.stronger_ops != ["auto"]:
+        specs += [(f"{o}@{cfg.stronger:g}x", o, scaled_params(o, cfg.stronger)) for o in cfg.stronger_ops]
+    size = max(2, cfg.group_size)
+    scored = set(settings["eval_steps"])
+    params = sampling_params(solve)
+    # the run's engine (dtype, batch sizes...), so the parent scores as the run's probe scored it
+    ecfg = EngineConfig(**{**{k: v for k, v in (run_cfg.get("engine") or {}).items()
+                              if k in EngineConfig.__dataclass_fields__ and k not in ("replicas", "ray_address")},
+                           "rank": parent.rank, "lora_alpha": parent.lora_alpha,
+                           "target_modules": parent.target_modules, "backend": cfg.backend,
+                           "device": "cpu" if not torch.cuda.is_available() else "auto"})
     engine = make_engine(rd.model_name(), size, ecfg, seed=loop.seed)
     executor = make_executor()
-    train, held = split_tasks(cfg.n_train, cfg.n_heldout, seed=loop.seed)
-    n_answers = len(held) * loop.eval_samples
-    out: dict[str, Any] = {"run": str(rd.path), "checkpoint": ckpt.name, "parent": parent.id,
-                           "parent_selfplay_steps": trained,
-                           "second_parent": second[0].id if second else None, "threshold": cfg.threshold,
-                           "reference": CONTINUATION, "training": TRAINING,
-                           "mini_eval": {"n_tasks": len(held), "samples_per_task": loop.eval_samples,
-                                         "resolution": 1.0 / n_answers},
-                           "steps": cfg.steps, "loop": {k: getattr(loop, k) for k in loop.__dataclass_fields__},
-                           "arms": {}}
-    log(f"retention: arms trained with the {TRAINING}")
-    log(f"retention: mini-eval {len(held)} held-out tasks x {loop.eval_samples} answer(s): resolution "
-        f"1/{n_answers} = {1.0 / n_answers:.3f}; recovered = held-out solve rate >= {cfg.threshold} x the "
-        f"continuation's at the same step")
+
+    def score(m: Member, step: int, salt: str = "") -> list[float]:
+        rng = random.Random(f"{loop.seed}:{m.id}{salt}:{step}:retention-probe")  # own seeds per arm: replicates
+        rows = run_probe(engine, executor, [m], step, params, cfg.answers, prefill, rng, per_level=per_level,
+                         style=style)
+        return [r["score"] for r in rows]
+
+    def run_group(group: list[tuple[str, str, dict[str, float] | None]]) -> None:
+        members = []
+        for slot, (name, op, over) in enumerate(group):
+            if op == CONTINUATION:
+                child, record = w_parent, {"operator": CONTINUATION}
+            else:
+                cross = OPERATORS[op].kind == "crossover"
+                gen = torch.Generator().manual_seed(zlib.crc32(f"{loop.seed}:{name}".encode()))
+                fitness = [p_fit, second[2]] if cross else [p_fit]  # type: ignore[index]
+                child, record = make_child(op, [w_parent, w_second] if cross else [w_parent], generator=gen,
+                                           scaling=engine.scaling, params=over,
+                                           fitness=fitness if OPERATORS[op].needs_fitness else None)
+            engine.set_adapter(slot, child)
+            engine.reset_optimizer(slot)  # a PBT child starts with fresh optimizer state
+            set_lr(engine, slot, loop.lr)
+            members.append(Member(name, slot, "student"))
+            out["arms"][name] = {"record": record, "train_reward": [], "heldout": [], "step_s": []}
+        t = time.perf_counter()
+        for m in members:
+            tasks0 = score(m, 0)
+            out["arms"][m.id].update(step0_tasks=tasks0, heldout=[statistics.fmean(tasks0)])
+            if m.id == CONTINUATION and "parent_replicates" not in out:
+                out["parent_replicates"] = [score(m, 0, f"#replicate{i + 1}") for i in range(cfg.floor_replicates)]
+        out.setdefault("timing", []).append({"arms": len(members), "step0_score_s": round(time.perf_counter() - t, 1)})
+        for step in range(cfg.steps):
+            t = time.perf_counter()
+            row = train_step(engine, executor, members, train, step, loop)
+            for m in members:
+                arm = out["arms"][m.id]
+                arm["train_reward"].append(row[m.id]["reward"])
+                arm["heldout"].append(statistics.fmean(score(m, step + 1)) if step + 1 in scored else None)
+            for m in members:  # the step's wall clock (training and scoring) per arm of the group
+                out["arms"][m.id]["step_s"].append(round((time.perf_counter() - t) / len(members), 1))
+            log(f"retention: step {step + 1}/{cfg.steps} ({time.perf_counter() - t:.0f} s) " + "  ".join(
+                f"{m.id} {_fmt(out['arms'][m.id]['heldout'][-1])}" for m in members))
+        out["seconds"] = round(out["seconds"] + time.perf_counter() - t0, 1)
+        write_json_atomic(out_path, out)
+
+    def run_all(todo: list[tuple[str, str, dict[str, float] | None]]) -> None:
+        nonlocal t0
+        for g in range(0, len(todo), size):
+            run_group(todo[g:g + size])
+            t0 = time.perf_counter()
+
     try:
         engine.load_adapter(0, parent.adapter_dir)
         w_parent = engine.get_adapter(0)
         w_second = None
         if second is not None:
-            engine.load_adapter(1, second[0].adapter_dir)
+            engine.load_adapter(1, second[1])
             w_second = engine.get_adapter(1)
-        pre = evaluate(engine, executor, Member(parent.id, 0, "student"), held, loop)
-        out["parent_heldout"] = pre.to_json()
-        log(f"retention: parent {parent.id} ({trained} self-play steps, expose {p_fit:.2f}) held-out solve rate "
-            f"{pre.solve_rate:.3f}")
-        gen = torch.Generator().manual_seed(loop.seed)
-        for g in range(0, len(arms), size):
-            group = arms[g:g + size]
-            members = []
-            for slot, name in enumerate(group):
-                record: dict[str, Any] = {"operator": CONTINUATION}
-                if name == CONTINUATION:
-                    child = w_parent
-                else:
-                    op = OPERATORS[name]
-                    parents = [w_parent, w_second] if op.kind == "crossover" else [w_parent]
-                    fitness = [p_fit, second[1]] if op.kind == "crossover" else [p_fit]
-                    child, record = make_child(name, parents, generator=gen, scaling=engine.scaling,
-                                               fitness=fitness if op.needs_fitness else None)
-                engine.set_adapter(slot, child)
-                engine.reset_optimizer(slot)  # a PBT child starts with fresh optimizer state
-                set_lr(engine, slot, loop.lr)
-                members.append(Member(name, slot, "student"))
-                out["arms"][name] = {"record": record, "train_reward": [], "heldout": [],
-                                     "heldout_reward": []}
-            for m in members:
-                s = evaluate(engine, executor, m, held, loop)
-                out["arms"][m.id]["heldout"].append(s.solve_rate)
-                out["arms"][m.id]["heldout_reward"].append(s.reward)
-            for step in range(cfg.steps):
-                row = train_step(engine, executor, members, train, step, loop)
-                for m in members:
-                    s = evaluate(engine, executor, m, held, loop)
-                    arm = out["arms"][m.id]
-                    arm["train_reward"].append(row[m.id]["reward"])
-                    arm["heldout"].append(s.solve_rate)
-                    arm["heldout_reward"].append(s.reward)
-                log(f"retention: step {step + 1}/{cfg.steps} " + "  ".join(
-                    f"{m.id} {out['arms'][m.id]['heldout'][-1]:.3f}" for m in members))
+        log(f"retention: parent {parent.id} ({trained} self-play steps, expose {p_fit:.2f}), second parent "
+            f"{second[0] if second else None}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run_all([s for s in specs if s[0] not in done])
+        summarise(out)
+        if cfg.stronger and cfg.stronger_ops == ["auto"]:
+            floor = (out["noise_floor"] or {}).get("spread") or 0.0
+            weak = [o for o in ops if o in STRENGTH_KNOBS and out["arms"][o]["drop"] <= floor]
+            out["stronger_auto"] = {"floor": floor, "operators": weak, "factor": cfg.stronger}
+            log(f"retention: within the noise floor ({floor:.3f}) at step 0: {weak}; stronger arms x{cfg.stronger:g}")
+            extra = [(f"{o}@{cfg.stronger:g}x", o, scaled_params(o, cfg.stronger)) for o in weak]
+            run_all([s for s in extra if s[0] not in out["arms"]])
     finally:
         executor.close()
         engine.close()
-    ref = out["arms"][CONTINUATION]["heldout"]
-    for name, arm in out["arms"].items():
-        arm["gap"] = [c - v for c, v in zip(ref, arm["heldout"])]
-        arm["drop"], arm["final_gap"] = arm["gap"][0], arm["gap"][-1]
-        arm["recovered_step"] = None if name == CONTINUATION else recovered_step(arm["heldout"], ref, cfg.threshold)
-    if not any(ref):
-        out["note"] = ("the continuation arm solved no held-out task at any step: every child 'recovers' at step 0 "
-                       "and the comparison says nothing; use a stronger parent, more --heldout tasks or another "
-                       "--temperature")
-        log(f"retention: note: {out['note']}")
-    out["seconds"] = round(time.perf_counter() - t0, 1)
-    write_json_atomic(rd.path / RETENTION, out)
+    order = [n for n, _, _ in specs] + sorted(n for n in out["arms"] if "@" in n)  # the stronger arms last
+    out["arms"] = {n: out["arms"][n] for n in dict.fromkeys(order) if n in out["arms"]}
+    summarise(out)
+    write_json_atomic(out_path, out)
+    out["path"] = str(out_path)
     return out
 
 
@@ -234,52 +377,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory with at least one checkpoint")
     p.add_argument("--operators", nargs="+", default=[], help="operators to test (default: all registered)")
     p.add_argument("--member", help="parent member id (default: the best student by TrueSkill expose)")
-    p.add_argument("--steps", type=int, default=4, help="training steps per arm")
-    p.add_argument("--tasks-per-step", type=int, default=4, help="training tasks per step")
-    p.add_argument("--n-samples", type=int, default=3, help="answers per training task")
-    p.add_argument("--heldout", type=int, default=12, help="held-out easy tasks of the mini-eval")
-    # The defaults are bench/learns.py's "solve" experiment, where the embedded base solves ~15-25% of held-out easy
-    # tasks and training moves that rate (docs/RESULTS.md, "Evidence that it learns"): a mini-eval that reads 0 for
-    # every arm measures nothing.
-    p.add_argument("--max-new-tokens", type=int, default=16, help="answer length cap")
-    p.add_argument("--temperature", type=float, default=0.3, help="sampling temperature (training and mini-eval)")
-    p.add_argument("--prefill", action=argparse.BooleanOptionalAction, default=True,
-                   help="start answers inside their ```output block (selfplay.response_prefill)")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of every arm")
+    p.add_argument("--second-parent", help="crossovers' second parent: a PEFT directory, RUN_DIR:best or "
+                                           "RUN_DIR:<id> (default: the second-best member of the parent's role)")
+    p.add_argument("--steps", type=int, default=20, help="training steps per arm (the paper's window: about 20)")
+    p.add_argument("--answers", type=int, default=4, help="answers per probe task in every scoring")
+    p.add_argument("--eval-every", type=int, default=1,
+                   help="score after every this many steps (and after steps 0, 1, 2 and the last)")
+    p.add_argument("--floor-replicates", type=int, default=4,
+                   help="extra scorings of the parent at step 0 for the noise floor (beside continuation and clone)")
+    p.add_argument("--stronger", type=float, default=0.0,
+                   help="add arms with the operator's strength knob times this (0: none)")
+    p.add_argument("--stronger-ops", nargs="+", default=["auto"],
+                   help="operators that get a stronger arm, or auto: those within the noise floor at step 0")
+    p.add_argument("--train-per-level", type=int, default=30, help="training tasks per probe level")
+    p.add_argument("--probe-per-level", type=int, default=None,
+                   help="probe tasks per level (default: the run's run.probe_per_level); fewer for a quick check")
+    p.add_argument("--tasks-per-step", type=int, default=8, help="training tasks per step")
+    p.add_argument("--n-samples", type=int, default=4, help="answers per training task")
+    p.add_argument("--lr", type=float, default=None, help="learning rate of every arm (default: the run's engine.lr)")
     p.add_argument("--group-size", type=int, default=4, help="arms trained together (engine slots)")
-    p.add_argument("--threshold", type=float, default=0.95,
-                   help="recovered = held-out solve rate >= threshold x the continuation arm's at the same step")
     p.add_argument("--min-parent-steps", type=int, default=20,
                    help="refuse a checkpoint fewer self-play steps in than this (the parent must be trained in "
                         "self-play)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="directory of retention.json (default: the run directory); rerun to resume")
     p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
                    help="what generates the arms' answers (engine.backend; vllm needs scripts/setup.sh --vllm)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from lorapop.configlib import ConfigError
     from lorapop.rundir import RunDirError
-    from lorapop.train.student import StudentLoopConfig
 
-    cfg = RetentionConfig(operators=list(args.operators), member=args.member, steps=args.steps,
-                          n_heldout=args.heldout, group_size=args.group_size, threshold=args.threshold,
-                          min_parent_steps=args.min_parent_steps, backend=args.backend)
-    loop = StudentLoopConfig(steps=args.steps, tasks_per_step=args.tasks_per_step, n_samples=args.n_samples,
-                             lr=args.lr, max_new_tokens=args.max_new_tokens, eval_samples=1, seed=args.seed,
-                             temperature=args.temperature, eval_temperature=args.temperature,
-                             response_prefill=args.prefill)
+    cfg = RetentionConfig(operators=list(args.operators), member=args.member, second_parent=args.second_parent,
+                          steps=args.steps, answers=args.answers, floor_replicates=args.floor_replicates,
+                          eval_every=args.eval_every,
+                          stronger=args.stronger, stronger_ops=list(args.stronger_ops),
+                          n_train_per_level=args.train_per_level, probe_per_level=args.probe_per_level,
+                          group_size=args.group_size,
+                          min_parent_steps=args.min_parent_steps, backend=args.backend, out=args.out)
+    over = {"tasks_per_step": args.tasks_per_step, "n_samples": args.n_samples, "seed": args.seed}
+    if args.lr is not None:
+        over["lr"] = args.lr
     try:
-        out = run_retention(args.run_dir, cfg, loop)
-    except (ValueError, RunDirError) as e:
+        out = run_retention(args.run_dir, cfg, over)
+    except (ValueError, RunDirError, ConfigError) as e:
         print(f"lorapop retention: {e}", file=sys.stderr)
         return 2
-    print(f"arms trained with the {out['training']}; mini-eval resolution {out['mini_eval']['resolution']:.3f} "
-          f"({out['mini_eval']['n_tasks']} tasks x {out['mini_eval']['samples_per_task']}); recovered = within "
-          f"{out['threshold']} x the continuation at the same step")
+    nf = out["noise_floor"] or {}
+    print(f"arms trained with the {out['training']}; scored on {out['probe']['n_tasks']} probe tasks x "
+          f"{out['probe']['answers']} answers (resolution {out['probe']['resolution']:.4f}); noise floor (step-0 "
+          f"spread of {nf.get('n')} replicates) {nf.get('spread') or 0:.3f}, std {nf.get('std') or 0:.3f}")
     for name, arm in out["arms"].items():
         rec = arm["recovered_step"]
-        status = "reference" if name == CONTINUATION else "step " + str(rec) if rec is not None else "not recovered"
-        print(f"{name:26s} after operator {arm['heldout'][0]:.3f}  final {arm['heldout'][-1]:.3f}  "
+        status = ("reference" if name == CONTINUATION else "no loss" if not arm["lost"] else
+                  "step " + str(rec) if rec is not None else "not recovered")
+        print(f"{name:30s} after operator {arm['heldout'][0]:.3f}  final {arm['heldout'][-1]:.3f}  "
               f"drop {arm['drop']:+.3f}  final gap {arm['final_gap']:+.3f}  recovered: {status}")
-    print(json.dumps({"retention": str(Path(out["run"]) / RETENTION), "seconds": out["seconds"]}))
+    print(json.dumps({"retention": out["path"], "seconds": out["seconds"]}))
     return 0
