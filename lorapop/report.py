@@ -374,6 +374,17 @@ def eval_comparison(runs: list[RunData]) -> str:
             + escape(", ".join(f"{b} {k}" for b, k in n.items())) + "</p>" + "".join(out))
 
 
+def _recovery_rule(ret: dict, against: str) -> str:
+    """How the file judged recovery: within the noise floor of the continuation (issue 49's files carry the floor),
+    or, in older files, a share (``threshold``) of the reference rate."""
+    floor = ret.get("noise_floor")
+    if isinstance(floor, dict) and isinstance(floor.get("spread"), (int, float)):
+        return (f"lost = a drop beyond the noise floor right after the operator, recovered = back within it of "
+                f"{escape(against)}; noise floor {floor['spread']:.3f} (the spread of {escape(str(floor.get('n')))} "
+                f"replicates of the parent)")
+    return f"recovered = held-out solve rate &ge; {escape(str(ret.get('threshold')))} &times; {escape(against)}"
+
+
 def retention_section(run: RunData) -> str:
     """retention.json (`lorapop retention`): held-out solve rate per arm over the steps after the operator (one curve
     per operator, the continuation arm, the reference, dashed black; the parent's pre-operator rate dotted), and the
@@ -404,8 +415,7 @@ def retention_section(run: RunData) -> str:
             + (f" ({escape(str(ret.get('parent_selfplay_steps')))} self-play steps)"
                if ret.get("parent_selfplay_steps") is not None else "")
             + f", second parent {escape(str(ret.get('second_parent')))}, checkpoint "
-            f"{escape(str(ret.get('checkpoint')))}; recovered = held-out solve rate &ge; "
-            f"{escape(str(ret.get('threshold')))} &times; {escape(against)}</p>"
+            f"{escape(str(ret.get('checkpoint')))}; {_recovery_rule(ret, against)}</p>"
             + (f"<p>mini-eval: {escape(str(mini.get('n_tasks')))} held-out tasks &times; "
                f"{escape(str(mini.get('samples_per_task')))} answer(s), resolution "
                f"{escape(format(mini.get('resolution', 0), '.3f'))}; arms trained with the "

@@ -162,3 +162,18 @@ def test_cpu_inductor_cache_is_per_cpu_capability(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # the user's choice stays
     use_inductor_cache_per_capability()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+
+
+def test_compile_counts_survive_a_dynamo_reset():
+    """torch._dynamo.reset() clears every compile callback; the engine's counter re-attaches its own before each
+    call, so compiles after someone's reset are still counted (in the full suite an earlier test's reset made the
+    run-shaped test above read 0 graphs)."""
+    from lorapop.engine.compiled import compile_stats
+
+    compile_stats()
+    torch._dynamo.reset()
+    before = compile_stats().snapshot()
+    fn = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    fn(torch.ones(3))
+    after = compile_stats().snapshot()
+    assert after[1] - before[1] == 1

@@ -94,6 +94,9 @@ def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_di
     html = (run_dir / "report.html").read_text()
     section = html.split('<section id="retention">')[1].split("</section>")[0]
     assert "Held-out solve rate after the operator" in section and "resolution 0.083" in section
+    # the rule the file was judged by: the noise floor it measured, not an older file's threshold
+    spread = json.loads((run_dir / "retention.json").read_text())["noise_floor"]["spread"]
+    assert f"noise floor {spread:.3f}" in section and "None" not in section.split("</p>")[0]
     assert section.count('<g class="series"') >= 4
 
 

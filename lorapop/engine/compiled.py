@@ -103,17 +103,24 @@ class CompileStats:
     the seconds they took, from dynamo's compile callbacks; one instance (:func:`compile_stats`)."""
 
     def __init__(self) -> None:
-        from torch._dynamo.callback import callback_handler
-
         self.seconds = 0.0
         self.compiles = 0
         self.recordings = 0
         self.limit_hits = 0
         self._t0: float | None = None
         self._lock = threading.Lock()
-        callback_handler.register_start_callback(self._start)
-        callback_handler.register_end_callback(self._end)
+        self.register()
         logging.getLogger("torch._dynamo.convert_frame").addFilter(self._limit_filter)
+
+    def register(self) -> None:
+        """(Re)attach the callbacks: ``torch._dynamo.reset()`` clears every registered callback (callback_handler.
+        clear()), and a user or a library may call it at any time; without this every later compile went uncounted."""
+        from torch._dynamo.callback import callback_handler
+
+        if self._start not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(self._start)
+        if self._end not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(self._end)
 
     def _start(self, *args) -> None:  # torch < 2.7 passes no CallbackArgs
         self._t0 = time.perf_counter()
@@ -151,6 +158,8 @@ def compile_stats() -> CompileStats:
     global _STATS
     if _STATS is None:
         _STATS = CompileStats()
+    else:
+        _STATS.register()
     return _STATS
 
 
