@@ -40,8 +40,7 @@ class StopChecker:
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
         self.tokenizer, self.stop = tokenizer, stop
-        self.longest = max(len(s) for s in stop)
-        self.n_tail = self.longest + 8
+        self.n_tail = max(len(s) for s in stop) + 8
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -51,9 +50,6 @@ class StopChecker:
         text = self._text(tail)
         before = len(self._text(tail[:-1])) if len(tail) > 1 else 0
         return any(text.find(s, max(0, before - len(s) + 1)) != -1 for s in self.stop)
-
-    def __call__(self, row: list[int]) -> bool:
-        return self.hit(row)
 
     def first_hit(self, row: list[int], start: int) -> int | None:
         """The shortest length ``j > start`` at which ``hit(row[:j])``, or None. First one decode of the window

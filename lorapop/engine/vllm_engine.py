@@ -266,8 +266,7 @@ class VLLMEngine:
         if self._fell_back or os.stat(root).st_dev == os.stat(self._dir).st_dev:
             return False
         was = self._dir.parent
-        self._dir = _sync_dir(root)
-        self._dirs.append(self._dir)
+        self.use_sync_root(root)
         self._fell_back = True
         print(f"lorapop: vLLM adapter sync: {was} is short ({why}); adapter files go to {root} from now on "
               "(a disk write per sync; give the container a larger /dev/shm, e.g. docker run --shm-size=2g, to "

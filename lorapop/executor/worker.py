@@ -238,6 +238,15 @@ def _remove(path):
     """Remove a file or tree a run left, whatever modes it set on it (runs that share the worker's uid own it)."""
     tried = set()
 
+    def remove(p, func=os.unlink):
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, onerror=retry)
+        else:
+            try:
+                func(p)
+            except OSError:
+                pass
+
     def retry(func, p, _exc):
         if p in tried:
             return
@@ -248,21 +257,9 @@ def _remove(path):
                     os.chmod(q, 0o700)
                 except OSError:
                     pass
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, onerror=retry)
-        else:
-            try:
-                func(p)
-            except OSError:
-                pass
+        remove(p, func)
 
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, onerror=retry)
-    else:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    remove(path)
 
 
 def _run_one(req, cfg, state):
