@@ -112,7 +112,7 @@ def test_answers_to_one_prompt_share_one_prefill():
 
 
 def test_kv_budget_bounds_the_slots_and_says_when_a_row_cannot_fit():
-    eng = tiny_engine(gen_batch_size=64)
+    eng = tiny_engine(gen_batch_size=64, kv_cache="static")
     dec = eng._decoder()
     per = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256, torch.float32)
     eng.cfg.kv_cache_gib = 2.5 * per / 2**30
@@ -178,7 +178,7 @@ def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size(
             super().__init__(*a, **k)
 
     monkeypatch.setattr(torch_engine, "StaticKVCache", Counting)
-    eng = tiny_engine(gen_batch_size=8, max_model_len=200)
+    eng = tiny_engine(gen_batch_size=8, max_model_len=200, kv_cache="static")
     dec = eng._decoder()
     eng.cfg.kv_cache_gib = 3.5 * StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256,
                                                           torch.float32) / 2**30

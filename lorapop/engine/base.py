@@ -125,6 +125,13 @@ class EngineConfig:
                 "fewer), and reused by every generate call. 0: the first call's longest row, rounded up to 256. "
                 "A longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
                 "records its CUDA graphs again)."})
+    kv_cache: str = field(default="paged", metadata={
+        "help": "backend torch: the KV cache's layout (paged | static). paged (vLLM's PagedAttention, "
+                "lorapop/engine/paged.py): a pool of 16-position pages that rows take as they grow, so the budget "
+                "holds as many rows (up to gen_batch_size) as their real lengths allow; a row that outgrows the "
+                "free pages is preempted and recomputed later, never dropped. static: every slot has room for the "
+                "longest row (max_model_len), so the budget holds budget / (prompt + max_new_tokens) rows whatever "
+                "their lengths; a step reads its attended history in place instead of gathering it from pages."})
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
@@ -199,6 +206,8 @@ class EngineConfig:
         if self.max_model_len < 0:
             raise ValueError(f"engine.max_model_len: must be >= 0 (0: from the first generate), got "
                              f"{self.max_model_len}")
+        if self.kv_cache not in ("paged", "static"):
+            raise ValueError(f"engine.kv_cache: {self.kv_cache!r} is not one of paged, static")
         if self.backend not in ("torch", "vllm"):
             raise ValueError(f"engine.backend: {self.backend!r} is not one of torch, vllm")
         if self.backend == "vllm" and self.replicas > 1:

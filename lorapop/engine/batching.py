@@ -143,6 +143,10 @@ class ContinuousBatcher:
         return self.tokens, self.reasons, self.logprobs
 
     # ------------------------------------------------------------------ admission and prefill
+    def _seq(self, r: int) -> list[int]:
+        """The tokens request ``r`` enters its slot with (a paged batcher resumes a preempted row with its own)."""
+        return self.prompts[r]
+
     def _prefix_key(self, r: int) -> tuple:
         return (int(self.adapters[r]), tuple(self.prompts[r][:-1]))
 
@@ -188,31 +192,36 @@ class ContinuousBatcher:
         self._prefill(prefill)
         for src, dst in copy_after:
             self.cache.copy_slot(src, dst, n_pre[dst])
-        slots = torch.tensor([s for s, _ in placed], dtype=torch.long, device=self.dev)
+        self._place([(s, r, self.prompts[r][-1], n_pre[s], 0) for s, r in placed])
+
+    def _place(self, rows: list[tuple[int, int, int, int, int]]) -> None:
+        """Device and host state of newly admitted rows: (slot, request, first input token, its position, tokens the
+        request has made)."""
+        slots = torch.tensor([s for s, *_ in rows], dtype=torch.long, device=self.dev)
 
         def col(vals):
             return torch.tensor(vals, dtype=torch.long, device=self.dev)
 
-        self.tok[slots] = col([self.prompts[r][-1] for _, r in placed])
-        self.pos[slots] = col([n_pre[s] for s, _ in placed])
-        self.ids[slots] = col([int(self.adapters[r]) for _, r in placed])
-        self.seeds[slots] = col([int(self.row_seeds[r]) % (1 << 63) for _, r in placed])
-        self.steps[slots] = 0
-        for s, r in placed:
-            self.req[s], self.hpos[s] = r, n_pre[s]
+        self.tok[slots] = col([t for _, _, t, _, _ in rows])
+        self.pos[slots] = col([p for _, _, _, p, _ in rows])
+        self.ids[slots] = col([int(self.adapters[r]) for _, r, *_ in rows])
+        self.seeds[slots] = col([int(self.row_seeds[r]) % (1 << 63) for _, r, *_ in rows])
+        self.steps[slots] = col([n for *_, n in rows])
+        for s, r, _, p, _ in rows:
+            self.req[s], self.hpos[s] = r, p
         self._ids_version += 1
 
     @torch.no_grad()
     def _prefill(self, rows: list[tuple[int, int]]) -> None:
         """Prefill ``prompt[:-1]`` of each (slot, request): waves of similar-length rows, each wave in chunks of
         positions, every forward holding at most ``chunk`` tokens (padding included)."""
-        todo = sorted(rows, key=lambda sr: -len(self.prompts[sr[1]]))
+        todo = sorted(rows, key=lambda sr: -len(self._seq(sr[1])))
         while todo:
-            longest = len(self.prompts[todo[0][1]]) - 1
+            longest = len(self._seq(todo[0][1])) - 1
             width = min(longest, self.chunk)
             wave, todo = todo[:max(1, self.chunk // width)], todo[max(1, self.chunk // width):]
             wave.sort(key=lambda sr: int(self.adapters[sr[1]]))  # contiguous adapter runs for the LoRA layers
-            seqs = [self.prompts[r][:-1] for _, r in wave]
+            seqs = [self._seq(r)[:-1] for _, r in wave]
             slots = torch.tensor([s for s, _ in wave], dtype=torch.long, device=self.dev)
             self.ctx.set(torch.tensor([int(self.adapters[r]) for _, r in wave], dtype=torch.long, device=self.dev))
             self._ctx_for = None
@@ -272,6 +281,7 @@ class ContinuousBatcher:
         if not live:
             return
         k = min(self.interval, max(self.row_max[self.req[s]] - len(self.tokens[self.req[s]]) for s in live))
+        live = self._reserve(live, k)
         nb, kv = self._buckets(k)
         span = self.cache.span(kv)
         if not self.dense and self._ctx_for != (nb, self._ids_version):
@@ -299,6 +309,7 @@ class ContinuousBatcher:
         self.decode_steps += k
         self.host_s += time.perf_counter() - t0
         if freed:
+            self._release(freed)
             idx = torch.tensor(freed, dtype=torch.long, device=self.dev)
             self.pos[idx] = self.cache.trash
             self.ids[idx] = -1
@@ -307,6 +318,14 @@ class ContinuousBatcher:
                     self.on_finished(self.req[s])
                 self.req[s] = -1
             self._ids_version += 1
+
+    def _reserve(self, live: list[int], k: int) -> list[int]:
+        """The live slots that decode the next ``k`` steps: all of them here (every slot holds a whole row); a paged
+        cache first finds the pages they write, preempting rows when there are too few."""
+        return live
+
+    def _release(self, slots: list[int]) -> None:
+        """Slots whose rows just finished (a paged cache frees their pages)."""
 
     def _take(self, r: int, seg: list[int], seg_lp: list[float]) -> bool:
         """Append an interval's tokens (already capped at the row's budget) to request ``r``, cut at its first EOS
@@ -337,11 +356,17 @@ class ContinuousBatcher:
         holes = [s for s in range(len(live)) if self.req[s] < 0]
         movers = [s for s in live if s >= len(live)]
         for src, dst in zip(movers, holes):
-            self.cache.copy_slot(src, dst, self.hpos[src] + 1)
-            for t in (self.tok, self.pos, self.ids, self.seeds, self.steps):
-                t[dst] = t[src]
-            self.pos[src], self.ids[src] = self.cache.trash, -1
-            self.req[dst], self.req[src] = self.req[src], -1
-            self.key[dst], self.key[src] = self.key[src], None
-            self.hpos[dst] = self.hpos[src]
+            self._move_slot(src, dst)
         self._ids_version += 1
+
+    def _move_slot(self, src: int, dst: int) -> None:
+        self.cache.copy_slot(src, dst, self.hpos[src] + 1)
+        self._move_state(src, dst)
+
+    def _move_state(self, src: int, dst: int) -> None:
+        for t in (self.tok, self.pos, self.ids, self.seeds, self.steps):
+            t[dst] = t[src]
+        self.pos[src], self.ids[src] = self.cache.trash, -1
+        self.req[dst], self.req[src] = self.req[src], -1
+        self.key[dst], self.key[src] = self.key[src], None
+        self.hpos[dst] = self.hpos[src]

@@ -163,6 +163,24 @@ class StaticKVCache:
         for t in self.k + self.v:
             t[dst, :, :end] = t[src, :, :end]
 
+    # The forward's three cache operations (a paged cache, :mod:`.paged`, has its own): where a forward's rows write
+    # and read, the write of one layer's new K/V, and the read of the positions attention covers.
+    def locate(self, slots: torch.Tensor | None, b: int, write: torch.Tensor, span: torch.Tensor):
+        rows = (torch.arange(b, device=write.device) if slots is None else slots)[:, None]
+        return (rows, write), slots
+
+    def store(self, li: int, at, k: torch.Tensor, v: torch.Tensor) -> None:
+        rows, write = at
+        kc, vc = self.k[li], self.v[li]
+        kc[rows, :, write] = k.transpose(1, 2).to(kc.dtype)
+        vc[rows, :, write] = v.transpose(1, 2).to(vc.dtype)
+
+    def load(self, li: int, slots: torch.Tensor | None, b: int, kv_len) -> tuple[torch.Tensor, torch.Tensor]:
+        kc, vc = self.k[li], self.v[li]
+        if slots is None:  # decode: rows are slots 0..b-1, read through views (no copy)
+            return kc[:b, :, :kv_len], vc[:b, :, :kv_len]
+        return kc[slots, :, :kv_len], vc[slots, :, :kv_len]
+
 
 class LlamaFamilyDecoder:
     """The per-row-position forward (see the module docstring) over ``model``'s modules."""
@@ -239,7 +257,7 @@ class LlamaFamilyDecoder:
         b, t = tokens.shape
         span = cache.span(kv) if isinstance(kv, int) else kv
         kv_len = span.shape[0]
-        rows = (torch.arange(b, device=tokens.device) if slots is None else slots)[:, None]
+        w_at, r_at = cache.locate(slots, b, write, span)
         x = self.inner.embed_tokens(tokens)
         cos, sin = self.inner.rotary_emb(x, pos)
         allowed = span[None, None, None, :] <= pos[:, None, :, None]
@@ -250,13 +268,8 @@ class LlamaFamilyDecoder:
             k = self._proj(attn.k_proj, h, mask).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
             v = self._proj(attn.v_proj, h, mask).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = self.apply_rope(q, k, cos, sin)
-            kc, vc = cache.k[li], cache.v[li]
-            kc[rows, :, write] = k.transpose(1, 2).to(kc.dtype)
-            vc[rows, :, write] = v.transpose(1, 2).to(vc.dtype)
-            if slots is None:
-                keys, vals = kc[:b, :, :kv_len], vc[:b, :, :kv_len]
-            else:
-                keys, vals = kc[slots, :, :kv_len], vc[slots, :, :kv_len]
+            cache.store(li, w_at, k, v)
+            keys, vals = cache.load(li, r_at, b, kv_len)
             o = attend(q, keys, vals, allowed, attn.scaling)
             x = x + self._proj(attn.o_proj, o.transpose(1, 2).reshape(b, t, -1), mask)
             h = layer.post_attention_layernorm(x)

@@ -31,10 +31,11 @@ from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_p
 from .batching import ContinuousBatcher, stop_checker
 from .compiled import CompiledDecode, DecodeShapes
 from .cudamem import allocatable_bytes
-from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32, kv_capacity
+from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
 from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
+from .paged import PagedBatcher, PagedKVCache, kv_shape
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
 from .scoring import chunk_scores, train_micro_batches
 
@@ -97,10 +98,11 @@ class TorchEngine:
         self.pad_id = int(pad if pad is not None else 0)
         self._dec: LlamaFamilyDecoder | None = None  # built on the first generate
         self._cache: StaticKVCache | None = None
-        self._kv_shape: tuple[int, int] | None = None  # (slots, capacity) of the run's cache
+        self._kv_shape: tuple[int, int, int] | None = None  # (slots, capacity, pages) of the run's cache
         self.kv_cache_allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
         # generate's per-row bookkeeping (seconds), the row-steps it covered and the decode steps (bench/gpu.py)
         self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
+        self.kv_preemptions = 0  # rows the paged cache preempted (and recomputed) so far
         self.decode_compile: CompiledDecode | None = None  # engine.compile's step, warm-up and figures
         self._vocab_key: torch.Tensor | None = None
         for i in range(n_adapters):
@@ -178,7 +180,7 @@ class TorchEngine:
             layer.refresh_low_precision()
         sampling = (int(params.min_new_tokens), bool(params.greedy), float(params.temperature), float(params.top_p))
         with progress("generate", total=len(prompts), unit="rows") as bar:
-            batcher = ContinuousBatcher(
+            batcher = (PagedBatcher if isinstance(cache, PagedKVCache) else ContinuousBatcher)(
                 dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=dense,
                 prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
                 max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
@@ -196,6 +198,7 @@ class TorchEngine:
         self.host_s += batcher.host_s
         self.row_tokens += batcher.row_tokens
         self.decode_steps += batcher.decode_steps
+        self.kv_preemptions += getattr(batcher, "preemptions", 0)
         temp = 0.0 if params.greedy else max(0.0, float(params.temperature))
         return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r, lp, temp)
                 for p, t, r, lp in zip(prompts, toks, reasons, lps)]
@@ -232,7 +235,7 @@ class TorchEngine:
         """The declared set of the compiled decode step over the run's cache (None before the first generate)."""
         if self._kv_shape is None:
             return None
-        return DecodeShapes(*self._kv_shape, self.device.type == "cuda")
+        return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda")
 
     def kv_budget_bytes(self) -> int:
         """Bytes the static KV cache may take now: on CUDA a fraction of what a new allocation can use (the
@@ -245,41 +248,27 @@ class TorchEngine:
             return int(self.cfg.kv_cache_memory_fraction * free)
         return int(self.cfg.kv_cache_gib * 2**30)
 
-    def _kv_cache(self, max_len: int) -> StaticKVCache:
-        """The run's static cache. Sized once, on the first call: ``gen_batch_size`` slots, or as many as the budget
-        holds, whatever this call's row count, since continuous batching streams any number of rows through any
-        number of slots; its capacity is ``engine.max_model_len`` (or this call's longest row, rounded up to 256).
-        Every later call reuses it, so the compiled step sees one cache shape (and, on CUDA, one address) per run;
-        only a row longer than the capacity makes a new, longer one (a cache allocated again after
-        ``release_kv_cache`` keeps the run's shape)."""
-        dec = self._dec
-        cur = self._cache
+    def _kv_cache(self, max_len: int) -> StaticKVCache | PagedKVCache:
+        """The run's cache (``engine.kv_cache``). Sized once, on the first call: ``gen_batch_size`` rows (static: as
+        many slots as the budget holds, if fewer; paged: as many pages as it holds), whatever this call's row count,
+        since continuous batching streams any number of rows through them; rows of up to ``engine.max_model_len``
+        (or this call's longest row, rounded up to 256). Every later call reuses it, so the compiled step sees one
+        cache shape (and, on CUDA, one address) per run; only a row longer than the capacity makes a new, longer
+        one (a cache allocated again after ``release_kv_cache`` keeps the run's shape): see paged.kv_shape."""
+        dec, cur = self._dec, self._cache
         if cur is not None and cur.max_len >= max_len:
             return cur
         dtype = next(iter(self.layers.values())).base.weight.dtype
-        shape = self._kv_shape
-        if shape is not None and shape[1] >= max_len and cur is None:  # re-made after a release: same shape
-            n_slots, capacity = shape
-            per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
-            if n_slots * per_slot <= self.kv_budget_bytes():
-                return self._new_kv_cache(n_slots, capacity, dtype)
-        capacity = kv_capacity(max_len, self.cfg.max_model_len)
-        capacity = max(capacity, shape[1] if shape is not None else 0)
-        per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
-        budget = self.kv_budget_bytes()
-        fit = budget // per_slot
-        if fit < 1:
-            raise RuntimeError(
-                f"the KV cache budget ({budget / 2**30:.2f} GiB) cannot hold one row of {capacity} tokens "
-                f"({per_slot / 2**30:.2f} GiB): raise engine.kv_cache_gib / engine.kv_cache_memory_fraction or "
-                "shorten engine.max_model_len / the prompts / max_new_tokens")
-        return self._new_kv_cache(int(min(max(1, self.cfg.gen_batch_size), fit)), capacity, dtype)
-
-    def _new_kv_cache(self, n_slots: int, capacity: int, dtype) -> StaticKVCache:
-        dec = self._dec
+        shape = kv_shape(self.cfg.kv_cache, (dec.n_layers, dec.n_kv, dec.head_dim), dtype, max_len, self.cfg,
+                         self._kv_shape, cur is None, self.kv_budget_bytes())
         self._cache = None  # free the old cache before allocating the new one
-        self._cache = StaticKVCache(dec.n_layers, n_slots, dec.n_kv, dec.head_dim, capacity, dtype, self.device)
-        self._kv_shape = (n_slots, capacity)
+        n_slots, capacity, n_pages = shape
+        if self.cfg.kv_cache == "paged":
+            self._cache = PagedKVCache(dec.n_layers, n_slots, dec.n_kv, dec.head_dim, capacity, n_pages, dtype,
+                                       self.device)
+        else:
+            self._cache = StaticKVCache(dec.n_layers, n_slots, dec.n_kv, dec.head_dim, capacity, dtype, self.device)
+        self._kv_shape = shape
         self.kv_cache_allocations += 1
         return self._cache
 

@@ -1,0 +1,134 @@
+"""The paged KV cache (issue 46.5): the static cache's tokens, capacity that follows the rows' real lengths, recompute
+preemption when the pages run out, shared prefix pages, and the fit rule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from floattol import sum_tol
+from test_engine_helpers import K_TINY, logprob_atol, tiny_engine
+from lorapop.engine import SamplingParams
+from lorapop.engine.paged import PAGE, PagedKVCache, token_bytes
+
+
+def _rows(seed: int, n: int, shared: int = 3):
+    """``n`` requests: prompts of 2 to 40 tokens, every ``shared``-th one repeated (a task's answers), on adapters
+    -1..2, with per-row caps from 1 to 60 tokens."""
+    rng = random.Random(seed)
+    prompts, ids, caps = [], [], []
+    for k in range(n):
+        if k % shared == 1:
+            prompts.append(list(prompts[-1]))
+            ids.append(ids[-1])
+        else:
+            prompts.append([1] + [rng.randint(3, 900) for _ in range(rng.randint(1, 39))])
+            ids.append(rng.choice([-1, 0, 1, 2]))
+        caps.append(rng.choice([1, 3, 8, 20, 60]))
+    return prompts, ids, caps
+
+
+def _budget(eng, pages: int) -> float:
+    """``engine.kv_cache_gib`` that holds ``pages`` pages (the trash page on top)."""
+    dec, dtype = eng._decoder(), getattr(torch, eng.cfg.dtype)
+    return (pages + 1) * PAGE * token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype) / 2**30
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_paged_cache_gives_the_static_caches_rows(greedy):
+    """Without preemption the paged cache runs the static cache's computation on the same values: same tokens, same
+    finish reasons, log-probs within float32 rounding; rows refill slots (24 requests, 5 slots), stop at EOS and at
+    their caps, and share prompt pages (two of every three requests share their prompt)."""
+    prompts, ids, caps = _rows(0, 24)
+    p = SamplingParams(max_new_tokens=60, greedy=greedy, temperature=1.0, min_new_tokens=1)
+    static = tiny_engine(gen_batch_size=5, kv_cache="static", max_model_len=128)
+    paged = tiny_engine(gen_batch_size=5, max_model_len=128)
+    first = static.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
+    eos = sorted(set(static.eos_ids) | {t for c in first[:6] for t in c.token_ids[1:2]})  # early stops
+    static.eos_ids = paged.eos_ids = eos
+    want = static.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
+    got = paged.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
+    assert isinstance(paged._cache, PagedKVCache) and paged.kv_preemptions == 0
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in want]
+    assert {c.finish_reason for c in want} == {"eos", "length"}
+    for a, b in zip(got, want):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=logprob_atol(), rtol=0)
+
+
+def test_capacity_follows_real_lengths_and_a_row_that_outgrows_the_pool_is_recomputed():
+    """A budget of 24 pages (384 positions) and rows of up to 256 positions: the static cache holds one slot of 256
+    there, the paged cache as many rows as their real lengths allow (up to gen_batch_size 8). Short rows run many at
+    once; long ones outgrow the free pages, so the youngest is preempted, requeued with its tokens and prefilled
+    again, and finishes with the tokens it makes alone, at the length it was asked for. float64: the recomputed
+    history's rounding (a chunked prefill vs one-token steps) is ~1e-15, so a token differs only at a near-exact tie,
+    and the log-probs agree within float64's summation tolerance."""
+    rng = random.Random(3)
+    prompts = [[1] + [rng.randint(3, 900) for _ in range(rng.randint(4, 30))] for _ in range(12)]
+    ids = [k % 3 for k in range(12)]
+    caps = [8, 5, 200, 12, 3, 150, 9, 7, 180, 4, 6, 11]
+    p = SamplingParams(max_new_tokens=200, temperature=1.0)
+    seeds = list(range(100, 112))
+    paged = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64")
+    paged.cfg.kv_cache_gib = _budget(paged, 24)
+    got = paged.generate(prompts, ids, p, seeds, max_new_tokens=caps)
+    assert paged._cache.n_pages == 24 and paged._cache.n_slots == 8
+    assert paged.kv_preemptions > 0
+    assert [len(c.token_ids) for c in got] == caps  # never dropped, never cut
+    live_paged = paged.row_tokens / paged.decode_steps
+
+    static = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64", kv_cache="static")
+    static.cfg.kv_cache_gib = paged.cfg.kv_cache_gib
+    want = static.generate(prompts, ids, p, seeds, max_new_tokens=caps)
+    assert static._cache.n_slots == 1  # 24 pages hold one 256-position slot
+    assert static.row_tokens / static.decode_steps == 1.0 < live_paged
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0,
+                                   atol=sum_tol(torch.float64, K_TINY, 10.0))
+
+
+def test_answers_to_one_task_share_their_prompt_pages():
+    """Six answers to one 40-token prompt (two full pages and a partial one) take 2 shared pages and one page each,
+    and are prefilled once; their tokens are those of each answer alone."""
+    prompt = [1] + list(range(3, 42))
+    eng = tiny_engine(gen_batch_size=6, max_model_len=128)
+    dec = eng._decoder()
+    calls, tables = [], []
+    orig = dec.forward
+
+    def counting(cache, tokens, *a, **k):
+        if tokens.shape[1] > 1:  # a prefill forward
+            calls.append(tokens.shape[0])
+        elif not tables:  # the first decode step: every answer admitted
+            tables.append(cache.table[:6, :3].tolist())  # the pages of positions 0..47
+        return orig(cache, tokens, *a, **k)
+
+    dec.forward = counting
+    p = SamplingParams(max_new_tokens=5, temperature=1.0)
+    got = eng.generate([prompt] * 6, [1] * 6, p, list(range(6)))
+    dec.forward = orig
+    assert calls == [1]
+    table = tables[0]
+    assert len({r[0] for r in table}) == len({r[1] for r in table}) == 1  # pages 0 and 1 shared
+    assert len({r[2] for r in table}) == 6  # the partial page copied
+    alone = [tiny_engine(max_model_len=128).generate([prompt], [1], p, [k])[0].token_ids for k in range(6)]
+    assert [c.token_ids for c in got] == alone
+
+
+def test_paged_budget_must_hold_one_longest_row():
+    eng = tiny_engine(gen_batch_size=8, max_model_len=256)
+    eng.cfg.kv_cache_gib = _budget(eng, 256 // PAGE - 1)
+    with pytest.raises(RuntimeError, match="KV cache budget .* cannot hold one row of 256 tokens"):
+        eng.generate([[1, 2, 3]], [0], SamplingParams(max_new_tokens=4))
+    eng.cfg.kv_cache_gib = _budget(eng, 256 // PAGE)
+    assert len(eng.generate([[1, 2, 3]], [0], SamplingParams(max_new_tokens=4))[0].token_ids) == 4
+
+
+def test_kv_cache_setting_is_checked_at_load():
+    from lorapop.engine import EngineConfig
+
+    with pytest.raises(ValueError, match="engine.kv_cache: 'pages' is not one of paged, static"):
+        EngineConfig(kv_cache="pages").validate()
