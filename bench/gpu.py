@@ -26,11 +26,15 @@ Figures (all measured in this one run; the last line is one JSON object):
   variable_over_equal    tok/s of 4 x --rows requests through --rows slots, lengths spread over [--min-len,
                          --new-tokens], over tok/s of the same requests and total tokens at one equal length
   long_tok_s, long_live_rows  --long-rows rows over 8 adapters, lengths long-tailed (median --long-median, tail
-                         to --long-max): tok/s and the mean number of rows decoded per step
+                         to --long-max), under a KV budget of --long-budget-rows rows at the full length: tok/s
+                         and the mean number of rows decoded per step, with the engine's cache (engine.kv_cache,
+                         paged by default); long_preemptions: rows it preempted and recomputed
+  long_tok_s_static, long_live_rows_static  the same requests and budget through the static cache (--long-static)
   hf_compiled_tok_s      (not with --quick) transformers ``generate`` with a static cache on the fixed-shape rows
   train_tok_s, train_peak_gib  (not with --quick) one train_step over adapters x --train-rows rows
-  decode_capacity_ratio  time of the compiled decode step with a cache 8x longer, same rows and attention length,
-                         over the time with the shorter cache (issue 28: <= 1.2, a step reads what it attends to)
+  decode_capacity_ratio  time of the compiled decode step with a cache 8x longer (static: 8x the positions per
+                         slot; paged: 8x the pages), same rows and attention length, over the time with the
+                         shorter cache, for the engine's cache (issue 28: <= 1.2, a step reads what it attends to)
   kv_cache_allocations   (not with --quick) caches allocated over 6 generate calls of varied row counts and
                          prompt lengths under a budget of fewer than --rows slots (issue 28: 1, one cache per run)
   trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
@@ -101,7 +105,7 @@ def build_engine(args, max_model_len: int):
                        stop_check_interval=args.stop_check_interval or (8 if cuda else 1),
                        gradient_checkpointing=args.checkpointing,
                        prefill_chunk_tokens=8192 if cuda else 2048, logprob_chunk_size=1024 if cuda else 128,
-                       max_model_len=max_model_len)
+                       max_model_len=max_model_len, kv_cache=args.kv_cache)
     if args.shape == "small" and not cuda:
         return TorchEngine.from_config("embedded", args.adapters, cfg, seed=0)
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -142,6 +146,7 @@ def decode_capacity_ratio(eng, args) -> float:
     rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length. The engine's
     own compiled step (its cache shape is symbolic: nothing compiles), or one compiled here without --compile."""
     from lorapop.engine.decode import StaticKVCache
+    from lorapop.engine.paged import PAGE, PagedKVCache
 
     dev, dec = eng.device, eng._decoder()
     eng.release_kv_cache()
@@ -155,7 +160,14 @@ def decode_capacity_ratio(eng, args) -> float:
     n = 50 if dev.type == "cuda" else 10
     times = []
     for capacity in (small, 8 * small):
-        cache = StaticKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, dtype, dev)
+        if eng.cfg.kv_cache == "paged":  # the same rows of `small` positions in a pool of 8x the pages
+            n_pages = rows * capacity // PAGE
+            cache = PagedKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, small, n_pages, dtype, dev)
+            per_row = small // PAGE  # the rows' pages spread over the pool, as a long run leaves them
+            cache.set_rows(list(range(rows)), [[(k * per_row + j) * (n_pages // (rows * per_row)) for j in
+                                                range(per_row)] for k in range(rows)])
+        else:
+            cache = StaticKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, dtype, dev)
 
         def col(v, dt=torch.long):
             out = torch.full((rows,), v, dtype=dt, device=dev)
@@ -286,6 +298,11 @@ def main() -> None:
     ap.add_argument("--long-rows", type=int, default=64 if cuda else 8)
     ap.add_argument("--long-max", type=int, default=8096 if cuda else 192)
     ap.add_argument("--long-median", type=int, default=600 if cuda else 16)
+    ap.add_argument("--long-budget-rows", type=int, default=None,
+                    help="KV budget of the long rows, in rows at their full length (default --long-rows / 4)")
+    ap.add_argument("--long-static", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the long rows through the static cache (engine.kv_cache=static)")
+    ap.add_argument("--kv-cache", choices=["paged", "static"], default="paged", help="engine.kv_cache")
     ap.add_argument("--trainer-steps", type=int, default=None, help="--shape small: steps of the real trainer "
                                                                     "(default 3 on CUDA, 0 elsewhere)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
@@ -302,6 +319,7 @@ def main() -> None:
 
     from lorapop.engine import SamplingParams, TrainSample
     from lorapop.engine.base import chat_prompt_ids
+    from lorapop.engine.decode import StaticKVCache, kv_capacity
 
     tok = _tokenizer(args)
     prompt = chat_prompt_ids(tok, PROMPT)
@@ -399,27 +417,60 @@ def main() -> None:
               f"({train_tok_s:.0f} tok/s), peak {train_peak_gib:.1f} GiB (checkpointing "
               f"{eng.cfg.gradient_checkpointing})", file=sys.stderr)
 
-    # Long rows: --long-rows requests over 8 adapters, long-tailed lengths, through a cache of the longest row.
+    # Long rows: --long-rows requests over 8 adapters, long-tailed lengths, rows of up to the longest, under a KV
+    # budget of --long-budget-rows such rows at the full length (as the 7B configs' budget holds 48 rows of 14336
+    # positions): the engine's cache, then (--long-static) the static cache on the same requests and budget.
     long_lens = long_tailed(rng, args.long_rows, args.long_median, args.long_max, least=16)
-    eng.release_kv_cache()
-    eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
-    eng.cfg.gen_batch_size = args.long_rows
-    eng._kv_shape = None  # a new cache shape: this arm's declared set
     lprompts = [prompt + [int(t) for t in tok(f" #{k}")["input_ids"]] for k in range(args.long_rows)]
-    steps0, rows0 = eng.decode_steps, eng.row_tokens
-    t_long, _ = _timed(dev, lambda: eng.generate(lprompts, [k % 8 for k in range(args.long_rows)],
-                                                  SamplingParams(max_new_tokens=args.long_max, temperature=1.0),
-                                                  list(range(args.long_rows)), max_new_tokens=long_lens))
-    long_tok_s = sum(long_lens) / t_long
-    long_live = (eng.row_tokens - rows0) / max(1, eng.decode_steps - steps0)
-    print(f"long rows: {args.long_rows} rows, median {statistics.median(long_lens):.0f}, mean "
-          f"{statistics.fmean(long_lens):.0f}, max {max(long_lens)} tokens: {long_tok_s:.0f} tok/s (first call of "
-          f"its cache shape: warm-up included), {long_live:.1f} rows decoded per step", file=sys.stderr)
+    long_sp = SamplingParams(max_new_tokens=args.long_max, temperature=1.0, min_new_tokens=args.long_max)  # no EOS
+    long_budget_rows = args.long_budget_rows or max(1, args.long_rows // 4)
 
+    def long_arm():
+        eng.release_kv_cache()
+        eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
+        eng.cfg.gen_batch_size = args.long_rows
+        eng._kv_shape = None  # a new cache shape: this arm's declared set
+        dec = eng._decoder()
+        dtype = next(iter(eng.layers.values())).base.weight.dtype
+        slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, kv_capacity(eng.cfg.max_model_len),
+                                        dtype)
+        eng.kv_budget_bytes = lambda: long_budget_rows * slot
+        try:
+            # one short row first: the cache is allocated and (compiled) its declared set warmed, outside the timing
+            eng.generate(lprompts[:1], [0], long_sp, [0], max_new_tokens=[1])
+            steps0, rows0, pre0 = eng.decode_steps, eng.row_tokens, eng.kv_preemptions
+            t, outs = _timed(dev, lambda: eng.generate(lprompts, [k % 8 for k in range(args.long_rows)], long_sp,
+                                                       list(range(args.long_rows)), max_new_tokens=long_lens))
+        finally:
+            del eng.kv_budget_bytes
+        assert [len(c.token_ids) for c in outs] == long_lens
+        live = (eng.row_tokens - rows0) / max(1, eng.decode_steps - steps0)
+        print(f"long rows, {eng.cfg.kv_cache} cache: {args.long_rows} rows, median "
+              f"{statistics.median(long_lens):.0f}, mean {statistics.fmean(long_lens):.0f}, max {max(long_lens)} "
+              f"tokens, budget {long_budget_rows} rows of {eng.cfg.max_model_len}: {sum(long_lens) / t:.0f} tok/s "
+              f"(its warm-up before), {live:.1f} rows decoded per step, "
+              f"{eng.kv_preemptions - pre0} preempted", file=sys.stderr)
+        return sum(long_lens) / t, live, eng.kv_preemptions - pre0
+
+    long_tok_s, long_live, long_pre = long_arm()
     comp = eng.decode_compile
     compile_s, graphs = (comp.compile_s, comp.graphs) if comp else (0.0, 0)
     cuda_graphs, after = (comp.cuda_graphs, comp.after_warmup) if comp else (0, 0)
     host_us = 1e6 * eng.host_s / max(1, eng.row_tokens)
+    long_static = (None, None, None)
+    if args.long_static and eng.cfg.kv_cache != "static":  # after the compile figures: its own graphs and warm-up
+        kind = eng.cfg.kv_cache
+        eng.cfg.kv_cache = "static"
+        if eng.decode_compile is not None:
+            eng.decode_compile.warm = None
+        try:
+            long_static = long_arm()
+        finally:
+            eng.cfg.kv_cache = kind
+            eng.release_kv_cache()
+            eng._kv_shape = None
+        print(f"long rows: {eng.cfg.kv_cache} over static {long_tok_s / long_static[0]:.2f}x tok/s, "
+              f"{long_live / long_static[1]:.2f}x rows per step", file=sys.stderr)
     capacity_ratio = decode_capacity_ratio(eng, args)
     allocations = None if args.quick else kv_cache_allocations(eng, prompt, rows)
     trainer_s = None
@@ -441,8 +492,11 @@ def main() -> None:
         "single_step_s": r(single_s), "compile_s_total": r(compile_s, 1), "graphs_total": graphs,
         "cuda_graphs_total": cuda_graphs, "graphs_after_warmup": after, "host_us_per_row_token": r(host_us, 2),
         "mixed_tok_s": r(mixed_tok_s, 1), "base_tok_s": r(base_tok_s, 1), "variable_over_equal": r(variable_over_equal),
-        "long_tok_s": r(long_tok_s, 1), "long_live_rows": r(long_live, 2), "long_rows": args.long_rows,
-        "long_median": statistics.median(long_lens), "long_max": max(long_lens),
+        "kv_cache": eng.cfg.kv_cache, "long_tok_s": r(long_tok_s, 1), "long_live_rows": r(long_live, 2),
+        "long_preemptions": long_pre, "long_tok_s_static": r(long_static[0], 1),
+        "long_live_rows_static": r(long_static[1], 2), "long_rows": args.long_rows,
+        "long_budget_rows": long_budget_rows, "long_median": statistics.median(long_lens),
+        "long_mean": r(statistics.fmean(long_lens), 1), "long_max": max(long_lens),
         "hf_compiled_tok_s": r(hf_tok_s, 1), "hf_compiled": hf_compiled,
         "mixed_over_hf_compiled": None if hf_tok_s is None else r(mixed_tok_s / hf_tok_s),
         "train_tok_s": r(train_tok_s, 1), "train_peak_gib": r(train_peak_gib, 2),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import sys
 import weakref
@@ -46,6 +47,9 @@ HEADROOM = 0.92  # of the GPU's memory the plan lets tensors take (context, work
 # The prompt budgets the plan assumes live on the prompt formats (lorapop/tasks/formats.py); named here for the CLI.
 DEFAULT_PROMPT_TOKENS = SHORT.plan_prompt_tokens
 AZR_PROMPT_TOKENS = AZR.plan_prompt_tokens
+# The reply length the paged KV cache's rows are also counted at (besides the full max_new_tokens): an assumption,
+# not a measurement (issue 46's example of AZR's typical reply, far below its 8096-token budget); --reply-tokens.
+REPLY_TOKENS = 600
 
 
 def default_prompt_tokens(cfg: Any) -> int:
@@ -155,7 +159,8 @@ class MemoryPlan:
     advice: list[str] = field(default_factory=list)
     generation_bytes: int = 0
     train_bytes: int = 0
-    kv_slots_fit: int = 0  # rows of prompt + max_new_tokens the KV cache can hold (torch: slots; vllm: in its share)
+    kv_slots_fit: int = 0  # rows of prompt + max_new_tokens the KV cache can hold (torch: slots, or rows of the paged
+    # pool at the full length; vllm: in its share)
     # backend vllm only: vLLM's share (vllm_gpu_memory_utilization of the memory), the KV cache left in it after its
     # weights, LoRA slots and activations (negative when they do not fit), and the range of the fraction that fits
     vllm_bytes: int = 0
@@ -171,8 +176,7 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.generation_bytes <= self.limit and self.train_bytes <= self.limit and (
-            self.backend != "vllm" or self.kv_slots_fit >= 1)
+        return self.generation_bytes <= self.limit and self.train_bytes <= self.limit and self.kv_slots_fit >= 1
 
     def render(self) -> str:
         lines = [f"memory plan for {self.model} on {self.gpu_bytes / GIB:.1f} GiB "
@@ -268,6 +272,7 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from lorapop.engine.decode import StaticKVCache, kv_capacity
+    from lorapop.engine.paged import PAGE, PagedKVCache, token_bytes
 
     dtype = getattr(torch, ecfg.dtype)
     eng = _fake_engine(mcfg, n_adapters, FakeTensorMode(allow_non_fake_inputs=True), ecfg)
@@ -287,9 +292,16 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     dec = eng._decoder()
     capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
     out["per_slot"] = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
+    out["kv_token"] = token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype)
     holder: list = []
-    out["kv"] = _measure(lambda: holder.append(StaticKVCache(dec.n_layers, max(1, ecfg.gen_batch_size), dec.n_kv,
-                                                             dec.head_dim, capacity, dtype, torch.device("cpu"))))
+    n_rows = max(1, ecfg.gen_batch_size)
+    if ecfg.kv_cache == "paged":  # its largest pool: every row at the full length
+        out["kv"] = _measure(lambda: holder.append(PagedKVCache(dec.n_layers, n_rows, dec.n_kv, dec.head_dim,
+                                                                capacity, n_rows * capacity // PAGE, dtype,
+                                                                torch.device("cpu"))))
+    else:
+        out["kv"] = _measure(lambda: holder.append(StaticKVCache(dec.n_layers, n_rows, dec.n_kv, dec.head_dim,
+                                                                 capacity, dtype, torch.device("cpu"))))
     cache = holder.pop()
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
     width = min(prompt_tokens, ecfg.prefill_chunk_tokens)
@@ -357,6 +369,7 @@ class Measured:
     prompt_tokens: int
     new_tokens: int
     n_adapters: int
+    reply_tokens: int = REPLY_TOKENS  # the reply the paged cache's rows are also counted at (plan --reply-tokens)
 
 
 def measure(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Measured:
@@ -382,9 +395,10 @@ def measure(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Measured:
     return Measured(cfg.model.name, ecfg, m, prompt_tokens, new_tokens, n)
 
 
-def plan(cfg: Any, gpu_gib: float, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan:
+def plan(cfg: Any, gpu_gib: float, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+         reply_tokens: int = REPLY_TOKENS) -> MemoryPlan:
     """The memory plan of ``cfg``'s run on a GPU of ``gpu_gib`` GiB."""
-    return assemble(measure(cfg, prompt_tokens), gpu_gib)
+    return assemble(dataclasses.replace(measure(cfg, prompt_tokens), reply_tokens=reply_tokens), gpu_gib)
 
 
 def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
@@ -414,31 +428,60 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     if ecfg.backend == "vllm":
         _assemble_vllm(p, measured, capacity, torch_state, update)
         return p
+    resident = m["base"] + m["adapters"] + m["copies"]
+    room = p.limit - resident - m["prefill"]  # what the KV cache may take beside the rest of generation
+    kv, kv_note = m["kv"], (f"{ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} prompt + "
+                            f"{new_tokens} new)")
+    if ecfg.kv_cache == "paged":
+        kv, kv_note, p.kv_slots_fit = _paged_kv(p, measured, capacity, room)
     table = [
         *torch_state,
         ("adapters' inference copies", m["copies"], "base dtype" + (", and the compiled step's dense copy"
                                                                     if ecfg.compile else "")),
-        ("KV cache", m["kv"], f"{ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} prompt + "
-                              f"{new_tokens} new)"),
+        ("KV cache", kv, kv_note),
         ("prefill chunk (peak)", m["prefill"], f"{chunk_rows} rows x {min(prompt_tokens, ecfg.prefill_chunk_tokens)}"
                                                " tokens (prefill_chunk_tokens)"),
         *update,
     ]
     for name, b, note in table:
         p.phases[name], p.notes[name] = int(b), note
-    resident = m["base"] + m["adapters"] + m["copies"]
-    p.generation_bytes = resident + m["kv"] + m["prefill"]
+    p.generation_bytes = resident + kv + m["prefill"]
     p.train_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
-    p.kv_slots_fit = max(0, (p.limit - resident - m["prefill"]) // m["per_slot"])
-    if p.generation_bytes > p.limit:
-        if p.kv_slots_fit >= 1:
-            p.advice.append(f"generation: the KV cache holds {p.kv_slots_fit} of engine.gen_batch_size="
-                            f"{ecfg.gen_batch_size} rows: set --engine.gen_batch_size={p.kv_slots_fit} (or less)")
-        else:
-            p.advice.append("generation: not one row of KV cache fits beside the prefill chunk: lower "
-                            f"--engine.prefill_chunk_tokens (now {ecfg.prefill_chunk_tokens}) or the max_new_tokens")
+    if ecfg.kv_cache != "paged":
+        p.kv_slots_fit = max(0, room // m["per_slot"])
+    if p.kv_slots_fit < 1:  # the paged cache too must hold one row at the full length
+        p.advice.append("generation: not one row of KV cache fits beside the prefill chunk: lower "
+                        f"--engine.prefill_chunk_tokens (now {ecfg.prefill_chunk_tokens}) or the max_new_tokens")
+    elif p.generation_bytes > p.limit:
+        p.advice.append(f"generation: the KV cache holds {p.kv_slots_fit} of engine.gen_batch_size="
+                        f"{ecfg.gen_batch_size} rows: set --engine.gen_batch_size={p.kv_slots_fit} (or less)")
     _advise_update(p, ecfg, resident, m["train_ckpt"], m["train"], rows)
     return p
+
+
+def _paged_kv(p: MemoryPlan, measured: Measured, capacity: int, room: int) -> tuple[int, str, int]:
+    """engine.kv_cache paged: the pool the engine allocates (every row at the full length, or what fits beside the
+    rest of generation, in whole pages), its note and the rows it holds at the full length. The note also gives the
+    rows of ``prompt + reply_tokens`` it holds (the lengths rows really reach decide how many run at once, up to
+    gen_batch_size): the number that tells whether gen_batch_size is what bounds them."""
+    from lorapop.engine.paged import PAGE
+
+    ecfg, m = measured.engine, measured.phases
+    per_page = PAGE * m["kv_token"]
+    pages = min(m["kv"] // per_page - 1, max(0, room // per_page - 1))
+    kv = m["kv"] if pages == m["kv"] // per_page - 1 else (pages + 1) * per_page
+    tokens = pages * PAGE
+    full = tokens // capacity
+    reply = min(measured.reply_tokens, measured.new_tokens)
+    short = tokens // (-(-(measured.prompt_tokens + reply) // PAGE) * PAGE)
+    note = (f"paged: {tokens} tokens, {full} rows of {capacity} ({measured.prompt_tokens} prompt + "
+            f"{measured.new_tokens} new) or {short} of {measured.prompt_tokens} + {reply}; "
+            f"gen_batch_size {ecfg.gen_batch_size} at once")
+    if short > ecfg.gen_batch_size and full >= 1:
+        p.advice.append(f"generation: the paged KV cache holds {short} rows of {measured.prompt_tokens} + {reply} "
+                        f"tokens: raise --engine.gen_batch_size (now {ecfg.gen_batch_size}) to decode more at once "
+                        "when replies are that short")
+    return kv, note, full
 
 
 # vLLM's CUDA-graph pool. VllmConfig._set_cudagraph_sizes (vllm/config/vllm.py) captures batch sizes 1, 2, 4, 8, 16,
@@ -630,6 +673,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=None,
                     help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS}; {AZR_PROMPT_TOKENS}, AZR's "
                          "prompt cap, under selfplay.prompt_format azr)")
+    ap.add_argument("--reply-tokens", type=int, default=None,
+                    help=f"engine.kv_cache paged: also count the rows of prompt + this many reply tokens the cache "
+                         f"holds (default {REPLY_TOKENS}, an assumed typical reply, capped at max_new_tokens)")
     ap.add_argument("--backends", default=None, metavar="torch,vllm",
                     help="plan for these engine.backend values, one plan each (default: the config's own); exit "
                          "status 0 only when every one fits")
@@ -645,7 +691,8 @@ def run(args: argparse.Namespace, config_path: str) -> int:
         plans = []
         for backend in backends:  # each measured on its own: what is measured depends on the backend
             one = load_config(config_path, [*args.overrides, f"--engine.backend={backend}"])
-            plans.append(plan(one, args.gpu_memory, args.prompt_tokens or default_prompt_tokens(one)))
+            plans.append(plan(one, args.gpu_memory, args.prompt_tokens or default_prompt_tokens(one),
+                              getattr(args, "reply_tokens", None) or REPLY_TOKENS))
     except (ConfigError, PlanError) as e:
         print(f"lorapop plan: {e}", file=sys.stderr)
         return 2

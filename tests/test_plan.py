@@ -236,3 +236,34 @@ def test_vllm_graph_pool_follows_vllms_capture_sizes_and_eager_has_none(vllm_7b)
     assert eager.vllm_graph_bytes == 0 < graphs.vllm_graph_bytes
     assert eager.vllm_kv_bytes == graphs.vllm_kv_bytes + graphs.vllm_graph_bytes
     assert eager.train_bytes == graphs.train_bytes - graphs.vllm_graph_bytes
+
+
+
+def test_paged_kv_cache_plan_counts_tokens_and_refuses_without_one_full_row(embedded):
+    """engine.kv_cache paged: the pool holds gen_batch_size rows at the full length (the static cache's memory) or
+    what fits beside the rest of generation; the plan gives its tokens and its rows at the full length and at a
+    shorter one, and refuses a memory whose pool cannot hold one row at the full length, however short the rows
+    it could hold."""
+    from lorapop.engine.decode import kv_capacity
+    from lorapop.engine.paged import PAGE
+
+    m, ecfg = embedded.phases, embedded.engine
+    assert ecfg.kv_cache == "paged"  # the default
+    capacity = kv_capacity(embedded.prompt_tokens + embedded.new_tokens, ecfg.max_model_len)
+    per_page = PAGE * m["kv_token"]
+    big = assemble(embedded, 80.0)
+    tokens = ecfg.gen_batch_size * capacity
+    pool = tokens * m["kv_token"] + per_page  # the trash page on top
+    assert big.phases["KV cache"] == m["kv"] and pool <= m["kv"] <= 1.01 * pool  # and the block tables
+    assert big.kv_slots_fit == ecfg.gen_batch_size
+    assert f"paged: {tokens} tokens, {ecfg.gen_batch_size} rows of {capacity}" in big.notes["KV cache"]
+    rest = big.generation_bytes - big.phases["KV cache"]  # resident state and the prefill chunk
+    one_row = (capacity // PAGE + 1) * per_page
+    for room, rows in ((one_row, 1), (one_row - per_page, 0)):
+        gpu = (rest + room + 16) / planmod.HEADROOM / GIB
+        pl = assemble(dataclasses.replace(embedded, reply_tokens=8), gpu)
+        assert pl.kv_slots_fit == rows and not (rows == 0 and pl.fits)
+        assert f"paged: {room // per_page * PAGE - PAGE} tokens, {rows} rows of {capacity}" in pl.notes["KV cache"]
+        assert f"or {(room // per_page - 1) * PAGE // (-(-(embedded.prompt_tokens + 8) // PAGE) * PAGE)} of " \
+               f"{embedded.prompt_tokens} + 8" in pl.notes["KV cache"]
+        assert ("not one row of KV cache fits" in "\n".join(pl.advice)) == (rows == 0)
