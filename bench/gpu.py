@@ -34,7 +34,10 @@ Figures (all measured in this one run; the last line is one JSON object):
   train_tok_s, train_peak_gib  (not with --quick) one train_step over adapters x --train-rows rows
   decode_capacity_ratio  time of the compiled decode step with a cache 8x longer (static: 8x the positions per
                          slot; paged: 8x the pages), same rows and attention length, over the time with the
-                         shorter cache, for the engine's cache (issue 28: <= 1.2, a step reads what it attends to)
+                         shorter cache, for the engine's cache (issue 28: <= 1.2, a step reads what it attends to);
+                         decode_capacity_ratio_static for the static cache
+  paged_step_over_static  the compiled step's time over a paged cache over its time over a static one, same rows
+                         and attention length: the cost of gathering the attended positions through block tables
   kv_cache_allocations   (not with --quick) caches allocated over 6 generate calls of varied row counts and
                          prompt lengths under a budget of fewer than --rows slots (issue 28: 1, one cache per run)
   trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
@@ -141,10 +144,12 @@ def long_tailed(rng: random.Random, n: int, median: int, most: int, least: int =
     return out
 
 
-def decode_capacity_ratio(eng, args) -> float:
+def decode_capacity_ratio(eng, args) -> dict[str, float]:
     """The compiled decode step's time with a cache of 8x the capacity over its time with the smaller cache, same
-    rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length. The engine's
-    own compiled step (its cache shape is symbolic: nothing compiles), or one compiled here without --compile."""
+    rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length, for each cache
+    kind; and ``paged_over_static``, the paged step's time over the static one's on the smaller caches (what reading
+    through the block tables costs). The engine's own compiled step (its cache shape is symbolic: nothing compiles
+    for a new size; the other kind of cache compiles its own graph here), or one compiled here without --compile."""
     from lorapop.engine.decode import StaticKVCache
     from lorapop.engine.paged import PAGE, PagedKVCache
 
@@ -158,9 +163,9 @@ def decode_capacity_ratio(eng, args) -> float:
     step = eng.decode_compile.step if eng.decode_compile else torch.compile(dec.decode_step, dynamic=False)
     dtype = next(iter(eng.layers.values())).base.weight.dtype
     n = 50 if dev.type == "cuda" else 10
-    times = []
-    for capacity in (small, 8 * small):
-        if eng.cfg.kv_cache == "paged":  # the same rows of `small` positions in a pool of 8x the pages
+    times = {}
+    for kind, capacity in [(k, c) for k in ("static", "paged") for c in (small, 8 * small)]:
+        if kind == "paged":  # the same rows of `small` positions in a pool of 8x the pages
             n_pages = rows * capacity // PAGE
             cache = PagedKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, small, n_pages, dtype, dev)
             per_row = small // PAGE  # the rows' pages spread over the pool, as a long run leaves them
@@ -183,9 +188,11 @@ def decode_capacity_ratio(eng, args) -> float:
         for _ in range(3):  # a new cache shape: compiles (without --compile) or records its CUDA graph
             step(*args_)
         t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
-        times.append(t / n)
+        times[kind, capacity] = t / n
         del cache, args_
-    return times[1] / times[0]
+    return {"static": times["static", 8 * small] / times["static", small],
+            "paged": times["paged", 8 * small] / times["paged", small],
+            "paged_over_static": times["paged", small] / times["static", small]}
 
 
 def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
@@ -299,7 +306,8 @@ def main() -> None:
     ap.add_argument("--long-max", type=int, default=8096 if cuda else 192)
     ap.add_argument("--long-median", type=int, default=600 if cuda else 16)
     ap.add_argument("--long-budget-rows", type=int, default=None,
-                    help="KV budget of the long rows, in rows at their full length (default --long-rows / 4)")
+                    help="KV budget of the long rows, in rows at their full length (default --long-rows / 8: fewer "
+                         "than the requests need at once, so the cache, not the longest row, bounds the time)")
     ap.add_argument("--long-static", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the long rows through the static cache (engine.kv_cache=static)")
     ap.add_argument("--kv-cache", choices=["paged", "static"], default="paged", help="engine.kv_cache")
@@ -423,7 +431,7 @@ def main() -> None:
     long_lens = long_tailed(rng, args.long_rows, args.long_median, args.long_max, least=16)
     lprompts = [prompt + [int(t) for t in tok(f" #{k}")["input_ids"]] for k in range(args.long_rows)]
     long_sp = SamplingParams(max_new_tokens=args.long_max, temperature=1.0, min_new_tokens=args.long_max)  # no EOS
-    long_budget_rows = args.long_budget_rows or max(1, args.long_rows // 4)
+    long_budget_rows = args.long_budget_rows or max(1, args.long_rows // 8)
 
     def long_arm():
         eng.release_kv_cache()
@@ -471,7 +479,8 @@ def main() -> None:
             eng._kv_shape = None
         print(f"long rows: {eng.cfg.kv_cache} over static {long_tok_s / long_static[0]:.2f}x tok/s, "
               f"{long_live / long_static[1]:.2f}x rows per step", file=sys.stderr)
-    capacity_ratio = decode_capacity_ratio(eng, args)
+    capacity = decode_capacity_ratio(eng, args)
+    capacity_ratio = capacity[eng.cfg.kv_cache]
     allocations = None if args.quick else kv_cache_allocations(eng, prompt, rows)
     trainer_s = None
     n_trainer = args.trainer_steps if args.trainer_steps is not None else (3 if cuda and args.shape == "small" else 0)
@@ -479,7 +488,8 @@ def main() -> None:
         trainer_s = trainer_steps(args, n_trainer)
         print(f"lorapop train cpu_demo on {dev}: {trainer_s:.1f}s per step (mean of {n_trainer})", file=sys.stderr)
     print(f"engine.compile: {compile_s:.1f}s, {graphs} graphs, {cuda_graphs} CUDA graphs, {after} after warm-up; "
-          f"host {host_us:.2f} us per row and token; decode_capacity_ratio {capacity_ratio:.3f}; "
+          f"host {host_us:.2f} us per row and token; decode_capacity_ratio {capacity_ratio:.3f} "
+          f"(static {capacity['static']:.3f}); paged step over static {capacity['paged_over_static']:.3f}; "
           f"kv_cache_allocations {allocations}; wall {time.perf_counter() - t_start:.0f}s", file=sys.stderr)
 
     def r(x, n=3):
@@ -500,7 +510,8 @@ def main() -> None:
         "hf_compiled_tok_s": r(hf_tok_s, 1), "hf_compiled": hf_compiled,
         "mixed_over_hf_compiled": None if hf_tok_s is None else r(mixed_tok_s / hf_tok_s),
         "train_tok_s": r(train_tok_s, 1), "train_peak_gib": r(train_peak_gib, 2),
-        "decode_capacity_ratio": r(capacity_ratio), "kv_cache_allocations": allocations,
+        "decode_capacity_ratio": r(capacity_ratio), "decode_capacity_ratio_static": r(capacity["static"]),
+        "paged_step_over_static": r(capacity["paged_over_static"]), "kv_cache_allocations": allocations,
         "trainer_step_s": r(trainer_s, 2), "wall_s": round(time.perf_counter() - t_start),
     }))
 

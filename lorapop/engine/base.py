@@ -112,9 +112,10 @@ class EngineConfig:
         "help": "Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
                 "bounds memory without changing the update."})
     gen_batch_size: int = field(default=32, metadata={
-        "help": "Most rows decoded at once (slots of the static KV cache). Fewer are used when the KV cache budget "
-                "(kv_cache_gib / kv_cache_memory_fraction) cannot hold this many rows of prompt + max_new_tokens; "
-                "with continuous batching a finished row's slot takes the next waiting prompt."})
+        "help": "Most rows decoded at once (slots of the KV cache, vLLM's max_num_seqs). kv_cache static: fewer "
+                "are used when the KV cache budget (kv_cache_gib / kv_cache_memory_fraction) cannot hold this many "
+                "rows of prompt + max_new_tokens; paged: as many as the budget's pages hold at their real lengths. "
+                "With continuous batching a finished row's slot takes the next waiting prompt."})
     prefill_chunk_tokens: int = field(default=2048, metadata={
         "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
                 "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
@@ -133,11 +134,11 @@ class EngineConfig:
                 "longest row (max_model_len), so the budget holds budget / (prompt + max_new_tokens) rows whatever "
                 "their lengths; a step reads its attended history in place instead of gathering it from pages."})
     kv_cache_gib: float = field(default=4.0, metadata={
-        "help": "Off CUDA: GiB the static KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
+        "help": "Off CUDA: GiB the KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
         "help": "On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info plus the "
                 "allocator's unused blocks outside CUDA-graph pools, which a new tensor cannot use; see "
-                "lorapop/engine/cudamem.py) the static KV cache may take; the rest is left for "
+                "lorapop/engine/cudamem.py) the KV cache may take; the rest is left for "
                 "activations, logits and the prefill."})
     compile: bool = field(default=False, metadata={
         "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs). The "
