@@ -118,6 +118,12 @@ class PagedKVCache:
             rows[i, :len(ps)] = torch.tensor(ps, dtype=torch.long)
         self.table[torch.tensor(slots, dtype=torch.long, device=self.table.device)] = rows.to(self.table.device)
 
+    def set_entries(self, entries: list[tuple[int, int, int]]) -> None:
+        """Block-table entries (slot, logical page, physical page): the pages rows grow into, one small copy."""
+        if entries:
+            idx = torch.tensor(entries, dtype=torch.long).to(self.table.device)
+            self.table[idx[:, 0], idx[:, 1]] = idx[:, 2]
+
     def move_row(self, src: int, dst: int) -> None:
         self.table[dst] = self.table[src]
         self.table[src] = self.trash_page
@@ -244,9 +250,10 @@ class PagedBatcher(ContinuousBatcher):
         grown = []
         for s in order:
             if need[s]:
-                self.pages[s] += self._take_pages(need[s])
-                grown.append(s)
-        self.cache.set_rows(grown, [self.pages[s] for s in grown])
+                new = self._take_pages(need[s])
+                grown += [(s, len(self.pages[s]) + j, p) for j, p in enumerate(new)]
+                self.pages[s] += new
+        self.cache.set_entries(grown)
         return sorted(order)
 
     def _preempt(self, s: int) -> None:
