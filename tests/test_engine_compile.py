@@ -76,6 +76,22 @@ def test_compiled_once_before_the_first_step_then_never_again():
     assert compiled.pop_metrics()["perf/graphs"] == counters["stats"]["unique_graphs"] == 2
     assert compiled.decode_compile.after_warmup == 0
     assert len(shapes.shapes) == 2 * 3 * 2  # branches x batch buckets (2, 4, 8) x attention (64, symbolic; 512)
+    # A paged pool of 40 pages (640 positions) for 6 rows of ~190: rows are preempted and prefilled again, and the
+    # step, over a pool of another size, compiles nothing; the rows are the static cache's
+    from lorapop.engine.paged import PAGE, token_bytes
+
+    dec = compiled._decoder()
+    compiled.release_kv_cache()
+    compiled._kv_shape = None
+    compiled.cfg.kv_cache_gib = 41 * PAGE * token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, torch.float32) / 2**30
+    prompts = [[1] + [rng.randint(3, 900) for _ in range(rng.randint(10, 40))] for _ in range(6)]
+    p = SamplingParams(max_new_tokens=150, temperature=1.0, min_new_tokens=150)
+    got = compiled.generate(prompts, [0, 1, 2, 0, 1, 2], p, list(range(6)))
+    assert compiled._cache.n_pages == 40 and compiled.kv_preemptions > 0
+    want = eager.generate(prompts, [0, 1, 2, 0, 1, 2], p, list(range(6)))
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert compiled.pop_metrics()["perf/graphs"] == counters["stats"]["unique_graphs"] == 2
+    assert compiled.decode_compile.after_warmup == 0
 
 
 def test_declared_set_covers_every_bucket_the_batcher_can_pick():
