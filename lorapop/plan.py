@@ -293,16 +293,7 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
     out["per_slot"] = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
     out["kv_token"] = token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype)
-    holder: list = []
     n_rows = max(1, ecfg.gen_batch_size)
-    if ecfg.kv_cache == "paged":  # its largest pool: every row at the full length
-        out["kv"] = _measure(lambda: holder.append(PagedKVCache(dec.n_layers, n_rows, dec.n_kv, dec.head_dim,
-                                                                capacity, n_rows * capacity // PAGE, dtype,
-                                                                torch.device("cpu"))))
-    else:
-        out["kv"] = _measure(lambda: holder.append(StaticKVCache(dec.n_layers, n_rows, dec.n_kv, dec.head_dim,
-                                                                 capacity, dtype, torch.device("cpu"))))
-    cache = holder.pop()
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
     width = min(prompt_tokens, ecfg.prefill_chunk_tokens)
 
@@ -319,8 +310,36 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
             eng._ctx.low_precision = False
             eng._ctx.set(None)
 
-    out["prefill"] = _measure(lambda: prefill(cache, chunk_rows, width))
-    del cache
+    def decode(cache, rows: int, kv: int):
+        """One decode step's forward with every row attending ``kv`` positions (the paged cache gathers them)."""
+        pos = torch.full((rows, 1), kv - 1)
+        eng._ctx.set(torch.tensor(sorted(k % n for k in range(rows))))
+        eng._ctx.low_precision = True
+        try:
+            with torch.no_grad():
+                dec.forward(cache, torch.ones(rows, 1, dtype=torch.long), pos, pos, kv, None, None)
+        finally:
+            eng._ctx.low_precision = False
+            eng._ctx.set(None)
+
+    # One kind at a time: the caches are real tensors (their bytes counted as allocated); the paged block table is
+    # made fake, so the gather a decode step makes is counted without being computed.
+    fake = next(eng.model.parameters()).fake_mode
+    holder: list = []
+    for i, kind in enumerate(("static", "paged") if ecfg.kv_cache == "auto" else (ecfg.kv_cache,)):
+        if kind == "paged":  # the pool at its largest: every row at the full length
+            out[f"kv_{kind}"] = _measure(lambda: holder.append(PagedKVCache(
+                dec.n_layers, n_rows, dec.n_kv, dec.head_dim, capacity, n_rows * capacity // PAGE, dtype,
+                torch.device("cpu"))))
+            holder[0].table = fake.from_tensor(holder[0].table)
+        else:
+            out[f"kv_{kind}"] = _measure(lambda: holder.append(StaticKVCache(
+                dec.n_layers, n_rows, dec.n_kv, dec.head_dim, capacity, dtype, torch.device("cpu"))))
+        cache = holder.pop()
+        if i == 0:
+            out["prefill"] = _measure(lambda: prefill(cache, chunk_rows, width))
+        out[f"decode_{kind}"] = _measure(lambda: decode(cache, n_rows, capacity))
+        del cache
     if ecfg.backend == "vllm":  # the figures the plan sizes vLLM's share with (see _assemble_vllm)
         cap = vllm_graph_capture_tokens(ecfg)
         if cap:  # the largest graph vLLM captures: one decode token for each of `cap` rows
@@ -429,11 +448,21 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
         _assemble_vllm(p, measured, capacity, torch_state, update)
         return p
     resident = m["base"] + m["adapters"] + m["copies"]
-    room = p.limit - resident - m["prefill"]  # what the KV cache may take beside the rest of generation
-    kv, kv_note = m["kv"], (f"{ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} prompt + "
-                            f"{new_tokens} new)")
-    if ecfg.kv_cache == "paged":
-        kv, kv_note, p.kv_slots_fit = _paged_kv(p, measured, capacity, room)
+    kind = ecfg.kv_cache
+    if kind == "auto":  # as the engine decides (paged.kv_shape): static when every row fits at the full length
+        kind = "static" if resident + m["kv_static"] + max(m["prefill"], m["decode_static"]) <= p.limit else "paged"
+    transient = max(m["prefill"], m[f"decode_{kind}"])
+    room = p.limit - resident - transient  # what the KV cache may take beside the rest of generation
+    kv, kv_note = m[f"kv_{kind}"], (f"static: {ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} "
+                                    f"prompt + {new_tokens} new)")
+    if kind == "paged":
+        kv, kv_note, p.kv_slots_fit = _paged_kv(p, measured, capacity, room, m["kv_paged"])
+    else:
+        p.kv_slots_fit = max(0, room // m["per_slot"])
+    if ecfg.kv_cache == "auto":
+        kv_note += " (engine.kv_cache auto)"
+        if kind == "static":  # what a larger gen_batch_size would get: auto pages then, in the same memory
+            _paged_kv(p, measured, capacity, room, m["kv_paged"])
     table = [
         *torch_state,
         ("adapters' inference copies", m["copies"], "base dtype" + (", and the compiled step's dense copy"
@@ -441,14 +470,14 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
         ("KV cache", kv, kv_note),
         ("prefill chunk (peak)", m["prefill"], f"{chunk_rows} rows x {min(prompt_tokens, ecfg.prefill_chunk_tokens)}"
                                                " tokens (prefill_chunk_tokens)"),
+        ("decode step (peak)", m[f"decode_{kind}"], f"{ecfg.gen_batch_size} rows attending {capacity} positions"
+                                                    + (", gathered from the pages" if kind == "paged" else "")),
         *update,
     ]
     for name, b, note in table:
         p.phases[name], p.notes[name] = int(b), note
-    p.generation_bytes = resident + kv + m["prefill"]
+    p.generation_bytes = resident + kv + transient
     p.train_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
-    if ecfg.kv_cache != "paged":
-        p.kv_slots_fit = max(0, room // m["per_slot"])
     if p.kv_slots_fit < 1:  # the paged cache too must hold one row at the full length
         p.advice.append("generation: not one row of KV cache fits beside the prefill chunk: lower "
                         f"--engine.prefill_chunk_tokens (now {ecfg.prefill_chunk_tokens}) or the max_new_tokens")
@@ -459,7 +488,7 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     return p
 
 
-def _paged_kv(p: MemoryPlan, measured: Measured, capacity: int, room: int) -> tuple[int, str, int]:
+def _paged_kv(p: MemoryPlan, measured: Measured, capacity: int, room: int, largest: int) -> tuple[int, str, int]:
     """engine.kv_cache paged: the pool the engine allocates (every row at the full length, or what fits beside the
     rest of generation, in whole pages), its note and the rows it holds at the full length. The note also gives the
     rows of ``prompt + reply_tokens`` it holds (the lengths rows really reach decide how many run at once, up to
@@ -468,8 +497,8 @@ def _paged_kv(p: MemoryPlan, measured: Measured, capacity: int, room: int) -> tu
 
     ecfg, m = measured.engine, measured.phases
     per_page = PAGE * m["kv_token"]
-    pages = min(m["kv"] // per_page - 1, max(0, room // per_page - 1))
-    kv = m["kv"] if pages == m["kv"] // per_page - 1 else (pages + 1) * per_page
+    pages = min(largest // per_page - 1, max(0, room // per_page - 1))
+    kv = largest if pages == largest // per_page - 1 else (pages + 1) * per_page
     tokens = pages * PAGE
     full = tokens // capacity
     reply = min(measured.reply_tokens, measured.new_tokens)

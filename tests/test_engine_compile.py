@@ -39,14 +39,13 @@ def test_compiled_once_before_the_first_step_then_never_again():
     EOS falls at random points (ids the rows really produce are made EOS). The compiled step (dense LoRA path,
     inductor) gives the eager step's tokens (grouped LoRA path), greedy and seeded sampling. On the tiny Llama: two
     inductor compiles with symbolic shapes, ~1-3 min on 2 shared cores with inductor's cache cold.
-    The compiled engine runs the default paged cache, the eager one the static cache: the same rows either way."""
+    The compiled engine runs the paged cache, the eager one the static cache: the same rows either way."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     eager = tiny_engine(gen_batch_size=8, max_model_len=512, kv_cache="static")
-    compiled = tiny_engine(gen_batch_size=8, max_model_len=512, compile=True)  # the default paged cache
-    assert compiled.cfg.kv_cache == "paged"
+    compiled = tiny_engine(gen_batch_size=8, max_model_len=512, compile=True, kv_cache="paged")
     assert compiled.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0}
     rng, n_eos = random.Random(1), 0
     for k, (prompts, ids, p, seeds) in enumerate(_run_shaped_calls()):

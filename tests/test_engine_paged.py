@@ -44,7 +44,7 @@ def test_paged_cache_gives_the_static_caches_rows(greedy):
     prompts, ids, caps = _rows(0, 24)
     p = SamplingParams(max_new_tokens=60, greedy=greedy, temperature=1.0, min_new_tokens=1)
     static = tiny_engine(gen_batch_size=5, kv_cache="static", max_model_len=128)
-    paged = tiny_engine(gen_batch_size=5, max_model_len=128)
+    paged = tiny_engine(gen_batch_size=5, max_model_len=128, kv_cache="paged")
     first = static.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
     eos = sorted(set(static.eos_ids) | {t for c in first[:6] for t in c.token_ids[1:2]})  # early stops
     static.eos_ids = paged.eos_ids = eos
@@ -71,7 +71,7 @@ def test_capacity_follows_real_lengths_and_a_row_that_outgrows_the_pool_is_recom
     caps = [8, 5, 200, 12, 3, 150, 9, 7, 180, 4, 6, 11]
     p = SamplingParams(max_new_tokens=200, temperature=1.0)
     seeds = list(range(100, 112))
-    paged = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64")
+    paged = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64", kv_cache="paged")
     paged.cfg.kv_cache_gib = _budget(paged, 24)
     got = paged.generate(prompts, ids, p, seeds, max_new_tokens=caps)
     assert paged._cache.n_pages == 24 and paged._cache.n_slots == 8
@@ -94,7 +94,7 @@ def test_answers_to_one_task_share_their_prompt_pages():
     """Six answers to one 40-token prompt (two full pages and a partial one) take 2 shared pages and one page each,
     and are prefilled once; their tokens are those of each answer alone."""
     prompt = [1] + list(range(3, 42))
-    eng = tiny_engine(gen_batch_size=6, max_model_len=128)
+    eng = tiny_engine(gen_batch_size=6, max_model_len=128, kv_cache="paged")
     dec = eng._decoder()
     calls, tables = [], []
     orig = dec.forward
@@ -114,12 +114,12 @@ def test_answers_to_one_task_share_their_prompt_pages():
     table = tables[0]
     assert len({r[0] for r in table}) == len({r[1] for r in table}) == 1  # pages 0 and 1 shared
     assert len({r[2] for r in table}) == 6  # the partial page copied
-    alone = [tiny_engine(max_model_len=128).generate([prompt], [1], p, [k])[0].token_ids for k in range(6)]
+    alone = [tiny_engine(max_model_len=128, kv_cache="static").generate([prompt], [1], p, [k])[0].token_ids for k in range(6)]
     assert [c.token_ids for c in got] == alone
 
 
 def test_paged_budget_must_hold_one_longest_row():
-    eng = tiny_engine(gen_batch_size=8, max_model_len=256)
+    eng = tiny_engine(gen_batch_size=8, max_model_len=256, kv_cache="paged")
     eng.cfg.kv_cache_gib = _budget(eng, 256 // PAGE - 1)
     with pytest.raises(RuntimeError, match="KV cache budget .* cannot hold one row of 256 tokens"):
         eng.generate([[1, 2, 3]], [0], SamplingParams(max_new_tokens=4))
@@ -130,5 +130,25 @@ def test_paged_budget_must_hold_one_longest_row():
 def test_kv_cache_setting_is_checked_at_load():
     from lorapop.engine import EngineConfig
 
-    with pytest.raises(ValueError, match="engine.kv_cache: 'pages' is not one of paged, static"):
+    with pytest.raises(ValueError, match="engine.kv_cache: 'pages' is not one of auto, paged, static"):
         EngineConfig(kv_cache="pages").validate()
+
+
+def test_auto_pages_only_when_the_budget_cannot_hold_every_row_at_full_length():
+    """engine.kv_cache auto (the default): the static cache where the budget holds gen_batch_size rows at the full
+    length (it reads them in place; paging would only add its gather), the paged one where it does not; the choice
+    is the run's and stays when a later row outgrows the cache."""
+    from lorapop.engine.decode import StaticKVCache
+
+    p = SamplingParams(max_new_tokens=4, greedy=True)
+    roomy = tiny_engine(gen_batch_size=4, max_model_len=256)
+    assert roomy.cfg.kv_cache == "auto"
+    roomy.generate([[1, 2, 3]], [0], p)
+    assert type(roomy._cache) is StaticKVCache and roomy._cache.n_slots == 4
+    tight = tiny_engine(gen_batch_size=4, max_model_len=256)
+    tight.cfg.kv_cache_gib = _budget(tight, 3 * 256 // PAGE)  # three rows at the full length
+    tight.generate([[1, 2, 3]], [0], p)
+    assert isinstance(tight._cache, PagedKVCache) and tight._cache.n_slots == 4
+    tight.cfg.kv_cache_gib = 4.0
+    tight.generate([[1] * 300], [0], p)  # a longer row: a longer cache, of the run's kind
+    assert isinstance(tight._cache, PagedKVCache) and tight._cache.max_len == 512

@@ -14,7 +14,7 @@ from lorapop.config import load_config
 from lorapop.plan import GIB, PlanError, assemble, check_fits, measure, measure_phases, model_config
 
 PHASES = ["base weights", "adapters + AdamW moments + gradients", "adapters' inference copies", "KV cache",
-          "prefill chunk (peak)", "train micro-batch, checkpointing (peak)",
+          "prefill chunk (peak)", "decode step (peak)", "train micro-batch, checkpointing (peak)",
           "train micro-batch, no checkpointing (peak)", "log-prob micro-batch (peak)"]
 SHORT = ["--selfplay.propose.max_new_tokens=64", "--selfplay.solve.max_new_tokens=64",
          "--engine.train_micro_batch_size=2"]
@@ -239,31 +239,38 @@ def test_vllm_graph_pool_follows_vllms_capture_sizes_and_eager_has_none(vllm_7b)
 
 
 
+
 def test_paged_kv_cache_plan_counts_tokens_and_refuses_without_one_full_row(embedded):
     """engine.kv_cache paged: the pool holds gen_batch_size rows at the full length (the static cache's memory) or
     what fits beside the rest of generation; the plan gives its tokens and its rows at the full length and at a
     shorter one, and refuses a memory whose pool cannot hold one row at the full length, however short the rows
-    it could hold."""
+    it could hold. auto (the default) plans the static cache where every row fits at the full length, else this."""
     from lorapop.engine.decode import kv_capacity
     from lorapop.engine.paged import PAGE
 
     m, ecfg = embedded.phases, embedded.engine
-    assert ecfg.kv_cache == "paged"  # the default
+    assert ecfg.kv_cache == "auto"  # the default: both caches measured
+    paged = dataclasses.replace(embedded, engine=dataclasses.replace(ecfg, kv_cache="paged"))
     capacity = kv_capacity(embedded.prompt_tokens + embedded.new_tokens, ecfg.max_model_len)
     per_page = PAGE * m["kv_token"]
-    big = assemble(embedded, 80.0)
+    big = assemble(paged, 80.0)
     tokens = ecfg.gen_batch_size * capacity
     pool = tokens * m["kv_token"] + per_page  # the trash page on top
-    assert big.phases["KV cache"] == m["kv"] and pool <= m["kv"] <= 1.01 * pool  # and the block tables
+    assert big.phases["KV cache"] == m["kv_paged"] and pool <= m["kv_paged"] <= 1.01 * pool  # and the block tables
+    assert m["decode_paged"] > m["decode_static"]  # the step gathers what it attends; the static one reads in place
     assert big.kv_slots_fit == ecfg.gen_batch_size
     assert f"paged: {tokens} tokens, {ecfg.gen_batch_size} rows of {capacity}" in big.notes["KV cache"]
-    rest = big.generation_bytes - big.phases["KV cache"]  # resident state and the prefill chunk
+    auto = assemble(embedded, 80.0)
+    assert auto.notes["KV cache"].startswith("static: ") and auto.phases["KV cache"] == m["kv_static"]
+    rest = big.generation_bytes - big.phases["KV cache"]  # resident state and the prefill chunk or decode step
     one_row = (capacity // PAGE + 1) * per_page
     for room, rows in ((one_row, 1), (one_row - per_page, 0)):
         gpu = (rest + room + 16) / planmod.HEADROOM / GIB
-        pl = assemble(dataclasses.replace(embedded, reply_tokens=8), gpu)
+        pl = assemble(dataclasses.replace(paged, reply_tokens=8), gpu)
         assert pl.kv_slots_fit == rows and not (rows == 0 and pl.fits)
         assert f"paged: {room // per_page * PAGE - PAGE} tokens, {rows} rows of {capacity}" in pl.notes["KV cache"]
         assert f"or {(room // per_page - 1) * PAGE // (-(-(embedded.prompt_tokens + 8) // PAGE) * PAGE)} of " \
                f"{embedded.prompt_tokens} + 8" in pl.notes["KV cache"]
         assert ("not one row of KV cache fits" in "\n".join(pl.advice)) == (rows == 0)
+    # auto where the static cache does not fit: it pages
+    assert assemble(dataclasses.replace(embedded, reply_tokens=8), gpu).notes["KV cache"].startswith("paged: ")

@@ -126,13 +126,15 @@ class EngineConfig:
                 "fewer), and reused by every generate call. 0: the first call's longest row, rounded up to 256. "
                 "A longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
                 "records its CUDA graphs again)."})
-    kv_cache: str = field(default="paged", metadata={
-        "help": "backend torch: the KV cache's layout (paged | static). paged (vLLM's PagedAttention, "
+    kv_cache: str = field(default="auto", metadata={
+        "help": "backend torch: the KV cache's layout (auto | paged | static). paged (vLLM's PagedAttention, "
                 "lorapop/engine/paged.py): a pool of 16-position pages that rows take as they grow, so the budget "
                 "holds as many rows (up to gen_batch_size) as their real lengths allow; a row that outgrows the "
-                "free pages is preempted and recomputed later, never dropped. static: every slot has room for the "
-                "longest row (max_model_len), so the budget holds budget / (prompt + max_new_tokens) rows whatever "
-                "their lengths; a step reads its attended history in place instead of gathering it from pages."})
+                "free pages is preempted and recomputed later, never dropped; a step gathers the positions it "
+                "attends from the pages (a copy of them per layer). static: every slot has room for the longest row "
+                "(max_model_len), read in place, so the budget holds budget / (prompt + max_new_tokens) rows "
+                "whatever their lengths. auto: static when the budget holds gen_batch_size rows at the full length "
+                "(paging would buy nothing), else paged; decided at the run's first allocation and kept."})
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
@@ -207,8 +209,8 @@ class EngineConfig:
         if self.max_model_len < 0:
             raise ValueError(f"engine.max_model_len: must be >= 0 (0: from the first generate), got "
                              f"{self.max_model_len}")
-        if self.kv_cache not in ("paged", "static"):
-            raise ValueError(f"engine.kv_cache: {self.kv_cache!r} is not one of paged, static")
+        if self.kv_cache not in ("auto", "paged", "static"):
+            raise ValueError(f"engine.kv_cache: {self.kv_cache!r} is not one of auto, paged, static")
         if self.backend not in ("torch", "vllm"):
             raise ValueError(f"engine.backend: {self.backend!r} is not one of torch, vllm")
         if self.backend == "vllm" and self.replicas > 1:

@@ -353,11 +353,16 @@ class ContinuousBatcher:
         nb = batch_bucket(max(live) + 1, self.cache.n_slots, self.compiled)
         if len(live) > nb // 2:
             return
+        self._pack(live)
+
+    def _pack(self, live: list[int]) -> None:
+        """Move the live slots ``live`` into slots ``0..len(live)-1``."""
         holes = [s for s in range(len(live)) if self.req[s] < 0]
         movers = [s for s in live if s >= len(live)]
         for src, dst in zip(movers, holes):
             self._move_slot(src, dst)
-        self._ids_version += 1
+        if movers:
+            self._ids_version += 1
 
     def _move_slot(self, src: int, dst: int) -> None:
         self.cache.copy_slot(src, dst, self.hpos[src] + 1)

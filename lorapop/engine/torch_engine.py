@@ -98,7 +98,7 @@ class TorchEngine:
         self.pad_id = int(pad if pad is not None else 0)
         self._dec: LlamaFamilyDecoder | None = None  # built on the first generate
         self._cache: StaticKVCache | None = None
-        self._kv_shape: tuple[int, int, int] | None = None  # (slots, capacity, pages) of the run's cache
+        self._kv_shape: tuple[int, int, int, str] | None = None  # (slots, capacity, pages, kind) of the run's cache
         self.kv_cache_allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
         # generate's per-row bookkeeping (seconds), the row-steps it covered and the decode steps (bench/gpu.py)
         self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
@@ -262,8 +262,8 @@ class TorchEngine:
         shape = kv_shape(self.cfg.kv_cache, (dec.n_layers, dec.n_kv, dec.head_dim), dtype, max_len, self.cfg,
                          self._kv_shape, cur is None, self.kv_budget_bytes())
         self._cache = None  # free the old cache before allocating the new one
-        n_slots, capacity, n_pages = shape
-        if self.cfg.kv_cache == "paged":
+        n_slots, capacity, n_pages, kind = shape
+        if kind == "paged":
             self._cache = PagedKVCache(dec.n_layers, n_slots, dec.n_kv, dec.head_dim, capacity, n_pages, dtype,
                                        self.device)
         else:
