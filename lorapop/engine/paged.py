@@ -28,7 +28,9 @@ it has written: a row takes pages as it grows, and a budget holds as many rows a
   it writes in it. When the pool runs short the youngest row is *preempted*: its pages are freed and it goes
   back to the front of the queue with the tokens it made, to be prefilled again (vLLM's recompute preemption)
   and continue at the same step count. A row is never dropped; the oldest row always fits, since the engine
-  refuses a budget whose pool cannot hold one row of the cache's capacity.
+  refuses a budget whose pool cannot hold one row of the cache's capacity. Moving a row to another slot moves
+  its block-table row, not its history, so the live rows are packed into the lowest slots before every interval
+  and a step decodes the smallest batch bucket that holds them.
 - Prefix sharing: the pages wholly inside a prompt's prefix are shared by reference (counted) between the rows
   with that prefix and adapter (the n_solve answers to a task); the partial last page is copied. A finished row's
   prefix stays in a prefix cache until the pool needs its pages (least recently used first; before any row is
@@ -50,7 +52,6 @@ import torch
 from .batching import ContinuousBatcher
 from .decode import StaticKVCache, kv_capacity
 
-GROW_PAGES = 1  # pages per live row kept free when a request is admitted (room to grow before a preemption)
 PAGE = 16  # positions per page (vLLM's default block size); divides KV_ROUND, so a capacity is whole pages
 
 
@@ -152,7 +153,6 @@ class PagedBatcher(ContinuousBatcher):
         self.clock = 0
         self.resumed: set[int] = set()  # preempted requests waiting to be prefilled again
         self.preemptions = 0
-        self.grow_pages = GROW_PAGES
 
     # ---------------------------------------------------------------- pages
     def _free_pages(self, n: int, keep: tuple | None = None) -> bool:
@@ -199,7 +199,7 @@ class PagedBatcher(ContinuousBatcher):
             full = n_pre // page
             n_new = full + 1 - (full if hit is not None else 0)  # pages for positions 0..n_pre
             busy = live + len(placed)
-            reserve = max(self.cache.n_pages // 100, self.grow_pages * busy) if busy else 0
+            reserve = max(self.cache.n_pages // 100, busy) if busy else 0
             if not self._free_pages(n_new + reserve, keep=key):
                 if not busy:
                     raise RuntimeError(f"the paged KV cache ({self.cache.n_pages} pages) cannot hold a prompt of "
