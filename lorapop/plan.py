@@ -2,11 +2,12 @@
 
 The base model is built from its config alone with fake tensors (``torch._subclasses.FakeTensorMode``: shapes,
 dtypes and storages, no data), wrapped by the project's own :class:`~lorapop.engine.torch_engine.TorchEngine`, and
-the engine's own code runs on it: a prefill chunk through the decoder and the static KV cache, a train micro-batch's
-forward and backward (with and without activation checkpointing), a log-prob micro-batch. A ``TorchDispatchMode``
-counts the bytes of every storage an op creates until it is freed, which is what CUDA's ``max_memory_allocated``
-reports on a GPU (allocator rounding and fragmentation aside). No hand formula: change the engine, and the plan
-follows it.
+the engine's own code runs on it: a prefill chunk and a decode step through the decoder and the KV cache (static or
+paged, as ``engine.kv_cache`` picks; under auto both are measured and the plan picks as the engine would), a
+train micro-batch's forward and backward (with and without activation checkpointing), a log-prob micro-batch. A
+``TorchDispatchMode`` counts the bytes of every storage an op creates until it is freed, which is what CUDA's
+``max_memory_allocated`` reports on a GPU (allocator rounding and fragmentation aside). No hand formula: change the
+engine, and the plan follows it.
 
 Where the model's config comes from, without downloading weights: a local checkpoint directory, the Hugging Face hub
 cache (``local_files_only``), or :data:`SHAPES`, a table of the shipped configs' models (the embedded
@@ -14,7 +15,8 @@ SmolLM2-135M-Instruct and Qwen2.5-Coder-7B). The name follows ``accelerate estim
 from its config on the meta device), but plans a whole run's phases, so it takes a run config like ``lorapop train``.
 
 Fit rule, ``engine.backend`` torch: generation needs the resident state (base, adapters with their AdamW moments
-and gradients, the inference copies of the adapters) plus the KV cache and the prefill chunk's peak; training needs
+and gradients, the inference copies of the adapters) plus the KV cache and the larger of the prefill chunk's and
+the decode step's peaks, and the cache must hold one row at the full length (the paged one too); training needs
 the resident state plus one micro-batch's peak (train_step releases the KV cache first on CUDA). Backend vllm: the
 TorchEngine never generates, so its resident state is the base and the adapters with their moments and gradients;
 generation needs that plus vLLM's share, ``vllm_gpu_memory_utilization`` of the GPU's total memory; training needs
