@@ -328,7 +328,8 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     # made fake, so the gather a decode step makes is counted without being computed.
     fake = next(eng.model.parameters()).fake_mode
     holder: list = []
-    for i, kind in enumerate(("static", "paged") if ecfg.kv_cache == "auto" else (ecfg.kv_cache,)):
+    kinds = ("static", "paged") if ecfg.kv_cache == "auto" else (ecfg.kv_cache,)
+    for i, kind in enumerate(kinds if ecfg.backend == "torch" else ("static",)):  # vllm: its own cache
         if kind == "paged":  # the pool at its largest: every row at the full length
             out[f"kv_{kind}"] = _measure(lambda: holder.append(PagedKVCache(
                 dec.n_layers, n_rows, dec.n_kv, dec.head_dim, capacity, n_rows * capacity // PAGE, dtype,
