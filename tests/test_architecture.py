@@ -73,6 +73,7 @@ LAYERS = {
     "lorapop.adapters": 2,  # reads PEFT dirs and run members for population.init_from; config validates with it
     "lorapop.config": 3,  # composes every section's config; imports no training, evaluation or reporting
     "lorapop.plan": 4,  # the memory plan: engine code on fake tensors; lorapop train runs it before loading weights
+    "lorapop.plan_measure": 4,  # what the plan measures (the fake-tensor phases, the known shapes)
     "lorapop.train": 4, "lorapop.eval": 4, "lorapop.report": 4, "lorapop.report_data": 4, "lorapop.report_svg": 4,
     "lorapop.compare": 5, "lorapop.evolve.retention": 5,  # commands: run training and evaluation themselves
     "lorapop.cli": 6,
