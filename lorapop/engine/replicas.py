@@ -371,7 +371,13 @@ class ReplicatedEngine:
         return self._all("digest", [a.digest.remote() for a in self.actors])
 
     def pop_metrics(self) -> dict[str, float]:
-        return {}  # the replicas generate with the weights they train: nothing to sync
+        """Each replica's engine metrics (``perf/compile_s``, ``perf/graphs``, ...), the largest over replicas: they
+        run the same calls side by side, so the slowest compile is the one the step waited for, and a replica that
+        compiled more graphs than the others is seen. (No sync to time: the replicas generate with the weights they
+        train.)"""
+        self._check_open()
+        parts = self._all("pop_metrics", [a.call.remote("pop_metrics") for a in self.actors])
+        return {k: max(p.get(k, 0) for p in parts) for k in dict.fromkeys(k for p in parts for k in p)}
 
     def close(self) -> None:
         """Kill the replicas and let go of Ray (stopping it when this engine started it). Idempotent."""
