@@ -11,10 +11,12 @@ fi
 # Two workers, one torch thread each (tests/conftest.py), a test file per worker at a time so its module fixtures
 # (one Ray cluster, one engine) load once: run serially, the suite kept one of 2 cores busy on average (user time
 # 22m45s over 23m13s wall on an AVX2 EPYC), waiting on subprocesses, sandboxes and one-threaded tests.
-# LORAPOP_TEST_WORKERS=0 runs it in one process. The slowest 10 tests close the report, so a slow new test is seen
+# Files go out longest first (tests/conftest.py orders them by tests/durations.json; --no-loadscope-reorder keeps that
+# order, where xdist's own would put the files with the most tests first). LORAPOP_TEST_WORKERS=0 runs it in one
+# process. The slowest 10 tests close the report, so a slow new test is seen
 # when it lands (the suite must stay under 20 minutes on 2 cores: docs/RESULTS.md, "Test suite time"); a later
 # --durations in "$@" overrides it.
 workers=${LORAPOP_TEST_WORKERS:-2}
 par=()
-[ "$workers" -gt 0 ] && par=(-n "$workers" --dist loadfile)
+[ "$workers" -gt 0 ] && par=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 exec .venv/bin/python -m pytest "${par[@]}" --durations=10 "$@"

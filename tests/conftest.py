@@ -43,3 +43,24 @@ def embedded_model():
     from lorapop.model import load_base_model
 
     return load_base_model("embedded")
+
+
+# Longest files first. scripts/test.sh hands each worker a whole file at a time (--dist loadfile) in the order
+# collected (--no-loadscope-reorder: xdist's own reorder puts files with many tests first, which left the few-test,
+# minute-long files for the end, one worker running them while the other idled). Files are ordered by their seconds
+# in tests/durations.json (a recorded run: scripts/test_durations.py); a file not in it goes first, since it may be
+# long and a short file early costs nothing. Within a file the order is unchanged.
+def pytest_collection_modifyitems(session, config, items):
+    import json
+
+    path = Path(__file__).with_name("durations.json")
+    seconds = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    first_seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(item.nodeid.split("::")[0], i)
+
+    def key(item):
+        f = item.nodeid.split("::")[0]
+        return (-seconds.get(f, float("inf")), first_seen[f])
+
+    items.sort(key=key)
