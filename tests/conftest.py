@@ -46,10 +46,11 @@ def embedded_model():
 
 
 # Longest files first. scripts/test.sh hands each worker a whole file at a time (--dist loadfile) in the order
-# collected (--no-loadscope-reorder: xdist's own reorder puts files with many tests first, which left the few-test,
-# minute-long files for the end, one worker running them while the other idled). Files are ordered by their seconds
-# in tests/durations.json (a recorded run: scripts/test_durations.py); a file not in it goes first, since it may be
-# long and a short file early costs nothing. Within a file the order is unchanged.
+# collected (--no-loadscope-reorder: xdist's own reorder puts the files with the most tests first, whatever their
+# length), so a minute-long file handed out last keeps one worker busy while the other idles (docs/RESULTS.md, "Test
+# suite time per processor"). Files are ordered by their seconds in tests/durations.json (a recorded run:
+# scripts/test_durations.py); a file not in it goes first, since it may be long and a short file early costs
+# nothing. Within a file the order is unchanged.
 def pytest_collection_modifyitems(session, config, items):
     import json
 
