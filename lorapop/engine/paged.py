@@ -88,9 +88,6 @@ class PagedKVCache:
 
     span = StaticKVCache.span
 
-    def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
     # ---------------------------------------------------------------- the forward's cache operations
     def locate(self, slots: torch.Tensor | None, b: int, write: torch.Tensor, span: torch.Tensor):
         """Physical addresses ``[b, T]`` of the positions the rows write and ``[b, kv_len]`` of those they read."""

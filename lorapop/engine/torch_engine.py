@@ -238,7 +238,7 @@ class TorchEngine:
         return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda")
 
     def kv_budget_bytes(self) -> int:
-        """Bytes the static KV cache may take now: on CUDA a fraction of what a new allocation can use (the
+        """Bytes the KV cache (static or paged) may take now: on CUDA a fraction of what a new allocation can use (the
         allocator's unused blocks outside CUDA-graph pools and the current cache count as free, see
         :mod:`.cudamem`), elsewhere ``kv_cache_gib``."""
         if self.device.type == "cuda":
