@@ -356,15 +356,24 @@ def test_other_errors():
 
 def test_pmap_workers_run_single_threaded_and_keep_order():
     # Oversubscription guard: pmap's workers must not each start a full OpenMP team (on 2 cores that made M1 at
-    # rank 64 eight times slower); the caller's own thread count must stay as it was.
-    from lorapop.evolve._common import pmap
+    # rank 64 eight times slower); the caller's own thread count must stay as it was, and so must the process-wide
+    # count a thread started later adopts (torch.set_num_threads in a worker also sets that one).
+    import threading
+
+    from lorapop.evolve import _common
 
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
     try:
-        out = pmap(lambda i: (i, torch.get_num_threads()), list(range(6)))
-        assert [i for i, _ in out] == list(range(6))
-        assert {n for _, n in out} == {1}
-        assert torch.get_num_threads() == 2
+        for caller in (2, 3, 2):  # 3: a new pool of a new size, 2 again: a pool made before a count change
+            torch.set_num_threads(caller)
+            out = _common.pmap(lambda i: (i, torch.get_num_threads()), list(range(6)))
+            assert [i for i, _ in out] == list(range(6))
+            assert {n for _, n in out} == {1}
+            assert torch.get_num_threads() == caller
+            later: list[int] = []
+            t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+            t.start()
+            t.join()
+            assert later == [caller]
     finally:
         torch.set_num_threads(before)

@@ -7,6 +7,7 @@ visited in the first parent's key order, so a seeded generator gives the same ch
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,20 +32,49 @@ def pmap(fn: Callable, items: Sequence) -> list:
     randomness is drawn here.
     """
     global _POOL
-    workers = min(torch.get_num_threads(), 8)
+    caller = torch.get_num_threads()
+    workers = min(caller, 8)
     if workers <= 1 or len(items) <= 1 or _on_cuda(items[0]):
         # CUDA ops are asynchronous launches: Python threads gain nothing there, and serial keeps every launch on
         # the caller's current stream.
         return [fn(x) for x in items]
     _init_cuda_linalg()
     if _POOL is None or _POOL._max_workers != workers:
-        # One intra-op thread per worker: left at the default, every LAPACK/BLAS call in every worker starts its
-        # own OpenMP team, and workers x teams threads on this many cores spin against each other (measured on 2
-        # cores: M1 at rank 64 took 8.2 s this way, 1.1 s with this initializer, 2.0 s serially on one thread).
-        # torch.set_num_threads here only sets this worker thread's OpenMP team size; the caller's is untouched.
-        _POOL = ThreadPoolExecutor(workers, thread_name_prefix="lorapop-evolve",
-                                   initializer=torch.set_num_threads, initargs=(1,))
-    return list(_POOL.map(fn, items))
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)
+        _POOL = _single_threaded_pool(workers)
+    try:
+        return list(_POOL.map(fn, items))
+    finally:
+        # torch.set_num_threads also stores a process-wide count that every thread not yet initialised adopts at
+        # its first torch call: the workers' 1 must not become the caller's, or a later thread's.
+        if torch.get_num_threads() != caller:
+            torch.set_num_threads(caller)
+
+
+def _pin_one_thread(barrier: threading.Barrier) -> None:
+    # get first: a thread whose first torch call is set_num_threads re-initialises from the process-wide count at
+    # its next call (measured on torch 2.13), which would undo the 1 once the caller restores its own count.
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+    barrier.wait()
+
+
+def _single_threaded_pool(workers: int) -> ThreadPoolExecutor:
+    """A pool whose every worker runs its torch ops on one intra-op thread, all started before it is returned.
+
+    Left at the default, every LAPACK/BLAS call in every worker starts its own OpenMP team, and workers x teams
+    threads on this many cores spin against each other (measured on 2 cores: M1 at rank 64 took 8.2 s this way,
+    1.1 s with one thread per worker, 2.0 s serially on one thread). The barrier holds each pinning task until all
+    are running, so each lands on its own worker and every worker is pinned before the caller's count is restored.
+    """
+    caller = torch.get_num_threads()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="lorapop-evolve")
+    barrier = threading.Barrier(workers)
+    for f in [pool.submit(_pin_one_thread, barrier) for _ in range(workers)]:
+        f.result()
+    torch.set_num_threads(caller)
+    return pool
 
 
 _CUDA_LINALG_READY = False
