@@ -111,6 +111,12 @@ class EngineConfig:
     train_micro_batch_size: int = field(default=4, metadata={
         "help": "Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
                 "bounds memory without changing the update."})
+    share_prompts: bool = field(default=True, metadata={
+        "help": "In train_step, score the samples of one (adapter, prompt) in one packed row: the prompt's positions "
+                "once, then each completion at its own positions, attending to the prompt and itself only "
+                "(lorapop/engine/scoring.py, layout_rows). Same loss and gradient up to float summation order; taken "
+                "only where it computes fewer positions than a row per sample (the student loop's n_samples "
+                "answers per task: about 3x fewer on the embedded model), with sdpa or eager attention."})
     gen_batch_size: int = field(default=32, metadata={
         "help": "Most rows decoded at once (slots of the KV cache, vLLM's max_num_seqs). kv_cache static: fewer "
                 "are used when the KV cache budget (kv_cache_gib / kv_cache_memory_fraction) cannot hold this many "

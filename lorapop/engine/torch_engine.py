@@ -37,7 +37,7 @@ from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
 from .paged import PagedBatcher, PagedKVCache, kv_shape
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
-from .scoring import chunk_scores, train_micro_batches
+from .scoring import chunk_scores, layout_rows, train_micro_batches
 
 
 def resolve_device(device: str) -> torch.device:
@@ -279,33 +279,32 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ log-probs
     def _response_logprobs(self, prompts, completions, adapter_ids, temperatures=None, entropy: bool = False,
-                           entropy_grad: bool = True) -> tuple[Any, torch.Tensor]:
+                           entropy_grad: bool = True, share_prompts: bool = False) -> tuple[Any, torch.Tensor]:
         """Log-probs of every completion token, flat ``[n_tokens]``, plus the batch row of each token; with
         ``entropy``, a tuple (log-probs, entropies) in place of the log-probs (the entropies outside autograd
         unless ``entropy_grad``). Row ``k`` is scored at ``temperatures[k]`` (default 1).
 
         Right padding: a real token never attends to the pads after it, so its value does not depend on which other
-        rows share the batch. Only the hidden states of response positions reach the vocabulary projection, in
-        chunks, and under autograd each chunk is checkpointed so its [chunk, vocab] logits are not kept for
-        backward."""
+        rows share the batch. ``share_prompts``: samples of one (adapter, prompt) may share a packed row that holds
+        the prompt once (scoring.layout_rows; with sdpa or eager attention only, the two that take its mask). Only
+        the hidden states of response positions reach the vocabulary projection, in chunks, and under autograd each
+        chunk is checkpointed so its [chunk, vocab] logits are not kept for backward."""
         dev, b = self.device, len(prompts)
-        lens = [len(p) + len(c) for p, c in zip(prompts, completions)]
-        width = max(lens)
-        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        rows, src, tgt = [], [], []
-        for k, (p, c) in enumerate(zip(prompts, completions)):
-            seq = list(p) + list(c)
-            input_ids[k, :len(seq)] = torch.tensor(seq)
-            attn[k, :len(seq)] = 1
-            rows += [k] * len(c)
-            src += range(len(p) - 1, len(seq) - 1)
-            tgt += list(c)
-        self._ctx.set(torch.tensor(adapter_ids, dtype=torch.long, device=dev))
-        hidden = self.model.get_decoder()(input_ids=input_ids.to(dev), attention_mask=attn.to(dev),
-                                          use_cache=False).last_hidden_state
+        attn_impl = getattr(self.model.config, "_attn_implementation", None)
+        lay = layout_rows(prompts, completions, adapter_ids, self.pad_id,
+                          share_prompts=share_prompts and attn_impl in ("sdpa", "eager"))
+        mask = lay.mask.to(dev)
+        if lay.packed and attn_impl == "eager":  # eager attention adds its mask to the scores
+            dt = getattr(torch, self.cfg.dtype)
+            mask = torch.zeros(mask.shape, dtype=dt, device=dev).masked_fill(~mask, torch.finfo(dt).min)
+        self._ctx.set(torch.tensor([adapter_ids[k] for k in lay.first], dtype=torch.long, device=dev))
+        hidden = self.model.get_decoder()(
+            input_ids=lay.input_ids.to(dev), attention_mask=mask, use_cache=False,
+            position_ids=None if lay.position_ids is None else lay.position_ids.to(dev)).last_hidden_state
+        rows, tgt = lay.sample, lay.target
         row_t = torch.tensor(rows, dtype=torch.long, device=dev)
-        h = hidden[row_t, torch.tensor(src, dtype=torch.long, device=dev)]
+        h = hidden[torch.tensor(lay.at_row, dtype=torch.long, device=dev),
+                   torch.tensor(lay.at_pos, dtype=torch.long, device=dev)]
         tgt_t = torch.tensor(tgt, dtype=torch.long, device=dev)
         temps = torch.tensor([1.0] * b if temperatures is None else [float(t) for t in temperatures],
                              dtype=torch.float32, device=dev)[row_t]
@@ -384,12 +383,13 @@ class TorchEngine:
             denom.update({int(a): int(n) for a, n in token_counts.items()})
         # Rows with no tokens, or zero advantage and no entropy bonus, add nothing to any gradient: no forward.
         work = [s for s in samples if s.completion_ids and (float(s.advantage) != 0.0 or coeff > 0)]
-        mbs = train_micro_batches(work, max(1, self.cfg.train_micro_batch_size))
+        share = bool(self.cfg.share_prompts)
+        mbs = train_micro_batches(work, max(1, self.cfg.train_micro_batch_size), share_prompts=share)
         with progress("update", total=len(mbs), unit="micro-batches") as bar, self._checkpointing():
             for mb in mbs:
                 (logp, ent), row_t = self._response_logprobs(
                     [s.prompt_ids for s in mb], [s.completion_ids for s in mb], [int(s.adapter_id) for s in mb],
-                    [s.temperature for s in mb], entropy=True, entropy_grad=coeff > 0)
+                    [s.temperature for s in mb], entropy=True, entropy_grad=coeff > 0, share_prompts=share)
                 inv = torch.tensor([1.0 / denom[int(s.adapter_id)] for s in mb], device=logp.device,
                                    dtype=logp.dtype)[row_t]
                 adv = torch.tensor([float(s.advantage) for s in mb], device=logp.device, dtype=logp.dtype)[row_t]
