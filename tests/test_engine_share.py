@@ -36,10 +36,10 @@ def _grads(eng, samples):
     return stats, [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in eng._params]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("coeff", [0.0, 0.01])
-def test_packed_rows_give_the_gradients_of_one_row_per_sample(attn, coeff):
-    eng = tiny_engine(train_micro_batch_size=8, dtype="float64", entropy_coeff=coeff)
+@pytest.mark.parametrize("attn,coeff,ckpt", [("sdpa", 0.0, False), ("sdpa", 0.01, False), ("sdpa", 0.0, True),
+                                             ("eager", 0.0, False), ("eager", 0.01, True)])
+def test_packed_rows_give_the_gradients_of_one_row_per_sample(attn, coeff, ckpt):
+    eng = tiny_engine(train_micro_batch_size=8, dtype="float64", entropy_coeff=coeff, gradient_checkpointing=ckpt)
     eng.model.config._attn_implementation = attn
     samples = _groups()
     eng.cfg.share_prompts = False
