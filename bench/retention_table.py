@@ -1,0 +1,123 @@
+"""Issue 49's table and figure from `lorapop retention` outputs: one retention.json per parent.
+
+    .venv/bin/python bench/retention_table.py docs/results/retention49/seed0-single docs/results/retention49/... \
+        [--svg docs/results/retention49/retention.svg]
+
+Per parent and arm, as registered (docs/RESULTS.md, "Operator retention from parents that learned:
+pre-registration"): the score right after the operator (step 0), the drop (continuation - child at step 0) and
+whether it is beyond the noise floor (lost), the first scored step at which the child is back within the floor of the
+continuation at the same step ("not recovered" when never within the 20 steps), and the final gap; the stronger
+(@3x) arms last. Then the compute used (the files' ``seconds`` and ``timing``). The figure: per parent, each arm's
+gap to the continuation over the steps after the operator, the noise band (+- the floor) shaded. A parent whose
+file is not finished (an arm with fewer scores than steps + 1, or no summary) is reported as such, never filled in.
+The last line is JSON: per parent, the arms lost, recovered and not recovered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
+
+CONTINUATION = "continuation"
+
+
+def load(path: Path) -> dict:
+    f = path / "retention.json" if path.is_dir() else path
+    out = json.loads(f.read_text(encoding="utf-8"))
+    out["_name"] = path.name if path.is_dir() else path.parent.name
+    return out
+
+
+def finished(ret: dict) -> bool:
+    arms = ret.get("arms") or {}
+    return bool(arms) and "noise_floor" in ret and all(len(a.get("heldout") or []) == ret["steps"] + 1
+                                                       for a in arms.values())
+
+
+def fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def table(ret: dict) -> list[str]:
+    floor = (ret.get("noise_floor") or {}).get("spread")
+    arms = ret["arms"]
+    lines = [f"**{ret['_name']}**: parent {ret.get('parent')} ({ret.get('parent_selfplay_steps')} self-play steps), "
+             f"second parent {ret.get('second_parent')}; noise floor (spread of "
+             f"{2 + len(ret.get('parent_replicates') or [])} step-0 replicates) {fmt(floor)}; continuation "
+             f"{fmt(arms[CONTINUATION]['heldout'][0])} at step 0, {fmt(arms[CONTINUATION]['heldout'][-1])} at step "
+             f"{ret['steps']}.", "",
+             "| arm | after operator | drop | lost | recovered at step | final gap |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, a in arms.items():
+        if name == CONTINUATION:
+            continue
+        rec = a.get("recovered_step")
+        lines.append(f"| {name} | {fmt(a['heldout'][0])} | {fmt(a.get('drop'))} | "
+                     f"{'yes' if a.get('lost') else 'no'} | "
+                     f"{rec if rec is not None else 'not recovered'} | {fmt(a.get('final_gap'))} |")
+    return lines
+
+
+def figure(rets: list[dict]) -> str:
+    plots, legend = [], {}
+    for ret in rets:
+        floor = (ret.get("noise_floor") or {}).get("spread") or 0.0
+        steps = ret["steps"]
+        series = [Series(f"noise floor +-{floor:.3f}", [(0.0, 0.0), (float(steps), 0.0)], color="#000000",
+                         dash="6 3", band=[(0.0, -floor, floor), (float(steps), -floor, floor)])]
+        for i, (name, a) in enumerate(a for a in ret["arms"].items() if a[0] != CONTINUATION):
+            s = Series(name, [(float(k), g) for k, g in enumerate(a.get("gap") or [])],
+                       color=PALETTE[i % len(PALETTE)], dash="4 2" if "@" in name else "")
+            series.append(s)
+            legend.setdefault(name, s)
+        plots.append((f"{ret['_name']}: continuation - child", plot_svg(
+            series, f"{ret['_name']}", xlabel="steps after the operator", ylabel="gap to the continuation")))
+    return figure_svg(plots, cols=min(len(plots), 2), legend=list(legend.values())[:16],
+                      title="Operator retention: each child's gap to the continuation (shaded: the noise floor)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("paths", nargs="+", type=Path)
+    ap.add_argument("--svg", type=Path, help="write the figure here")
+    args = ap.parse_args(argv)
+    rets = [load(p) for p in args.paths]
+    summary = {}
+    done = []
+    for ret in rets:
+        if not finished(ret):
+            n = sum(len(a.get("heldout") or []) == ret["steps"] + 1 for a in (ret.get("arms") or {}).values())
+            print(f"**{ret['_name']}**: not finished ({n} arms scored to step {ret['steps']}); left out.\n")
+            summary[ret["_name"]] = "not finished"
+            continue
+        done.append(ret)
+        print("\n".join(table(ret)) + "\n")
+        arms = {n: a for n, a in ret["arms"].items() if n != CONTINUATION}
+        summary[ret["_name"]] = {
+            "floor": (ret.get("noise_floor") or {}).get("spread"),
+            "lost": sorted(n for n, a in arms.items() if a.get("lost")),
+            "lost_recovered": sorted(n for n, a in arms.items() if a.get("lost") and a.get("recovered_step")
+                                     is not None),
+            "lost_not_recovered": sorted(n for n, a in arms.items() if a.get("lost") and a.get("recovered_step")
+                                         is None),
+            "seconds": ret.get("seconds"),
+        }
+    for ret in done:
+        t = ret.get("timing") or []
+        print(f"{ret['_name']}: {ret.get('seconds', 0) / 3600:.2f} h of one thread in {len(t)} groups "
+              f"(step-0 scorings {sum(x.get('step0_score_s', 0) for x in t) / 60:.0f} min)")
+    if args.svg and done:
+        args.svg.write_text(figure(done), encoding="utf-8")
+        print(f"figure: {args.svg}")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
