@@ -76,6 +76,16 @@ def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_di
             first = next((k for k, g in enumerate(arm["gap"]) if g <= nf["spread"]), None)
             assert arm["recovered_step"] == first, (name, arm["gap"])
     assert out["clone_gap"] == out["arms"]["clone"]["gap"]
+    # the raw samples: every scoring's replies and statuses, one file per arm, agreeing with the scores
+    for name, arm in out["arms"].items():
+        rows = [json.loads(x) for x in (run_dir / "answers" / f"{name}.jsonl").read_text().splitlines()]
+        own = [r for r in rows if r["scoring"] == "arm"]
+        assert [r["step"] for r in own] == [0] * 6 + [1] * 6, name
+        assert [r["score"] for r in own if r["step"] == 0] == arm["step0_tasks"]
+        for r in rows:
+            assert len(r["answers"]) == len(r["statuses"]) == 2 and r["arm"] == name
+            assert r["score"] == r["statuses"].count("correct") / 2
+        assert {r["scoring"] for r in rows} == ({"arm", "#replicate1"} if name == "continuation" else {"arm"})
 
     # resumable: an unfinished arm is trained again, finished ones are kept as they are
     before = {n: a["heldout"] for n, a in out["arms"].items()}

@@ -29,6 +29,8 @@ the floor again; never within the budget is "not recovered" (``null``). ``final_
 
 Resumable: ``retention.json`` (in ``--out``, the run directory by default) is rewritten after every group of arms;
 run again with the same arguments, finished arms are kept and the others trained (a changed setting is refused).
+The raw samples: ``answers/<arm>.jsonl`` beside it, one row per scoring of a probe task (arm, step, scoring: the
+arm's own or a ``#replicate``, task, score, the replies and their checker statuses), written with the group.
 ``lorapop report`` renders the file of a run directory.
 """
 
@@ -45,6 +47,8 @@ from typing import Any
 
 from lorapop.configlib import doc
 from lorapop.rundir import RETENTION
+
+ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
 
 CONTINUATION = "continuation"
 CLONE = "clone"
@@ -190,7 +194,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     from lorapop.eval.harness import make_executor
     from lorapop.evolve.config import STRENGTH_KNOBS, scaled_params
     from lorapop.evolve.operators import OPERATORS, make_child
-    from lorapop.rundir import Member, RunDir, write_json_atomic
+    from lorapop.rundir import Member, RunDir, write_json_atomic, write_text_atomic
     from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.styles import proposal_style
     from lorapop.train.probe import run_probe
@@ -293,10 +297,15 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     engine = make_engine(rd.model_name(), size, ecfg, seed=loop.seed)
     executor = make_executor()
 
+    samples: dict[str, list[dict[str, Any]]] = {}  # the group's raw answers per arm, written when it completes
+
     def score(m: Member, step: int, salt: str = "") -> list[float]:
         rng = random.Random(f"{loop.seed}:{m.id}{salt}:{step}:retention-probe")  # own seeds per arm: replicates
         rows = run_probe(engine, executor, [m], step, params, cfg.answers, prefill, rng, per_level=per_level,
-                         style=style)
+                         style=style, answers=True)
+        samples.setdefault(m.id, []).extend(
+            {"arm": m.id, "step": step, "scoring": salt or "arm", "task": r["task"], "score": r["score"],
+             "answers": r["answers"], "statuses": r["statuses"]} for r in rows)
         return [r["score"] for r in rows]
 
     def run_group(group: list[tuple[str, str, dict[str, float] | None]]) -> None:
@@ -335,6 +344,11 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
             log(f"retention: step {step + 1}/{cfg.steps} ({time.perf_counter() - t:.0f} s) " + "  ".join(
                 f"{m.id} {_fmt(out['arms'][m.id]['heldout'][-1])}" for m in members))
         out["seconds"] = round(out["seconds"] + time.perf_counter() - t0, 1)
+        # the raw samples first: a group killed before retention.json names it runs again and rewrites them
+        (out_dir / ANSWERS).mkdir(parents=True, exist_ok=True)
+        for m in members:
+            write_text_atomic(out_dir / ANSWERS / f"{m.id}.jsonl",
+                              "".join(json.dumps(r) + "\n" for r in samples.pop(m.id, [])))
         write_json_atomic(out_path, out)
 
     def run_all(todo: list[tuple[str, str, dict[str, float] | None]]) -> None:

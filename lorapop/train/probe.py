@@ -55,11 +55,12 @@ def counts(member: Any, step: int, min_age: int) -> bool:
 
 
 def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, params: Any, n_samples: int,
-              prefill: str, rng: random.Random, per_level: int = 30, min_age: int = 0, style: str = "expression"
-              ) -> list[dict[str, Any]]:
+              prefill: str, rng: random.Random, per_level: int = 30, min_age: int = 0, style: str = "expression",
+              answers: bool = False) -> list[dict[str, Any]]:
     """One probe.jsonl row per (member, task): ``step, member, role, task, level, score, age, counted``. ``style``
     (selfplay.proposal_style) picks the probe's family and code_o's student prompt; the probe asks in the short
-    chat prompt whatever selfplay.prompt_format is."""
+    chat prompt whatever selfplay.prompt_format is. ``answers``: each row also holds the raw replies (``answers``,
+    the prefill included) and their checker statuses (``statuses``), for an experiment that saves its samples."""
     from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.formats import prompt_format
 
@@ -77,9 +78,11 @@ def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, par
     for i in range(0, len(outs), n_samples):
         m, k = who[i]
         level, task = tasks[k]
-        answers = [chat.parse_answer(code_o, prefill + c.text) for c in outs[i:i + n_samples]]
-        correct = sum(o.status == "correct" for o in code_o.check_many(task, answers, executor))
-        rows.append(probe_row(m, step, k, level, correct / n_samples, min_age))
+        parsed = [chat.parse_answer(code_o, prefill + c.text) for c in outs[i:i + n_samples]]
+        statuses = [o.status for o in code_o.check_many(task, parsed, executor)]
+        rows.append(probe_row(m, step, k, level, statuses.count("correct") / n_samples, min_age))
+        if answers:
+            rows[-1].update(answers=[prefill + c.text for c in outs[i:i + n_samples]], statuses=statuses)
     return rows
 
 
