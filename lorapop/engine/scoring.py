@@ -98,21 +98,23 @@ def layout_rows(prompts: list, completions: list, adapter_ids: list[int], pad_id
     fewer positions (rows x width) than one row per sample, with no packed row wider than ``MAX_PACKED_WIDTH``
     times the widest sample; else one row per sample, exactly as before packing existed."""
     n = len(prompts)
-    lens = [len(p) + len(c) for p, c in zip(prompts, completions)]
+
+    def row_width(g: list[int]) -> int:
+        return len(prompts[g[0]]) + sum(len(completions[k]) for k in g)
+
     rows: list[list[int]] = [[k] for k in range(n)]
+    width = max(map(row_width, rows))
+    packed_layout = False
     if share_prompts and n > 1:
         by: dict[tuple, list[int]] = {}
         for k in range(n):
             by.setdefault((int(adapter_ids[k]), tuple(prompts[k])), []).append(k)
         packed = list(by.values())
-        widths = [len(prompts[g[0]]) + sum(len(completions[k]) for k in g) for g in packed]
-        if len(packed) < n and len(packed) * max(widths) < n * max(lens) \
-                and max(widths) <= MAX_PACKED_WIDTH * max(lens):
-            rows = packed
-    width = max(len(prompts[g[0]]) + sum(len(completions[k]) for k in g) for g in rows)
+        packed_width = max(map(row_width, packed))
+        if len(packed) < n and len(packed) * packed_width < n * width and packed_width <= MAX_PACKED_WIDTH * width:
+            rows, width, packed_layout = packed, packed_width, True
     b = len(rows)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    packed_layout = any(len(g) > 1 for g in rows)
     seg = torch.full((b, width), -1, dtype=torch.long)  # 0 prompt, i + 1 the row's i-th completion, -1 padding
     pos = torch.zeros((b, width), dtype=torch.long)
     where: dict[int, tuple[int, int]] = {}  # sample -> (row, offset of its completion)

@@ -42,7 +42,7 @@ def pmap(fn: Callable, items: Sequence) -> list:
     if _POOL is None or _POOL._max_workers != workers:
         if _POOL is not None:
             _POOL.shutdown(wait=False)
-        _POOL = _single_threaded_pool(workers)
+        _POOL = _single_threaded_pool(workers, caller)
     try:
         return list(_POOL.map(fn, items))
     finally:
@@ -60,15 +60,15 @@ def _pin_one_thread(barrier: threading.Barrier) -> None:
     barrier.wait()
 
 
-def _single_threaded_pool(workers: int) -> ThreadPoolExecutor:
+def _single_threaded_pool(workers: int, caller: int) -> ThreadPoolExecutor:
     """A pool whose every worker runs its torch ops on one intra-op thread, all started before it is returned.
 
     Left at the default, every LAPACK/BLAS call in every worker starts its own OpenMP team, and workers x teams
     threads on this many cores spin against each other (measured on 2 cores: M1 at rank 64 took 8.2 s this way,
     1.1 s with one thread per worker, 2.0 s serially on one thread). The barrier holds each pinning task until all
-    are running, so each lands on its own worker and every worker is pinned before the caller's count is restored.
+    are running, so each lands on its own worker and every worker is pinned before the process-wide count is set
+    back to ``caller``'s.
     """
-    caller = torch.get_num_threads()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="lorapop-evolve")
     barrier = threading.Barrier(workers)
     for f in [pool.submit(_pin_one_thread, barrier) for _ in range(workers)]:
