@@ -354,26 +354,49 @@ def test_other_errors():
         make_child("clone", [p], generator=0, scaling=SCALING)
 
 
+_PMAP_THREADS_SCRIPT = """
+import json, threading, torch
+from lorapop.evolve import _common
+
+steps = []
+for caller in (2, 3, 2):  # 3: a new pool of a new size; 2 again: a pool made before a count change
+    torch.set_num_threads(caller)
+    step = {"caller": caller, "set": torch.get_num_threads()}
+    out = _common.pmap(lambda i: (i, torch.get_num_threads()), list(range(6)))
+    step["order"] = [i for i, _ in out]
+    step["workers"] = sorted({n for _, n in out})
+    step["after"] = torch.get_num_threads()
+    later = []
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    step["later"] = later[0]
+    steps.append(step)
+print(json.dumps(steps))
+"""
+
+
 def test_pmap_workers_run_single_threaded_and_keep_order():
     # Oversubscription guard: pmap's workers must not each start a full OpenMP team (on 2 cores that made M1 at
     # rank 64 eight times slower); the caller's own thread count must stay as it was, and so must the process-wide
-    # count a thread started later adopts (torch.set_num_threads in a worker also sets that one).
-    import threading
+    # count a thread started later adopts (torch.set_num_threads in a worker also sets that one). Run in a fresh
+    # interpreter: thread counts are process state, and the suite's earlier tests in this worker (engines, Ray, the
+    # sandbox) must not decide what this one sees; OMP_NUM_THREADS=1 as the suite's workers have it.
+    import json
+    import os
+    import subprocess
+    import sys
 
-    from lorapop.evolve import _common
-
-    before = torch.get_num_threads()
-    try:
-        for caller in (2, 3, 2):  # 3: a new pool of a new size, 2 again: a pool made before a count change
-            torch.set_num_threads(caller)
-            out = _common.pmap(lambda i: (i, torch.get_num_threads()), list(range(6)))
-            assert [i for i, _ in out] == list(range(6))
-            assert {n for _, n in out} == {1}
-            assert torch.get_num_threads() == caller
-            later: list[int] = []
-            t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-            t.start()
-            t.join()
-            assert later == [caller]
-    finally:
-        torch.set_num_threads(before)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _PMAP_THREADS_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads(proc.stdout.strip().splitlines()[-1])
+    why = json.dumps(steps)  # every step in the message, so a failure on another machine says where it went wrong
+    for step in steps:
+        c = step["caller"]
+        assert step["set"] == c, f"torch did not keep set_num_threads({c}) even before pmap ran: {why}"
+        assert step["order"] == list(range(6)), why
+        assert step["workers"] == [1], why
+        assert step["after"] == c, why
+        assert step["later"] == c, why
