@@ -380,8 +380,9 @@ def test_pmap_workers_run_single_threaded_and_keep_order():
     # Oversubscription guard: pmap's workers must not each start a full OpenMP team (on 2 cores that made M1 at
     # rank 64 eight times slower); the caller's own thread count must stay as it was, and so must the process-wide
     # count a thread started later adopts (torch.set_num_threads in a worker also sets that one). Run in a fresh
-    # interpreter: thread counts are process state, and the suite's earlier tests in this worker (engines, Ray, the
-    # sandbox) must not decide what this one sees; OMP_NUM_THREADS=1 as the suite's workers have it.
+    # interpreter: thread counts are process state, and an earlier test in the same xdist worker decided what this
+    # one saw (on CI, after test_vllm_engine's in-process engine had made torch.set_num_threads a no-op, fixed in
+    # vllm_engine.py and tested there); OMP_NUM_THREADS=1 as the suite's workers have it.
     import json
     import os
     import subprocess

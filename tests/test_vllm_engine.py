@@ -357,6 +357,18 @@ def test_vllm_start_keeps_the_trainers_float32_matmul_precision(eng):
     assert STARTED["precision"] == "high"
 
 
+def test_vllm_start_leaves_torch_set_num_threads_working(eng):
+    """vLLM's CPUWorker replaces torch.set_num_threads with a no-op for the whole process when it starts; under
+    nobind (lorapop's default) nothing is bound, and the trainer's and pmap's thread counts must still take."""
+    before = torch.get_num_threads()
+    try:
+        for n in (before + 1, before):
+            torch.set_num_threads(n)
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_second_vllm_engine_in_the_process_is_refused_before_loading_anything(eng):
     with pytest.raises(RuntimeError, match="allow one per process"):
         make_engine("embedded", 1, EngineConfig(device="cpu", dtype="float32", backend="vllm"))

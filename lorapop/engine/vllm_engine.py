@@ -194,6 +194,7 @@ class VLLMEngine:
             kw.update(gpu_memory_utilization=float(cfg.vllm_gpu_memory_utilization), enable_sleep_mode=self._sleep)
         t0 = time.perf_counter()
         precision = torch.get_float32_matmul_precision()  # engine.tf32's, set by the TorchEngine on CUDA
+        set_num_threads = torch.set_num_threads
         try:
             with _modules_vllm_can_scan():
                 self.llm = LLM(**kw)
@@ -202,6 +203,13 @@ class VLLMEngine:
             # torch.set_float32_matmul_precision(VLLM_FLOAT32_MATMUL_PRECISION, "highest" by default), which holds
             # for the whole process: the update's matmuls would silently lose (or gain) TF32.
             torch.set_float32_matmul_precision(precision)
+            # CPUWorker.init_device (vllm/v1/worker/cpu_worker.py) replaces torch.set_num_threads with a no-op for
+            # the whole process, so that nothing undoes its thread binding. In-process (this engine) every later
+            # call then silently did nothing: the trainer's and the PBT operators' thread counts (pmap) stuck at
+            # whatever they were. Under nobind, lorapop's default, there is no binding to protect; a user who
+            # chose a binding keeps vLLM's guard.
+            if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+                torch.set_num_threads = set_num_threads
         global _running
         _running = weakref.ref(self)
         self.start_s = time.perf_counter() - t0
