@@ -58,6 +58,44 @@ def test_default_centroid_generation_is_in_the_unit_cube_and_seeded():
                           generate_centroids(CoverageConfig(**SMALL, seed=3)))
 
 
+def test_shipped_default_centroids_are_pyribs_generation_and_cells_are_pyribs_lookup():
+    import torch
+    from ribs.archives import CVTArchive
+
+    from floattol import sum_tol
+    from lorapop.diagnostics.coverage import SHIPPED_CENTROIDS, kmeans_centroids
+
+    shipped = np.load(SHIPPED_CENTROIDS)
+    assert np.array_equal(generate_centroids(CoverageConfig()), shipped)
+    # each centroid is a mean of the ~40 samples of its cell, after 50 rounds: another processor's k-means may round
+    # each mean differently, never by more than a sum over all the samples
+    fresh = kmeans_centroids(CoverageConfig())
+    np.testing.assert_allclose(shipped, fresh, rtol=0, atol=sum_tol(torch.float64, CoverageConfig().kmeans_samples))
+    # the cell of a point is the one pyribs' archive gives it: on random points, on the centroids, at the corners
+    archive = CVTArchive(solution_dim=0, centroids=shipped, ranges=[(0.0, 1.0)] * len(COVERAGE_DESCRIPTORS))
+    tracker = CoverageTracker(CoverageConfig())
+    lo = np.array([DEFAULT_BOUNDS[k][0] for k in COVERAGE_DESCRIPTORS])
+    hi = np.array([DEFAULT_BOUNDS[k][1] for k in COVERAGE_DESCRIPTORS])
+    rng = np.random.default_rng(0)
+    points = np.concatenate([rng.random((2000, 5)), shipped[::7], np.zeros((1, 5)), np.ones((1, 5))])
+    ours = [tracker.cell_of(dict(zip(COVERAGE_DESCRIPTORS, lo + u * (hi - lo)))) for u in points]
+    assert ours == [int(i) for i in archive.index_of(points)]
+    assert len(set(ours)) > 400  # the points really spread over the cells
+
+
+def test_a_default_tracker_never_imports_pyribs():
+    """pyribs (with scikit-learn and numba) cost every run ~2.5 s of CPU to import; the default cells need none of it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lorapop.diagnostics.coverage import CoverageTracker\n"
+            "t = CoverageTracker()\nt.add({k: 3.0 for k in ('ast_depth', 'cyclomatic', 'loc', 'n_node_types', "
+            "'input_size')})\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('ribs', 'sklearn', 'numba')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
 def test_centroids_saved_in_run_dir_and_reused(tmp_path):
     a = CoverageTracker(CoverageConfig(**SMALL, seed=1), run_dir=tmp_path / "a")
     saved = np.load(tmp_path / "a" / CENTROIDS_FILE)

@@ -7,8 +7,9 @@ the fraction of cells ever filled: overall, by the tasks each teacher proposed, 
 Normalisation is linear with fixed bounds and clipping (`DEFAULT_BOUNDS`, documented there), never fitted to the data,
 so two runs with the same bounds and the same centroids file give comparable numbers.
 
-pyribs' `CVTArchive` does the cell lookup (`index_of`); the filled-cell sets are kept here because the archive stores
-one elite per cell and has no notion of "which teacher filled this cell".
+The centroids are pyribs' k-means CVT (shipped for the default settings); a cell is the nearest centroid, the lookup
+pyribs' `CVTArchive.index_of` does, computed here with numpy. The filled-cell sets are kept here because an archive
+stores one elite per cell and has no notion of "which teacher filled this cell".
 """
 
 from __future__ import annotations
@@ -68,13 +69,32 @@ def normalise(descriptors: dict[str, float], bounds: dict[str, Any] | None = Non
     return np.clip((x - lo) / np.maximum(hi - lo, 1e-12), 0.0, 1.0)
 
 
-def generate_centroids(config: CoverageConfig) -> np.ndarray:
+# Centroids of the default generation settings, made once by pyribs (:func:`kmeans_centroids`) and shipped: every
+# run and every CLI process used to import pyribs (with scikit-learn and numba, ~2.5 s of CPU) and re-run the same
+# seeded k-means; the suite starts dozens of such processes. Shipped, the default cells are also the same bits on
+# every processor. tests/test_coverage.py checks the file against a fresh generation.
+SHIPPED_CENTROIDS = Path(__file__).resolve().parents[1] / "data" / "coverage" / "cvt_n512_seed0_s20000_i50.npy"
+
+
+def kmeans_centroids(config: CoverageConfig) -> np.ndarray:
+    """pyribs' k-means CVT centroids for ``config`` (its cells, seed, samples and iterations)."""
     from ribs.archives import k_means_centroids
 
     centroids, _ = k_means_centroids(
         centroids=config.n_cells, ranges=[(0.0, 1.0)] * len(COVERAGE_DESCRIPTORS), samples=config.kmeans_samples,
         seed=config.seed, k_means_kwargs={"max_iter": config.kmeans_max_iter})
     return np.asarray(centroids, dtype=np.float64)
+
+
+def generate_centroids(config: CoverageConfig) -> np.ndarray:
+    """The centroids ``config`` generates: the shipped file for the default settings, else :func:`kmeans_centroids`."""
+    if _generation(config) == _generation(CoverageConfig()):
+        return np.load(SHIPPED_CENTROIDS)
+    return kmeans_centroids(config)
+
+
+def _generation(config: CoverageConfig) -> tuple[int, int, int, int]:
+    return config.n_cells, config.seed, config.kmeans_samples, config.kmeans_max_iter
 
 
 def _save_npy_atomic(path: Path, arr: np.ndarray) -> None:
@@ -125,18 +145,17 @@ class CoverageTracker:
         self.n_added = 0
 
     def _set_centroids(self, c: np.ndarray) -> None:
-        from ribs.archives import CVTArchive
-
         self.centroids = c
-        # solution_dim 0: the archive is only a nearest-centroid index here, it never stores solutions.
-        self._archive = CVTArchive(solution_dim=0, centroids=c, ranges=[(0.0, 1.0)] * len(COVERAGE_DESCRIPTORS))
 
     @property
     def n_cells(self) -> int:
         return int(self.centroids.shape[0])
 
     def cell_of(self, descriptors: dict[str, float]) -> int:
-        return int(self._archive.index_of_single(normalise(descriptors, self.config.bounds)))
+        # The nearest centroid, as pyribs' CVTArchive.index_of finds it (tests/test_coverage.py compares them): a
+        # brute-force argmin over 512 x 5 is microseconds, without importing pyribs into every process.
+        x = normalise(descriptors, self.config.bounds)
+        return int(np.argmin(((self.centroids - x) ** 2).sum(axis=1)))
 
     def add(self, descriptors: dict[str, float], teacher_id: str | None = None, student_id: str | None = None) -> int:
         """Record one valid task; returns its cell. A task faced by several students is added once per student."""
