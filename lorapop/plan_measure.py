@@ -5,6 +5,7 @@ errors. :mod:`lorapop.plan` turns a :class:`Measured` into a plan for a GPU of a
 from __future__ import annotations
 
 import copy
+import gc
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,10 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     from lorapop.engine.paged import PAGE, PagedKVCache, token_bytes
 
     dtype = getattr(torch, ecfg.dtype)
+    # Earlier garbage is destroyed now, not inside the counting modes below: in a whole test-suite run an earlier
+    # in-process vLLM engine's objects were collected in the middle of this measurement (their destructors' ops ran
+    # under the fake mode and failed), and that run's plan came out wrong; not reproduced in isolation.
+    gc.collect()
     eng = _fake_engine(mcfg, n_adapters, FakeTensorMode(allow_non_fake_inputs=True), ecfg)
     n = eng.n_adapters
     out: dict[str, int] = {"base": eng.base_bytes()}
