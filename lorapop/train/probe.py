@@ -78,11 +78,12 @@ def run_probe(engine: Any, executor: Any, members: Sequence[Any], step: int, par
     for i in range(0, len(outs), n_samples):
         m, k = who[i]
         level, task = tasks[k]
-        parsed = [chat.parse_answer(code_o, prefill + c.text) for c in outs[i:i + n_samples]]
+        replies = [prefill + c.text for c in outs[i:i + n_samples]]
+        parsed = [chat.parse_answer(code_o, r) for r in replies]
         statuses = [o.status for o in code_o.check_many(task, parsed, executor)]
         rows.append(probe_row(m, step, k, level, statuses.count("correct") / n_samples, min_age))
         if answers:
-            rows[-1].update(answers=[prefill + c.text for c in outs[i:i + n_samples]], statuses=statuses)
+            rows[-1].update(answers=replies, statuses=statuses)
     return rows
 
 
