@@ -56,14 +56,43 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def import_transformers() -> Any:
+    """The ``transformers`` module, kept from importing scikit-learn: call it before anything of transformers.
+
+    ``AutoModelForCausalLM`` (and ``AutoTokenizer``, ``AutoConfig``, which reach it) import
+    ``transformers.generation.candidate_generator``, which imports ``sklearn.metrics`` and with it scipy whenever
+    scikit-learn is installed (pyribs installs it): 1 to 2 s of CPU of the 6 to 9 s that loading the embedded model
+    takes a fresh process (every ``lorapop`` command, Ray replica, test subprocess) on the project's 2-core Xeon.
+    Its one use is ``roc_curve``, for assisted decoding's adaptive confidence threshold
+    (``AssistedCandidateGenerator``), which lorapop never runs. So that module is imported once with
+    ``transformers.utils.is_sklearn_available`` answering False, which is then put back: all a process keeps of it
+    is that assisted decoding there would not adapt its threshold. A process that imported the module before
+    keeps it as it was."""
+    import sys
+
+    name = "transformers.generation.candidate_generator"
+    if name not in sys.modules:
+        import transformers.utils as tu
+
+        real = tu.is_sklearn_available
+        tu.is_sklearn_available = lambda: False
+        try:
+            __import__(name)
+        finally:
+            tu.is_sklearn_available = real
+    import transformers
+
+    return transformers
+
+
 def _is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF file into a safetensors checkpoint directory at ``out`` (atomic: temp dir, then rename)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    transformers = import_transformers()
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The weights are plain float tensors already; only the markers block save_pretrained.
@@ -163,8 +192,8 @@ def checkpoint_summary(path: Path) -> str:
     """Check that a checkpoint directory loads (config and tokenizer; the weights by their safetensors headers only,
     never into memory) and say what it is: ``"qwen2, 7.62B parameters in 4 weight files, 15.2 GB"``. A truncated
     or unreadable weight file raises :class:`ModelNotFoundError` naming it."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    transformers = import_transformers()
+    AutoConfig, AutoTokenizer = transformers.AutoConfig, transformers.AutoTokenizer
     try:
         config = AutoConfig.from_pretrained(str(path))
         AutoTokenizer.from_pretrained(str(path))
@@ -237,8 +266,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def load_base_model(name: str = EMBEDDED, *, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)``, frozen and in eval mode. See the module docstring for what ``name`` may be."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    transformers = import_transformers()
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     src = prepare_model(name)
     local = src.exists()
     # Unreachable hub: use only the local HF cache, so a missing model fails in a second rather than a minute.

@@ -56,7 +56,9 @@ class UnknownShape(PlanError):
 def model_config(name: str) -> Any:
     """The transformers config of ``name`` without weights or network: a local directory, the hub cache, or
     :data:`SHAPES`."""
-    from transformers import AutoConfig
+    from lorapop.model import import_transformers
+
+    AutoConfig = import_transformers().AutoConfig
 
     path = Path(name).expanduser()
     if (path / "config.json").is_file():
@@ -128,12 +130,12 @@ class LiveBytes:
 def _fake_engine(mcfg: Any, n_adapters: int, fake_mode: Any, ecfg: Any):
     """The project's TorchEngine on a fake-tensor base model of config ``mcfg`` (no weights read)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from lorapop.engine.torch_engine import TorchEngine
+    from lorapop.model import import_transformers
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, ecfg.dtype))
+        model = import_transformers().AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, ecfg.dtype))
     with fake_mode:
         model = model.to_empty(device="cpu")
     # Already on the plan's device and dtype; the engine's model.to() would try to swap the fake parameters, which

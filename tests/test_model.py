@@ -57,3 +57,20 @@ def test_unreachable_hub_id_fails_fast_and_says_to_use_a_local_path(monkeypatch)
     with pytest.raises(ModelNotFoundError, match="local checkpoint directory"):
         load_base_model("someorg/somemodel")
     assert time.time() - t0 < 30
+
+
+def test_loading_a_model_leaves_scikit_learn_unimported():
+    """transformers imports sklearn.metrics at import when scikit-learn is installed (pyribs installs it),
+    1 to 2 s of every lorapop command's start; lorapop.model.import_transformers keeps it out and puts
+    transformers' own check back. In a fresh interpreter, since this one may have imported either already."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("sklearn") is not None  # else this test proves nothing (pyribs requires it)
+    code = ("import sys\nfrom lorapop.model import load_base_model\n"
+            "model, _ = load_base_model('embedded')\nimport transformers.utils as tu\n"
+            "print('sklearn' in sys.modules, tu.is_sklearn_available())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "False True", out.stdout
