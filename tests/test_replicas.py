@@ -245,8 +245,8 @@ TINY = [
     "--population.n_teachers=2", "--population.n_students=2",
     "--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
     "--selfplay.n_references=1", "--selfplay.propose.max_new_tokens=24", "--selfplay.solve.max_new_tokens=12",
-    "--engine.device=cpu", "--engine.gen_batch_size=8", "--evolve.perturbation_interval=2",
-    "--evolve.burn_in_period=1", "--evolve.min_rated_matches=0",  # tiny steps rate almost nothing
+    "--engine.device=cpu", "--engine.gen_batch_size=8", "--evolve.perturbation_interval=3",
+    "--evolve.burn_in_period=1", "--evolve.min_rated_matches=0",  # tiny steps rate almost nothing; PBT at step 3
     "--run.save_interval=1", "--run.keep_checkpoints=0", "--run.progress=plain",
     "--run.tensorboard=false",
 ]
@@ -317,14 +317,14 @@ def test_replica_killed_mid_step_then_resumed_with_one_then_two_replicas(cluster
         t.run()
     assert _steps(run / "metrics.jsonl") == [1, 2]
 
-    # and back on 2 replicas: checkpoint 2 on both, two more steps with a PBT round (children broadcast), in sync
-    with Trainer(load_run_config(run, ["--engine.replicas=2", "--run.steps=4"]), run, resume=True) as t:
+    # and back on 2 replicas: checkpoint 2 on both, one more step with a PBT round (children broadcast), in sync
+    with Trainer(load_run_config(run, ["--engine.replicas=2", "--run.steps=3"]), run, resume=True) as t:
         assert t.engine.n_replicas == 2 and t.step == 2
         _assert_engine_is_checkpoint(t, ckpts / "step_000002")
         t.run()
-        assert any(rec["step"] == 4 for rec in t.population.lineage)
+        assert any(rec["step"] == 3 for rec in t.population.lineage)
         d = t.engine.replica_digests()
         assert d[0] == d[1]
-    assert _steps(run / "metrics.jsonl") == [1, 2, 3, 4]
-    assert [c.name for c in sorted(ckpts.iterdir())] == [f"step_00000{k}" for k in (1, 2, 3, 4)]
+    assert _steps(run / "metrics.jsonl") == [1, 2, 3]
+    assert [c.name for c in sorted(ckpts.iterdir())] == [f"step_00000{k}" for k in (1, 2, 3)]
     assert "engine.replicas" not in __import__("lorapop.train.loop", fromlist=["COMPAT_FIELDS"]).COMPAT_FIELDS
