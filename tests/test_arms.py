@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--selfplay.tasks_per_type=2", "--selfplay.n_solve=2", "--selfplay.propose.max_new_tokens=32",
-        "--selfplay.solve.max_new_tokens=16", "--run.probe_interval=0", "--run.progress=none",
-        "--engine.device=cpu", "--run.save_interval=1"]
+# one task type: what this test checks (runs, report, criteria, null arm, resume) is the same for each of the three
+TINY = ["--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=2", "--selfplay.n_solve=2",
+        "--selfplay.propose.max_new_tokens=32", "--selfplay.solve.max_new_tokens=16", "--run.probe_interval=0",
+        "--run.progress=none", "--engine.device=cpu", "--run.save_interval=1"]
 
 
 def _bench():
