@@ -133,8 +133,7 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
     comps = one.generate(prompts, ids, SamplingParams(max_new_tokens=8, greedy=True))
     train_ids = [a if a >= 0 else 1 for a in ids]  # the base row's sample trains adapter 1
     before = one.get_adapter(0)
-    for k, advs in enumerate(([1.0, -0.5, 0.3, 0.8, -1.2, 0.4, -0.9], [-0.2, 0.9, -1.0, 0.1, 0.6, -0.3, 1.1],
-                              [0.5, 0.3, -1.0, -0.7, 0.2, 1.3, -0.4])):
+    for k, advs in enumerate(([1.0, -0.5, 0.3, 0.8, -1.2, 0.4, -0.9], [-0.2, 0.9, -1.0, 0.1, 0.6, -0.3, 1.1])):
         samples = [TrainSample(p, c.token_ids, a, adv, sampler_logprobs=c.logprobs)  # greedy: temperature 1's
                    for p, c, a, adv in zip(prompts, comps, train_ids, advs)]
         s1, s2 = one.train_step(samples), two.train_step(samples)
@@ -153,7 +152,7 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
             _assert_same_state(one, two, 1)  # one step: equal within float tolerance
         digests = two.replica_digests()
         assert len(digests) == 2 and digests[0] == digests[1], f"replicas drifted after step {k + 1}"
-    _assert_same_state(one, two, 3)
+    _assert_same_state(one, two, 2)
     assert not torch.equal(one.get_adapter(0)[next(iter(before))][1], before[next(iter(before))][1])
     # the replicas' engine metrics reach the trainer as the one engine's do (compile off here: nothing compiled)
     assert two.pop_metrics() == one.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0}
