@@ -72,13 +72,14 @@ def figure(rets: list[dict]) -> str:
         series = [Series(f"noise floor +-{floor:.3f}", [(0.0, 0.0), (float(steps), 0.0)], color="#000000",
                          dash="6 3", band=[(0.0, -floor, floor), (float(steps), -floor, floor)])]
         for i, (name, a) in enumerate(a for a in ret["arms"].items() if a[0] != CONTINUATION):
-            s = Series(name, [(float(k), g) for k, g in enumerate(a.get("gap") or [])],
+            # unscored steps (--eval-every) are left out, not drawn as breaks: the line joins the scored ones
+            s = Series(name, [(float(k), g) for k, g in enumerate(a.get("gap") or []) if g is not None],
                        color=PALETTE[i % len(PALETTE)], dash="4 2" if "@" in name else "")
             series.append(s)
             legend.setdefault(name, s)
         plots.append((f"{ret['_name']}: continuation - child", plot_svg(
             series, f"{ret['_name']}", xlabel="steps after the operator", ylabel="gap to the continuation")))
-    return figure_svg(plots, cols=min(len(plots), 2), legend=list(legend.values())[:16],
+    return figure_svg(plots, cols=min(len(plots), 2), legend=list(legend.values()),
                       title="Operator retention: each child's gap to the continuation (shaded: the noise floor)")
 
 

@@ -241,22 +241,28 @@ SVG_CSS = (".ttl{font:600 13px sans-serif}.tick{font:10px sans-serif;fill:#555}.
 def figure_svg(plots: list[tuple[str, str | None]], cols: int, legend: list[Series] | None = None,
                title: str = "") -> str:
     """One standalone SVG of ``(title, plot)`` panels on a grid of ``cols`` columns (a plot from :func:`plot_svg`;
-    None draws the titled panel empty, so the grid keeps its places), with an optional title and a legend line
-    drawn from ``legend``'s labels, colours and dashes."""
-    top = (24 if title else 0) + (22 if legend else 0)
+    None draws the titled panel empty, so the grid keeps its places), with an optional title and a legend drawn
+    from ``legend``'s labels, colours and dashes, wrapped onto as many lines as the figure's width needs."""
     rows = -(-len(plots) // cols) if plots else 0
-    width, height = cols * W, top + rows * H
+    width = cols * W
+    places, x, line = [], ML, 0  # (line, x) of each legend entry
+    for s in legend or []:
+        step = 36 + 7 * len(s.label)
+        if x > ML and x + step - 10 > width:
+            x, line = ML, line + 1
+        places.append((line, x))
+        x += step
+    top = (24 if title else 0) + (22 + 18 * line if legend else 0)
+    height = top + rows * H
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
            f"<style>{SVG_CSS}</style>", f'<rect width="{width}" height="{height}" fill="#fff"/>']
     if title:
         out.append(f'<text x="{width / 2}" y="17" class="ttl" text-anchor="middle">{escape(title)}</text>')
-    x = ML
-    for s in legend or []:
-        y = (24 if title else 0) + 12
+    for s, (line, x) in zip(legend or [], places):
+        y = (24 if title else 0) + 12 + 18 * line
         dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
         out.append(f'<line x1="{x}" x2="{x + 22}" y1="{y}" y2="{y}" stroke="{s.color}" stroke-width="2.5"{dash}/>'
                    f'<text class="lg" x="{x + 26}" y="{y + 4}">{escape(s.label)}</text>')
-        x += 36 + 7 * len(s.label)
     for i, (name, p) in enumerate(plots):
         px, py = (i % cols) * W, top + (i // cols) * H
         if p is None:
