@@ -335,6 +335,7 @@ def main() -> None:
     from lorapop.engine import SamplingParams, TrainSample
     from lorapop.engine.base import chat_prompt_ids
     from lorapop.engine.decode import StaticKVCache, kv_capacity
+    from lorapop.engine.paged import PAGE, token_bytes
 
     tok = _tokenizer(args)
     prompt = chat_prompt_ids(tok, PROMPT)
@@ -449,7 +450,10 @@ def main() -> None:
         dtype = next(iter(eng.layers.values())).base.weight.dtype
         slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, kv_capacity(eng.cfg.max_model_len),
                                         dtype)
-        eng.kv_budget_bytes = lambda: long_budget_rows * slot
+        # and the paged cache's one trash page (lorapop/engine/paged.py, kv_shape): without it a budget of one row
+        # (the CPU default, 8 long rows / 8) holds no row at all in pages; the static cache's slot count is unchanged
+        trash = PAGE * token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype)
+        eng.kv_budget_bytes = lambda: long_budget_rows * slot + trash
         try:
             # one short row first: the cache is allocated and (compiled) its declared set warmed, outside the timing
             eng.generate(lprompts[:1], [0], long_sp, [0], max_new_tokens=[1])
