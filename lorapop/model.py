@@ -71,10 +71,10 @@ def import_transformers() -> Any:
     import sys
 
     name = "transformers.generation.candidate_generator"
-    if name not in sys.modules:
-        import transformers.utils as tu
+    import transformers.utils as tu
 
-        real = tu.is_sklearn_available
+    real = getattr(tu, "is_sklearn_available", None)  # a transformers without it imports as it likes
+    if name not in sys.modules and real is not None:
         tu.is_sklearn_available = lambda: False
         try:
             __import__(name)
