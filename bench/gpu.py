@@ -334,8 +334,8 @@ def main() -> None:
 
     from lorapop.engine import SamplingParams, TrainSample
     from lorapop.engine.base import chat_prompt_ids
-    from lorapop.engine.decode import StaticKVCache, kv_capacity
-    from lorapop.engine.paged import PAGE, token_bytes
+    from lorapop.engine.decode import kv_capacity
+    from lorapop.engine.paged import PAGE, cache_bytes
 
     tok = _tokenizer(args)
     prompt = chat_prompt_ids(tok, PROMPT)
@@ -448,12 +448,12 @@ def main() -> None:
         eng._kv_shape = None  # a new cache shape: this arm's declared set
         dec = eng._decoder()
         dtype = next(iter(eng.layers.values())).base.weight.dtype
-        slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, kv_capacity(eng.cfg.max_model_len),
-                                        dtype)
-        # and the paged cache's one trash page (lorapop/engine/paged.py, kv_shape): without it a budget of one row
-        # (the CPU default, 8 long rows / 8) holds no row at all in pages; the static cache's slot count is unchanged
-        trash = PAGE * token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype)
-        eng.kv_budget_bytes = lambda: long_budget_rows * slot + trash
+        dims, cap = (dec.n_layers, dec.n_kv, dec.head_dim), kv_capacity(eng.cfg.max_model_len)
+        # what either cache kind needs for long_budget_rows full-length rows (paged: their pages and the trash page,
+        # without which the CPU default of one row held no row at all; static: that many slots)
+        budget = max(cache_bytes("paged", dims, dtype, (0, cap, long_budget_rows * cap // PAGE)),
+                     cache_bytes("static", dims, dtype, (long_budget_rows, cap, 0)))
+        eng.kv_budget_bytes = lambda: budget
         try:
             # one short row first: the cache is allocated and (compiled) its declared set warmed, outside the timing
             eng.generate(lprompts[:1], [0], long_sp, [0], max_new_tokens=[1])
