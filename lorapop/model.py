@@ -70,9 +70,9 @@ def import_transformers() -> Any:
     keeps it as it was."""
     import sys
 
-    name = "transformers.generation.candidate_generator"
     import transformers.utils as tu
 
+    name = "transformers.generation.candidate_generator"
     real = getattr(tu, "is_sklearn_available", None)  # a transformers without it imports as it likes
     if name not in sys.modules and real is not None:
         tu.is_sklearn_available = lambda: False
@@ -91,8 +91,9 @@ def _is_checkpoint_dir(path: Path) -> bool:
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF file into a safetensors checkpoint directory at ``out`` (atomic: temp dir, then rename)."""
-    transformers = import_transformers()
-    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
+    import_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The weights are plain float tensors already; only the markers block save_pretrained.
@@ -192,8 +193,9 @@ def checkpoint_summary(path: Path) -> str:
     """Check that a checkpoint directory loads (config and tokenizer; the weights by their safetensors headers only,
     never into memory) and say what it is: ``"qwen2, 7.62B parameters in 4 weight files, 15.2 GB"``. A truncated
     or unreadable weight file raises :class:`ModelNotFoundError` naming it."""
-    transformers = import_transformers()
-    AutoConfig, AutoTokenizer = transformers.AutoConfig, transformers.AutoTokenizer
+    import_transformers()
+    from transformers import AutoConfig, AutoTokenizer
+
     try:
         config = AutoConfig.from_pretrained(str(path))
         AutoTokenizer.from_pretrained(str(path))
@@ -267,8 +269,9 @@ def load_base_model(name: str = EMBEDDED, *, dtype: str = "float32", device: str
     """Load ``(model, tokenizer)``, frozen and in eval mode. See the module docstring for what ``name`` may be."""
     import torch
 
-    transformers = import_transformers()
-    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
+    import_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     src = prepare_model(name)
     local = src.exists()
     # Unreachable hub: use only the local HF cache, so a missing model fails in a second rather than a minute.
