@@ -51,10 +51,22 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _own_buffer(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself (eager: a view of its storage); under ``torch.compile``, a buffer of its own. Inductor inlines a
+    pointwise chain into its consumers, and every line of :func:`_mix32` reads its input twice, so nested hashes
+    give loop bodies that double with each line: the row keys below cost inductor's CPU code generation about 30 s
+    per sampling graph with a cold cache, against about 3 s with each key in a buffer (docs/RESULTS.md, "Cold
+    inductor caches in the suite"). Inductor's lowering of ``as_strided`` realizes its input
+    (torch/_inductor/lowering.py, ``as_strided``). Only per-row ``[b]`` tensors go through it: a ``[b, V]`` one
+    would be written to memory every decode step."""
+    return t.as_strided(t.shape, t.stride())
+
+
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_key: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise ``[b, V]`` for rows with int64 ``seeds`` at int64 ``steps``; ``vocab_key`` is
     ``_mix32(arange(V))`` (precomputed once)."""
-    key = _mix32(_mix32(_mix32(seeds & M32) ^ ((seeds >> 32) & M32)) ^ (steps & M32))
+    key = _own_buffer(_mix32(_own_buffer(_mix32(_own_buffer(_mix32(seeds & M32)) ^ ((seeds >> 32) & M32)))
+                             ^ (steps & M32)))
     bits = _mix32(key[:, None] ^ vocab_key[None, :])
     u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
     return -torch.log(-torch.log(u))
