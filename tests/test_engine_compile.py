@@ -136,8 +136,8 @@ def test_compiled_step_writes_only_the_new_positions():
     ``b x n_kv x capacity x head_dim``; an ``index_put_`` on the whole tensor writes ``b`` positions, and the reads
     cover the symbolic attention length. The capacity, 1009 positions, is prime, so a loop whose extent it divides
     runs over the capacity and nothing else. Compiled greedy-only (``branches`` (False, False)): the K/V write is
-    the same in every branch, and the sampling branch's Gumbel hash costs inductor's CPU code generation about a
-    minute of a cold cache (docs/RESULTS.md, "Cold inductor caches in the suite")."""
+    the same in every branch, and the greedy branch, without the Gumbel noise and the nucleus sort, compiles
+    fastest with a cold inductor cache (docs/RESULTS.md, "Cold inductor caches in the suite")."""
     import re
 
     from torch._inductor.utils import run_and_get_code
