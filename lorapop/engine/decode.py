@@ -54,8 +54,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def _own_buffer(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself (eager: a view of its storage); under ``torch.compile``, a buffer of its own. Inductor inlines a
     pointwise chain into its consumers, and every line of :func:`_mix32` reads its input twice, so nested hashes
-    give loop bodies that double with each line: the row keys below cost inductor's CPU code generation about 30 s
-    per sampling graph with a cold cache, against about 3 s with each key in a buffer (docs/RESULTS.md, "Cold
+    give loop bodies that double with each line: compiled alone with a cold cache, this noise took about 35 s of
+    inductor's CPU code generation, against about 3 s with each row key in a buffer (docs/RESULTS.md, "Cold
     inductor caches in the suite"). Inductor's lowering of ``as_strided`` realizes its input
     (torch/_inductor/lowering.py, ``as_strided``). Only per-row ``[b]`` tensors go through it: a ``[b, V]`` one
     would be written to memory every decode step."""
