@@ -65,8 +65,9 @@ def _own_buffer(t: torch.Tensor) -> torch.Tensor:
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_key: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise ``[b, V]`` for rows with int64 ``seeds`` at int64 ``steps``; ``vocab_key`` is
     ``_mix32(arange(V))`` (precomputed once)."""
-    key = _own_buffer(_mix32(_own_buffer(_mix32(_own_buffer(_mix32(seeds & M32)) ^ ((seeds >> 32) & M32)))
-                             ^ (steps & M32)))
+    key = _own_buffer(_mix32(seeds & M32))  # a row's key: its seed's low word, its high word, then its step
+    key = _own_buffer(_mix32(key ^ ((seeds >> 32) & M32)))
+    key = _own_buffer(_mix32(key ^ (steps & M32)))
     bits = _mix32(key[:, None] ^ vocab_key[None, :])
     u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
     return -torch.log(-torch.log(u))
