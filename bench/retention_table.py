@@ -35,9 +35,14 @@ def load(path: Path) -> dict:
 
 
 def finished(ret: dict) -> bool:
+    """Every arm scored to the last step and given its verdict, and every stronger arm the run chose is there: a
+    file saved between two groups of stronger arms has the first group's scores but neither the others nor
+    their verdicts (`lorapop retention` writes the verdicts when the last group ends)."""
     arms = ret.get("arms") or {}
-    return bool(arms) and "noise_floor" in ret and all(len(a.get("heldout") or []) == ret["steps"] + 1
-                                                       for a in arms.values())
+    auto = ret.get("stronger_auto") or {}
+    wanted = {f"{o}@{auto['factor']:g}x" for o in auto.get("operators", [])} if auto else set()
+    return (bool(arms) and "noise_floor" in ret and wanted <= set(arms)
+            and all(len(a.get("heldout") or []) == ret["steps"] + 1 and "drop" in a for a in arms.values()))
 
 
 def fmt(v) -> str:
