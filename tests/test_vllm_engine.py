@@ -46,6 +46,11 @@ PROMPTS = [f"Write a Python function that returns {w}." for w in
             "True if n is prime", "the first element", "the mean of a list")] + \
           [f"What is {a} + {b}? Answer with a number." for a, b in ((2, 3), (17, 25), (101, 9), (7, 7))] + \
           ["Say hello in French.", "Name a colour.", "Count from one to five.", "What does len([1, 2]) return?"]
+# The greedy test's 10 prompts (50 rows): code, arithmetic and chat. The first 6 of PROMPTS are left out of it (issue
+# 48 item 9, the suite's time): at seed 1's adapters and 24 tokens, their adapters' greedy rows left the base's in 4
+# of their 24 (prompt, adapter) pairs, against 31 of 40 for these ten (measured on the Xeon), so they checked vLLM's
+# LoRA path least; the 80 rows took 52 s of vLLM's CPU, half of it prefill.
+GREEDY_PROMPTS = PROMPTS[6:]
 # Two float32 computations of one log-probability on the real model (its logits stay under REAL_LOGIT_SCALE): a
 # greedy choice closer than this is a tie that rounding may break either way.
 TIE = sum_tol(torch.float32, K_REAL, REAL_LOGIT_SCALE) + sum_tol(torch.float32, VOCAB)
@@ -187,9 +192,9 @@ def eng(background):
     engine.close()
 
 
-def _rows(engine, n_prompts=len(PROMPTS)):
+def _rows(engine, texts):
     """Each prompt under the base and every adapter."""
-    prompts = [engine.chat_prompt(p) for p in PROMPTS[:n_prompts]]
+    prompts = [engine.chat_prompt(p) for p in texts]
     return [p for p in prompts for _ in range(N + 1)], [a for _ in prompts for a in range(-1, N)]
 
 
@@ -218,18 +223,19 @@ def _assert_greedy_matches_torch(engine, prompts, ids, max_new=16):
 
 
 def test_greedy_rows_equal_the_torch_engine_for_the_base_and_four_adapters(eng):
-    prompts, ids = _rows(eng)
+    prompts, ids = _rows(eng, GREEDY_PROMPTS)
     got, differ = _assert_greedy_matches_torch(eng, prompts, ids, max_new=24)
-    assert len(PROMPTS) >= 16 and len(got) == len(PROMPTS) * (N + 1)
+    assert len(got) == len(GREEDY_PROMPTS) * (N + 1) == 50
     assert len(differ) <= len(got) // 10, f"{len(differ)} rows at near-ties: suspiciously many"
     # the adapters act: rows of each adapter differ from the base's on the same prompt
+    n = len(GREEDY_PROMPTS)
     for a in range(N):
-        moved = sum(got[k * (N + 1) + 1 + a].token_ids != got[k * (N + 1)].token_ids for k in range(len(PROMPTS)))
-        assert moved >= len(PROMPTS) // 2, f"adapter {a} changed only {moved} of {len(PROMPTS)} rows"
+        moved = sum(got[k * (N + 1) + 1 + a].token_ids != got[k * (N + 1)].token_ids for k in range(n))
+        assert moved >= n // 2, f"adapter {a} changed only {moved} of {n} rows"
 
 
 def test_a_synced_adapter_changes_only_its_rows_and_its_old_version_is_dropped(eng):
-    prompts, ids = _rows(eng, 4)
+    prompts, ids = _rows(eng, PROMPTS[:4])
     p = SamplingParams(max_new_tokens=16, greedy=True)
     before = eng.generate(prompts, ids, p)
     eng.pop_metrics()
@@ -253,7 +259,7 @@ def test_a_synced_adapter_changes_only_its_rows_and_its_old_version_is_dropped(e
 def test_after_a_train_step_and_a_pbt_replacement_vllm_equals_torch_again(eng):
     from lorapop.evolve.operators import make_child
 
-    prompts, ids = _rows(eng, 4)
+    prompts, ids = _rows(eng, PROMPTS[:4])
     rows = [k for k, a in enumerate(ids) if a in (0, 1)]
     comps = eng.generate([prompts[k] for k in rows], [ids[k] for k in rows],
                          SamplingParams(max_new_tokens=16, temperature=1.0), seeds=list(range(len(rows))))
