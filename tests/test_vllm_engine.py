@@ -286,7 +286,7 @@ def test_after_a_train_step_and_a_pbt_replacement_vllm_equals_torch_again(eng):
 
 
 def test_sampled_rows_follow_their_seeds_and_carry_the_sampler_logprobs(eng):
-    prompts, ids = _rows(eng, 2)
+    prompts, ids = _rows(eng, PROMPTS[:2])
     p = SamplingParams(max_new_tokens=16, temperature=0.7)
     seeds = [100 + k for k in range(len(prompts))]
     a = eng.generate(prompts, ids, p, seeds=seeds)
@@ -299,7 +299,7 @@ def test_sampled_rows_follow_their_seeds_and_carry_the_sampler_logprobs(eng):
 
 
 def test_stop_strings_min_tokens_and_length_end_rows_as_the_torch_engine_does(eng):
-    prompts, ids = _rows(eng, 1)  # one prompt under every adapter and the base
+    prompts, ids = _rows(eng, PROMPTS[:1])  # one prompt under every adapter and the base
     free = eng.trainer.generate(prompts, ids, SamplingParams(max_new_tokens=24, greedy=True))
     # a stop string completed by row 0's 4th token: it ends row 0 there, and rows that never write it run on
     text = [eng.tokenizer.decode(free[0].token_ids[:n], skip_special_tokens=True) for n in (3, 4)]
@@ -401,7 +401,7 @@ def test_a_sync_larger_than_its_filesystem_lands_in_the_temp_dir_with_one_warnin
 
     from lorapop.engine.vllm_engine import _sync_root
 
-    prompts, ids = _rows(eng, 2)
+    prompts, ids = _rows(eng, PROMPTS[:2])
     p = SamplingParams(max_new_tokens=12, greedy=True)
     before = eng.generate(prompts, ids, p)
     eng.use_sync_root(small_fs)
@@ -447,7 +447,7 @@ def test_cpu_demo_on_vllm_killed_and_resumed_then_vllm_serves_the_checkpoint(eng
     assert rep.returncode == 0 and (run / "report.html").is_file(), rep.stderr
     state = torch.load(RunDir(run).find_checkpoint() / "engine_state.pt", map_location="cpu", weights_only=False)
     eng.load_state_dict(state)
-    prompts, ids = _rows(eng, 2)
+    prompts, ids = _rows(eng, PROMPTS[:2])
     _assert_greedy_matches_torch(eng, prompts, ids)
     assert eng.pop_metrics()["engine/adapters_synced"] == N
 
