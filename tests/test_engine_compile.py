@@ -33,7 +33,8 @@ def _run_shaped_calls(seed: int = 0, n_slots: int = 8):
 @pytest.mark.slow
 def test_compiled_once_before_the_first_step_then_never_again():
     """Issue 46: the first generate warms the compiled step over its declared set (batch buckets up to the cache's
-    slots, attention lengths up to its capacity, both sampling branches) and compiles exactly the set's graphs
+    slots, attention lengths up to its capacity, both sampling branches with ``engine.compile_nucleus``) and
+    compiles exactly the set's graphs
     (dynamo's count and the engine's perf/graphs agree); the rest of a run-shaped sequence of calls compiles nothing,
     nor does a row that outgrows the cache.
     EOS falls at random points (ids the rows really produce are made EOS). The compiled step (dense LoRA path,
@@ -45,7 +46,7 @@ def test_compiled_once_before_the_first_step_then_never_again():
     torch._dynamo.reset()
     counters.clear()
     eager = tiny_engine(gen_batch_size=8, max_model_len=512, kv_cache="static")
-    compiled = tiny_engine(gen_batch_size=8, max_model_len=512, compile=True, kv_cache="paged")
+    compiled = tiny_engine(gen_batch_size=8, max_model_len=512, compile=True, compile_nucleus=True, kv_cache="paged")
     assert compiled.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0}
     rng, n_eos = random.Random(1), 0
     for k, (prompts, ids, p, seeds) in enumerate(_run_shaped_calls()):
@@ -98,6 +99,9 @@ def test_declared_set_covers_every_bucket_the_batcher_can_pick():
     caches of every slot count (powers of two or not, one slot) and capacity."""
     from lorapop.engine.compiled import DecodeShapes, batch_bucket, kv_bucket
 
+    one, both = DecodeShapes(8, 512, False), DecodeShapes(8, 512, False, nucleus=True)  # engine.compile_nucleus
+    assert (one.graphs, both.graphs) == (1, 2) and {n for n, _, _ in one.shapes} == {False}
+    assert len(both.shapes) == 2 * len(one.shapes) and set(one.shapes) < set(both.shapes)
     for n_slots in (1, 2, 3, 8, 48, 256):
         for max_len in (64, 320, 1024, 14336):
             for cuda in (False, True):

@@ -151,13 +151,20 @@ class EngineConfig:
     compile: bool = field(default=False, metadata={
         "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs). The "
                 "first generate makes it ready for every shape it can meet over the run's KV cache before decoding: "
-                "batch size and attention length are symbolic, so 2 graphs (with and without a top_p cut) serve "
-                "every row count, length, temperature and adapter mix; on CUDA a CUDA graph is then recorded per "
-                "(branch, batch bucket 2..gen_batch_size, attention length bucket in powers of two). It prints the "
+                "batch size and attention length are symbolic, so 1 graph serves every row count, length, "
+                "temperature and adapter mix (2 with compile_nucleus, for top_p < 1); on CUDA a CUDA graph is then "
+                "recorded per (branch, batch bucket 2..gen_batch_size, attention length bucket in powers of two). "
+                "It prints the "
                 "graphs and seconds; afterwards nothing compiles (perf/compile_s, perf/graphs in metrics.jsonl), "
                 "not even for a cache that grows (its shape is symbolic too). At 7B, inductor took tens of seconds per graph on an "
                 "H200; on CPU the embedded model takes minutes and no speed-up over the eager path was measured "
                 "there (bench/gpu.py measures it). Off by default; the 7B configs turn it on."})
+    compile_nucleus: bool = field(default=False, metadata={
+        "help": "With compile: also make the top_p < 1 (nucleus) sampling branch ready at the warm-up, a second "
+                "graph (and on CUDA a second set of CUDA graphs) that sorts the vocabulary every step. Off by default: "
+                "training samples at top_p 1 (config load refuses top_p < 1 for proposals and answers), so a run "
+                "compiles one graph, about half the warm-up. A generate with top_p < 1 on an engine without it "
+                "decodes uncompiled (the eager step, the same tokens), so nothing compiles after the warm-up."})
     stop_check_interval: int = field(default=1, metadata={
         "help": "Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
                 "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "

@@ -106,10 +106,10 @@ class ContinuousBatcher:
         self.temp = torch.full((n,), temperature, dtype=torch.float32, device=dev)
         self.top_p = torch.full((n,), float(top_p), dtype=torch.float32, device=dev)
         # Eager: skip the noise / the vocabulary sort when no row needs them. Compiled: one graph for every
-        # temperature, and the nucleus (a [b, V] sort and scan per token) only in a graph of its own, compiled when a
-        # call cuts one: training samples whole distributions (config load refuses top_p < 1), so its step never
-        # sorts the vocabulary. (Also, torch 2.11's inductor failed to generate the nucleus mask's triton kernel on
-        # an H200: docs/RESULTS.md, "GPU".)
+        # temperature, and the nucleus (a [b, V] sort and scan per token) only in a graph of its own, declared with
+        # engine.compile_nucleus (else a call that cuts one decodes eagerly): training samples whole distributions
+        # (config load refuses top_p < 1), so its step never sorts the vocabulary. (Also, torch 2.11's inductor
+        # failed to generate the nucleus mask's triton kernel on an H200: docs/RESULTS.md, "GPU".)
         nucleus = temperature > 0 and top_p < 1.0
         self.branches = (True, nucleus) if compiled else (temperature > 0, nucleus)
         # Host state: request in the slot (-1 free), prefix key it holds, position of its next input.

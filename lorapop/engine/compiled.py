@@ -8,7 +8,9 @@ from its cache, every shape the step can meet and makes it ready at once, as vLL
 - the batch size and the attention length are *symbolic* (``maybe_mark_dynamic``), so dynamo and inductor compile
   one graph for all of them; the batch buckets start at 2, since torch specialises a size of 1;
 - the only compile-time switch is the sampling branch (nucleus cut or not: a ``[b, V]`` sort per token that a run
-  without ``top_p < 1`` should not pay), so the declared set compiles into :data:`N_BRANCHES` graphs;
+  without ``top_p < 1`` should not pay). Training samples at ``top_p`` 1 (config load refuses less), so the declared
+  set is one graph; ``engine.compile_nucleus`` adds the nucleus branch's (:data:`N_BRANCHES` in all), and without it
+  a call that cuts a nucleus decodes eagerly rather than compile after the warm-up;
 - on CUDA (``mode='reduce-overhead'``) a CUDA graph is recorded per concrete (branch, batch bucket, attention
   bucket); the attention lengths are bucketed to powers of two there (a step reads at most twice what it attends,
   one graph per doubling, not per length), and every one of them is recorded at warm-up;
@@ -79,19 +81,25 @@ def kv_buckets(max_len: int, cuda_graphs: bool) -> list[int]:
 @dataclass(frozen=True)
 class DecodeShapes:
     """The declared set: every (nucleus, batch bucket, attention bucket) the compiled step meets over a cache of
-    ``n_slots`` x ``max_len``. ``graphs``: what dynamo compiles for it; ``cuda_graphs``: what CUDA records."""
+    ``n_slots`` x ``max_len``, the nucleus branch only with ``nucleus`` (engine.compile_nucleus). ``graphs``: what
+    dynamo compiles for it; ``cuda_graphs``: what CUDA records."""
     n_slots: int
     max_len: int
     cuda_graphs: bool
+    nucleus: bool = False
+
+    @property
+    def branches(self) -> tuple[bool, ...]:
+        return (False, True) if self.nucleus else (False,)
 
     @property
     def shapes(self) -> list[tuple[bool, int, int]]:
-        return [(nucleus, nb, kv) for nucleus in (False, True) for nb in batch_buckets(self.n_slots)
+        return [(nucleus, nb, kv) for nucleus in self.branches for nb in batch_buckets(self.n_slots)
                 for kv in kv_buckets(self.max_len, self.cuda_graphs)]
 
     @property
     def graphs(self) -> int:
-        return N_BRANCHES
+        return len(self.branches)
 
     @property
     def recorded(self) -> int:
@@ -186,8 +194,8 @@ class CompiledDecode:
     ``compile_s`` (compiling and recording), ``graphs`` (compiles), ``cuda_graphs`` (recordings), ``warm_up_s``
     (wall clock of the warm-ups) and ``after_warmup`` (compiles and recordings outside one: the aim is 0)."""
 
-    def __init__(self, fn, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, fn, device: torch.device, nucleus: bool = False) -> None:
+        self.device, self.nucleus = device, nucleus
         self.step = compile_decode_step(fn, device)
         self.warm: tuple[DecodeShapes, int] | None = None  # (declared set, cache allocation) last warmed
         self.compile_s, self.graphs, self.cuda_graphs, self.warm_up_s, self.after_warmup = 0.0, 0, 0, 0.0, 0
@@ -198,7 +206,7 @@ class CompiledDecode:
         cache was allocated again: its graphs read it at its address), then the call, counting any compile."""
         before = compile_stats().snapshot()
         try:
-            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda")
+            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda", self.nucleus)
             if self.warm != (shapes, allocation if shapes.cuda_graphs else 0):
                 before = self._warm_up(batcher, shapes, before)
                 self.warm = (shapes, allocation if shapes.cuda_graphs else 0)
@@ -234,7 +242,8 @@ class CompiledDecode:
 def report_warm_up(shapes: DecodeShapes, seconds: float, compiles: int, recordings: int) -> None:
     rec = f" and {recordings} CUDA graphs" if shapes.cuda_graphs else ""
     print(f"engine.compile: decode step ready for {len(shapes.shapes)} shapes (batch 1..{shapes.n_slots}, "
-          f"attention up to {shapes.max_len}, 2 sampling branches, any adapters): {compiles} compiled graphs{rec} "
+          f"attention up to {shapes.max_len}, {'with and without' if shapes.nucleus else 'no'} top_p cut, any "
+          f"adapters): {compiles} compiled graphs{rec} "
           f"in {seconds:.1f}s", file=sys.stderr, flush=True)
 
 

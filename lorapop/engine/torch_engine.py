@@ -173,7 +173,10 @@ class TorchEngine:
         prompts = [[int(t) for t in p] for p in prompts]
         dec = self._decoder()
         cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)
-        dense = bool(self.cfg.compile)
+        # A nucleus cut outside the declared set (engine.compile_nucleus off) decodes eagerly: the same tokens, and
+        # nothing compiles after the warm-up.
+        cuts = not params.greedy and params.temperature > 0 and params.top_p < 1.0
+        dense = bool(self.cfg.compile) and (bool(self.cfg.compile_nucleus) or not cuts)
         if dense:
             dec.refresh_dense()
         for layer in self.layers.values():
@@ -181,7 +184,7 @@ class TorchEngine:
         sampling = (int(params.min_new_tokens), bool(params.greedy), float(params.temperature), float(params.top_p))
         with progress("generate", total=len(prompts), unit="rows") as bar:
             batcher = (PagedBatcher if isinstance(cache, PagedKVCache) else ContinuousBatcher)(
-                dec, cache, self._ctx, self._decode_step(), dense=dense, compiled=dense,
+                dec, cache, self._ctx, self._decode_step() if dense else dec.decode_step, dense=dense, compiled=dense,
                 prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
                 max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
                 vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1),
@@ -228,14 +231,14 @@ class TorchEngine:
         if not self.cfg.compile:
             return self._dec.decode_step
         if self.decode_compile is None:
-            self.decode_compile = CompiledDecode(self._dec.decode_step, self.device)
+            self.decode_compile = CompiledDecode(self._dec.decode_step, self.device, bool(self.cfg.compile_nucleus))
         return self.decode_compile.step
 
     def decode_shapes(self) -> DecodeShapes | None:
         """The declared set of the compiled decode step over the run's cache (None before the first generate)."""
         if self._kv_shape is None:
             return None
-        return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda")
+        return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda", bool(self.cfg.compile_nucleus))
 
     def kv_budget_bytes(self) -> int:
         """Bytes the KV cache (static or paged) may take now: on CUDA a fraction of what a new allocation can use (the
