@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lorapop.evolve.retention import CONTINUATION, stronger_arm  # noqa: E402
 from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
-
-CONTINUATION = "continuation"
 
 
 def load(path: Path) -> dict:
@@ -40,7 +39,7 @@ def finished(ret: dict) -> bool:
     their verdicts (`lorapop retention` writes the verdicts when the last group ends)."""
     arms = ret.get("arms") or {}
     auto = ret.get("stronger_auto") or {}
-    wanted = {f"{o}@{auto['factor']:g}x" for o in auto.get("operators", [])} if auto else set()
+    wanted = {stronger_arm(o, auto["factor"]) for o in auto.get("operators", [])} if auto else set()
     return (bool(arms) and "noise_floor" in ret and wanted <= set(arms)
             and all(len(a.get("heldout") or []) == ret["steps"] + 1 and "drop" in a for a in arms.values()))
 

@@ -65,6 +65,12 @@ class StopChecker:
         return next((j for j in range(start + 1, len(row) + 1) if self.hit(row[:j])), None)
 
 
+def cuts_nucleus(greedy: bool, temperature: float, top_p: float) -> bool:
+    """Whether a call with these settings samples from a nucleus (``top_p < 1``): the sampling branch that has a
+    compiled graph of its own (engine.compile_nucleus)."""
+    return not greedy and temperature > 0 and top_p < 1.0
+
+
 def stop_checker(tokenizer: Any, stop: tuple[str, ...] | list[str]) -> StopChecker | None:
     """The :class:`StopChecker` of ``stop`` (empty strings dropped); None without any."""
     stop = tuple(s for s in stop if s)
@@ -110,7 +116,7 @@ class ContinuousBatcher:
         # engine.compile_nucleus (else a call that cuts one decodes eagerly): training samples whole distributions
         # (config load refuses top_p < 1), so its step never sorts the vocabulary. (Also, torch 2.11's inductor
         # failed to generate the nucleus mask's triton kernel on an H200: docs/RESULTS.md, "GPU".)
-        nucleus = temperature > 0 and top_p < 1.0
+        nucleus = cuts_nucleus(greedy, temperature, top_p)
         self.branches = (True, nucleus) if compiled else (temperature > 0, nucleus)
         # Host state: request in the slot (-1 free), prefix key it holds, position of its next input.
         self.req = [-1] * n

@@ -9,7 +9,7 @@ from its cache, every shape the step can meet and makes it ready at once, as vLL
   one graph for all of them; the batch buckets start at 2, since torch specialises a size of 1;
 - the only compile-time switch is the sampling branch (nucleus cut or not: a ``[b, V]`` sort per token that a run
   without ``top_p < 1`` should not pay). Training samples at ``top_p`` 1 (config load refuses less), so the declared
-  set is one graph; ``engine.compile_nucleus`` adds the nucleus branch's (:data:`N_BRANCHES` in all), and without it
+  set is one graph; ``engine.compile_nucleus`` adds the nucleus branch's (two in all), and without it
   a call that cuts a nucleus decodes eagerly rather than compile after the warm-up;
 - on CUDA (``mode='reduce-overhead'``) a CUDA graph is recorded per concrete (branch, batch bucket, attention
   bucket); the attention lengths are bucketed to powers of two there (a step reads at most twice what it attends,
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import torch
 
-N_BRANCHES = 2  # the sampling branches that compile separately: (sample, no nucleus) and (sample, nucleus)
 KV_STEP = 64  # attention lengths off CUDA graphs are multiples of this (symbolic: no graph per length)
 KV_GRAPH_MIN = 128  # under CUDA graphs attention lengths are powers of two from this
 

@@ -28,7 +28,7 @@ from lorapop.progress import progress
 
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_generate_args,
                    check_rows, check_samples, check_slot, end_of_turn_ids)
-from .batching import ContinuousBatcher, stop_checker
+from .batching import ContinuousBatcher, cuts_nucleus, stop_checker
 from .compiled import CompiledDecode, DecodeShapes
 from .cudamem import allocatable_bytes
 from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
@@ -175,7 +175,7 @@ class TorchEngine:
         cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)
         # A nucleus cut outside the declared set (engine.compile_nucleus off) decodes eagerly: the same tokens, and
         # nothing compiles after the warm-up.
-        cuts = not params.greedy and params.temperature > 0 and params.top_p < 1.0
+        cuts = cuts_nucleus(bool(params.greedy), float(params.temperature), float(params.top_p))
         dense = bool(self.cfg.compile) and (bool(self.cfg.compile_nucleus) or not cuts)
         if dense:
             dec.refresh_dense()

@@ -54,6 +54,11 @@ CONTINUATION = "continuation"
 CLONE = "clone"
 
 
+def stronger_arm(op: str, factor: float) -> str:
+    """The arm name of ``op`` with its strength knob times ``factor`` (``svd_structured@3x``)."""
+    return f"{op}@{factor:g}x"
+
+
 @dataclass
 class RetentionConfig:
     operators: list[str] = doc([], "operators to test (default: every registered one, clone included)")
@@ -284,7 +289,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     specs: list[tuple[str, str, dict[str, float] | None]] = [(CONTINUATION, CONTINUATION, None)]
     specs += [(o, o, None) for o in ops]
     if cfg.stronger and cfg.stronger_ops != ["auto"]:
-        specs += [(f"{o}@{cfg.stronger:g}x", o, scaled_params(o, cfg.stronger)) for o in cfg.stronger_ops]
+        specs += [(stronger_arm(o, cfg.stronger), o, scaled_params(o, cfg.stronger)) for o in cfg.stronger_ops]
     size = max(2, cfg.group_size)
     scored = set(settings["eval_steps"])
     params = sampling_params(solve)
@@ -374,7 +379,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
             weak = [o for o in ops if o in STRENGTH_KNOBS and out["arms"][o]["drop"] <= floor]
             out["stronger_auto"] = {"floor": floor, "operators": weak, "factor": cfg.stronger}
             log(f"retention: within the noise floor ({floor:.3f}) at step 0: {weak}; stronger arms x{cfg.stronger:g}")
-            extra = [(f"{o}@{cfg.stronger:g}x", o, scaled_params(o, cfg.stronger)) for o in weak]
+            extra = [(stronger_arm(o, cfg.stronger), o, scaled_params(o, cfg.stronger)) for o in weak]
             run_all([s for s in extra if s[0] not in out["arms"]])
     finally:
         executor.close()
