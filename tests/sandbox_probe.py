@@ -152,7 +152,10 @@ def probe(host: dict) -> dict:
     props = proposals(host)
     out: dict = {"uid": os.getuid(), "static_ok": {k: check_program(p) is None for k, (p, _) in props.items()}}
     try:
-        ex = SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, memory_mb=256, **host.get("executor", {})))
+        # max_procs 4: runs may fork here, so the fork bomb meets the process limit, the leftover meets the cleanup
+        # and exec meets the filter (the default, 1, refuses every fork: tests/test_verdicts.py)
+        ex = SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, memory_mb=256, max_procs=4,
+                                            **host.get("executor", {})))
         out["protections"] = ex.protections
     except RuntimeError as exc:
         out["refused"] = str(exc)
@@ -173,7 +176,7 @@ def probe(host: dict) -> dict:
     finally:
         ex.close()
     with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, preload=(*DEFAULT_PRELOAD, *KIN_MODULES),
-                                        **host.get("executor", {}))) as ex:
+                                        max_procs=4, **host.get("executor", {}))) as ex:
         out["preloaded"] = {k: ex.run(c).error for k, c in
                             (("kin", "import " + ", ".join(KIN_MODULES)),)}
         results = code_o.validate_many(parsed, ex)

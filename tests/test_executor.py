@@ -89,7 +89,20 @@ def test_closed_executor_refuses():
 
 
 def test_nproc_base_counts_the_users_processes_only_before_linux_5_14():
+    """In a user namespace from 5.14 on: the unshare process and the worker; else every process of the user."""
     from lorapop.executor.worker import _nproc_base
 
-    assert _nproc_base("6.18.44-fc") == 0 and _nproc_base("5.14.0-284.el9") == 0
-    assert _nproc_base("4.18.0-553.el8_10.x86_64") >= 1  # this test process at least, on the old kernel's count
+    assert _nproc_base(True, "6.18.44-fc") == 2 and _nproc_base(True, "5.14.0-284.el9") == 2
+    assert _nproc_base(True, "4.18.0-553.el8_10.x86_64") >= 1  # this test process at least, on the old kernel's count
+    assert _nproc_base(False, "6.18.44-fc") >= 1  # no user namespace: the machine-wide count of this uid
+
+
+@pytest.mark.parametrize("max_procs", [1, 3])
+def test_max_procs_counts_the_run_itself(max_procs):
+    """max_procs processes at once, the run's own included: the default 1 refuses every fork and thread."""
+    bomb = ("import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+            "        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n    n += 1\n_result = n")
+    with SandboxExecutor(ExecutorConfig(n_workers=1, max_procs=max_procs)) as e:
+        assert e.run(bomb, timeout_s=3).value == str(max_procs - 1)
+        thread = e.run("import _thread\n_thread.start_new_thread(print, ())\n_result = 1")
+        assert thread.ok == (max_procs > 1), thread

@@ -199,7 +199,8 @@ def test_seccomp_filter_alone():
 
 
 def test_fork_and_threads_still_work_under_the_filter():
-    with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1)) as ex:
+    """With max_procs above 1 (the default refuses both: tests/test_executor.py)."""
+    with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, max_procs=4)) as ex:
         assert ex.protections["seccomp"]
         assert ex.run(sandbox_probe.FORK).value == "7"
         r = ex.run("import _thread, time\nout = []\n_thread.start_new_thread(out.append, (5,))\n"

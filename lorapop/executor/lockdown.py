@@ -31,6 +31,19 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _COMMON = {
     "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "memfd_secret": 447,
+}
+# Memory a run could pin outside its address-space limit and keep past its end (SysV shared memory, message
+# queues and semaphores, POSIX message queues, memfd), and the calls that would let a run change its worker's
+# scheduling, priority, CPU set or host name for every later run. x86_64 numbers first, then aarch64.
+_STATE = {
+    "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197), "msgget": (68, 186),
+    "msgsnd": (69, 189), "msgrcv": (70, 188), "msgctl": (71, 187), "semget": (64, 190), "semop": (65, 193),
+    "semctl": (66, 191), "semtimedop": (220, 192), "mq_open": (240, 180), "mq_unlink": (241, 181),
+    "mq_timedsend": (242, 182), "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
+    "memfd_create": (319, 279), "setpriority": (141, 140), "sched_setparam": (142, 118),
+    "sched_setscheduler": (144, 119), "sched_setaffinity": (203, 122), "sched_setattr": (314, 274),
+    "ioprio_set": (251, 30), "sethostname": (170, 161), "setdomainname": (171, 162),
 }
 DENIED = {
     "x86_64": {
@@ -40,6 +53,7 @@ DENIED = {
         "keyctl": 250, "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,
         "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320,
         "bpf": 321, "execveat": 322, "userfaultfd": 323, **_COMMON,
+        **{name: nrs[0] for name, nrs in _STATE.items()},
     },
     "aarch64": {
         "socket": 198, "socketpair": 199, "execve": 221, "ptrace": 117, "syslog": 116, "pivot_root": 41,
@@ -48,6 +62,7 @@ DENIED = {
         "keyctl": 219, "unshare": 97, "perf_event_open": 241, "open_by_handle_at": 265, "setns": 268,
         "process_vm_readv": 270, "process_vm_writev": 271, "finit_module": 273, "kexec_file_load": 294,
         "bpf": 280, "execveat": 281, "userfaultfd": 282, **_COMMON,
+        **{name: nrs[1] for name, nrs in _STATE.items()},
     },
 }
 CLONE = {"x86_64": 56, "aarch64": 220}

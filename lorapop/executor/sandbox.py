@@ -50,6 +50,7 @@ import queue
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from lorapop.executor.worker import unpack_result
 from lorapop.progress import progress
 from lorapop.tmpdirs import owned_tempdir
 
@@ -68,6 +70,7 @@ _HDR = struct.Struct(">I")
 WORKER_PY = Path(__file__).with_name("worker.py")
 SANDBOX_PREFIX = "lorapop-sbx-"  # + owner pid: each worker's scratch root under the temp directory
 WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
+RUN_STATUSES = ("ok", "error", "memory", "output_limit", "crashed")  # what a child may report of itself
 
 DEFAULT_PRELOAD = (
     "re", "math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
@@ -85,7 +88,10 @@ class ExecutorConfig:
                                                           "interpreter included; 0 = none"})
     disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB"})
     fsize_mb: int = field(default=4, metadata={"help": "largest file a run may write (RLIMIT_FSIZE), MiB"})
-    max_procs: int = field(default=16, metadata={"help": "process limit of a run's uid (RLIMIT_NPROC)"})
+    max_procs: int = field(default=1, metadata={"help": "processes and threads a run may have at once, itself "
+                                                        "included (RLIMIT_NPROC); 1: no fork and no thread, so "
+                                                        "memory_mb bounds every byte a run holds (each extra "
+                                                        "process may take memory_mb more)"})
     max_open_files: int = field(default=64, metadata={"help": "open file descriptors per run (RLIMIT_NOFILE)"})
     max_output_chars: int = field(default=100_000, metadata={"help": "stdout+stderr chars before status "
                                                                      "output_limit; output is discarded"})
@@ -187,11 +193,18 @@ def isolated(protections: dict) -> bool:
 
 
 class _Worker:
+    """The trainer's side of one sandbox worker (lorapop/executor/worker.py): a SOCK_SEQPACKET socket carries the
+    requests and the worker's reports; each run gets two fresh pipes, one the trainer writes the program into and one
+    it reads the result from, whose other ends go to the worker with the request and from it to the forked child. The
+    worker never holds the program or the result."""
+
     def __init__(self, ex: "SandboxExecutor", hashseed: int, uid: int):
         self.ex, self.hashseed, self.uid = ex, hashseed, uid
         self.proc: subprocess.Popen | None = None
+        self.ctl: socket.socket | None = None
         self.info: dict = {}
         self.root: str | None = None
+        self.retired: str | None = None  # why the last worker was replaced, if it was
 
     def _command(self, root: str, cfg_json: str, mechanism: str) -> list[str]:
         c = self.ex.config
@@ -200,7 +213,7 @@ class _Worker:
             return py
         # util-linux unshare; as an ordinary user with a user namespace whose root is this user (docs/METHOD.md)
         flags = ["--user", "--map-root-user"] if mechanism == "userns" else []
-        flags += ["--fork", "--kill-child", "--ipc"]
+        flags += ["--fork", "--kill-child", "--ipc", "--uts"]
         if c.isolate_network:
             flags.append("--net")
         if c.isolate_pids:
@@ -226,15 +239,20 @@ class _Worker:
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
             "max_repr_chars": c.max_repr_chars, "drop_uid": mode["mechanism"] == "root" and c.drop_privileges,
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
-            "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges,
+            "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
             "root": self.root, "chroot": mode["mechanism"] != "none" and c.isolate_filesystem, "fallback_dir": self.root,
             "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
         }
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": str(self.hashseed)}
         self.errfile = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["mechanism"]),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errfile, env=env,
-                                     start_new_session=True, close_fds=True)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["mechanism"]),
+                                         stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=self.errfile,
+                                         env=env, start_new_session=True, close_fds=True)
+        finally:
+            theirs.close()
+        self.ctl = mine
         hello = self._recv(time.monotonic() + 30.0)
         if not hello or not hello.get("hello"):
             self.errfile.seek(0)
@@ -244,42 +262,106 @@ class _Worker:
         self.info = hello
 
     def _recv(self, deadline: float) -> dict | None:
-        fd = self.proc.stdout.fileno()
-        buf = b""
-        need = 4
-        while len(buf) < need:
+        """The worker's next report, or None when it ended or the deadline passed."""
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                continue
-            chunk = os.read(fd, max(need - len(buf), 65536) if len(buf) >= 4 else 4 - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-            if len(buf) >= 4 and need == 4:
-                need = 4 + _HDR.unpack(buf[:4])[0]
-        return json.loads(buf[4:need].decode("utf-8"))
+            r, _, _ = select.select([self.ctl], [], [], left)
+            if r:
+                break
+        try:
+            data = self.ctl.recv(65536)
+            return json.loads(data) if data else None
+        except (OSError, ValueError):
+            return None
 
     def call(self, code: str, timeout_s: float) -> ExecResult:
         if self.proc is None or self.proc.poll() is not None:
             self.kill()
             self.start()
+        c = self.ex.config
         t0 = time.perf_counter()
-        data = json.dumps({"code": code, "timeout": timeout_s}).encode("utf-8")
+        code_r, code_w = os.pipe()
+        res_r, res_w = os.pipe()
         try:
-            self.proc.stdin.write(_HDR.pack(len(data)) + data)
-            self.proc.stdin.flush()
-            resp = self._recv(time.monotonic() + timeout_s + self.ex.config.grace_s)
-        except (BrokenPipeError, OSError, ValueError):
-            resp = None
-        if resp is None:
-            late = time.perf_counter() - t0 >= timeout_s
+            try:
+                socket.send_fds(self.ctl, [json.dumps({"timeout": timeout_s}).encode()], [code_r, res_w])
+            except OSError:
+                os.close(code_w)
+                self.kill()
+                return ExecResult("crashed", None, WORKER_DIED, time.perf_counter() - t0)
+            finally:
+                os.close(code_r)
+                os.close(res_w)
+            pending = {code_w}  # closed exactly once: another thread's new pipe may reuse a number closed twice
+            try:
+                report, raw, overflow = self._exchange(code.encode("utf-8", "surrogatepass"), code_w, pending,
+                                                       res_r, time.monotonic() + timeout_s + c.grace_s)
+            finally:
+                for fd in pending:
+                    os.close(fd)
+        finally:
+            os.close(res_r)
+        took = time.perf_counter() - t0
+        if report is None or "wstatus" not in report:
+            late = took >= timeout_s
             self.kill()
             return ExecResult("timeout" if late else "crashed", None,
-                              "worker stopped answering" if late else WORKER_DIED, time.perf_counter() - t0)
-        return ExecResult(resp["status"], resp["value"], resp["error"], float(resp["duration"]))
+                              "worker stopped answering" if late else WORKER_DIED, took)
+        if report.get("retire"):
+            self.retired = report["retire"]
+            self.kill()  # its tmpfs and namespaces go with it; the next call starts a fresh worker
+        return _result(report, raw, overflow, timeout_s, c.max_repr_chars)
+
+    def _exchange(self, code: bytes, code_w: int, pending: set, res_r: int, deadline: float
+                  ) -> tuple[dict | None, bytes, bool]:
+        """Write the program (closing ``code_w``, and taking it out of ``pending``, once it is all written), read the
+        result (at most a few times ``max_repr_chars``; more is read and dropped, so a run cannot block on it) and
+        wait for the worker's report, all at once: the child may read its program and write its result in any
+        order."""
+        os.set_blocking(code_w, False)
+        cap = self.ex.config.max_repr_chars * 4 + 4096
+        view, chunks, size, overflow, report, res_open = memoryview(code), [], 0, False, None, True
+
+        def done_writing() -> None:
+            pending.discard(code_w)
+            os.close(code_w)  # EOF for the child
+
+        if not view:
+            done_writing()
+        while report is None or res_open:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # A report came and only the result pipe is still open: a process outside the run's reach (no pid
+                # namespace, executor.allow_unisolated) holds it; what was read stands.
+                return (report, b"".join(chunks), overflow) if report is not None else (None, b"", False)
+            rl = ([self.ctl] if report is None else []) + ([res_r] if res_open else [])
+            r, w, _ = select.select(rl, [code_w] if code_w in pending else [], [], left)
+            if w:
+                try:
+                    view = view[os.write(code_w, view[:1 << 16]):]
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:
+                    view = view[:0]  # the child stopped reading: its run goes on without the rest
+                if not view:
+                    done_writing()
+            if res_r in r:
+                chunk = os.read(res_r, 1 << 16)
+                if not chunk:
+                    res_open = False  # every process that held the pipe has ended
+                elif size + len(chunk) > cap:
+                    overflow, size = True, cap + 1
+                else:
+                    chunks.append(chunk)
+                    size += len(chunk)
+            if self.ctl in r:
+                report = self._recv(deadline) or {}
+                if not report:
+                    return None, b"", False
+                deadline = min(deadline, time.monotonic() + 1.0)
+        return report, b"".join(chunks), overflow
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -291,12 +373,10 @@ class _Worker:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-            for f in (self.proc.stdin, self.proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
             self.proc = None
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
         if self.root:
             # The tmpfs lived in the worker's mount namespace; on the host this is an empty dir (or, degraded,
             # the private working area itself).
@@ -306,11 +386,42 @@ class _Worker:
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             try:
-                self.proc.stdin.close()  # EOF: the worker exits, its namespaces die with it
+                self.ctl.shutdown(socket.SHUT_RDWR)  # EOF: the worker exits, its namespaces die with it
                 self.proc.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def _result(report: dict, raw: bytes, overflow: bool, timeout_s: float, max_repr_chars: int) -> ExecResult:
+    """An ExecResult from the worker's report (trusted: how the child ended) and the bytes the child wrote (untrusted
+    data: a program can write them itself, so they only ever say what its own result is)."""
+    duration = float(report.get("duration", 0.0))
+    if report.get("timed_out"):
+        return ExecResult("timeout", None, f"wall-clock limit {timeout_s:g}s", duration)
+    if overflow:
+        return ExecResult("output_limit", None, f"result over {max_repr_chars} chars", duration)
+    try:
+        n = _HDR.unpack(raw[:4])[0]
+        if len(raw) != 4 + n:
+            raise ValueError("length")
+        status, value, error = unpack_result(raw[4:])
+        if status not in RUN_STATUSES or (status == "ok") != (value is not None):
+            raise ValueError("status")
+        if value is not None and len(value) > max_repr_chars:
+            return ExecResult("output_limit", None, f"repr of _result has {len(value)} chars > {max_repr_chars}",
+                              duration)
+        return ExecResult(status, value, None if error is None else error[:300], duration)
+    except (struct.error, ValueError, UnicodeDecodeError):
+        pass
+    st = int(report.get("wstatus") or 0)
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        if sig == signal.SIGXCPU:
+            return ExecResult("timeout", None, f"CPU limit {report.get('cpu_s')}s", duration)
+        return ExecResult("crashed", None, f"killed by signal {sig}", duration)
+    code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else "?"
+    return ExecResult("crashed", None, f"exited with code {code} before returning a result", duration)
 
 
 class SandboxExecutor:
@@ -421,7 +532,8 @@ class SandboxExecutor:
         return {"mechanism": self.mode["mechanism"], "network_isolated": bool(info.get("net_isolated")),
                 "filesystem_isolated": bool(info.get("chroot")), "pid_namespace": bool(info.get("pid1")),
                 "unprivileged": bool(info.get("drop_uid") or info.get("caps_dropped")),
-                "seccomp": bool(info.get("seccomp")), "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
+                "seccomp": bool(info.get("seccomp")), "own_hostname": bool(info.get("own_hostname")),
+                "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
         pool = self._pool(self.config.default_hashseed if hashseed is None else int(hashseed))

@@ -1,32 +1,40 @@
-"""Code that runs inside the sandbox: one long-lived worker that forks once per program.
+"""Code that runs inside the sandbox: one long-lived worker, the template every run is forked from.
 
 Standard library only; started by `lorapop.executor.sandbox` as ``python -s -S worker.py CONFIG_JSON`` (usually under
-``unshare [--user --map-root-user] --net --mount --pid --ipc``, after a shell has mounted its tmpfs), with a scrubbed
-environment. Startup, once per worker:
+``unshare [--user --map-root-user] --net --mount --pid --ipc --uts``, after a shell has mounted its tmpfs), with a
+scrubbed environment and a unix socket (``SOCK_SEQPACKET``) to the trainer on fd 0.
+
+**The worker never holds a program, an answer or a result.** For each run the trainer sends a small request (the time
+limit) with two fresh pipe ends attached: the read end of the pipe the trainer writes the program into, and the write
+end of the pipe the trainer reads the result from. The worker forks; the child reads its program, runs it and writes
+its result straight to the trainer; the worker only waits, cleans up and reports how the child ended. So every run
+starts as a copy of one process that has never held model-written text, and nothing of an earlier run (not even
+freed memory that once held it) is in that copy.
+
+Startup, once per worker:
 
 1. pre-import the modules task programs may use (after the chroot nothing else can be imported), and lockdown.py;
-2. with a private mount namespace: chroot into the tmpfs (no host file is visible afterwards, /proc included);
+2. its own host name (UTS namespace); with a private mount namespace, chroot into the tmpfs (no host file is visible
+   afterwards, /proc included);
 3. in a user namespace, give up every capability; install the seccomp filter (both inherited by every fork), then
-   drop lockdown and ctypes from ``sys.modules`` unless they were asked for;
-4. replace its own environment by the runs' one (PATH and LC_ALL only) and set the limits that are the same for
-   every run (file size, process count, open files, no core), all inherited by every fork;
-5. say hello on the protocol pipe with the protections that are actually in force.
+   forget lockdown and ctypes (modules and references), so no run finds them;
+4. the limits that are the same for every run (file size, open files, no core), the runs' environment;
+5. hello on the socket with the protections that are actually in force.
 
-Per run: make a private directory (owned by the run uid as root), fork; the child sets its own rlimits (CPU,
-address space), drops to an unprivileged uid as root, points fds 0/1/2 at dead pipes, runs the code as a fresh
-``__main__`` module and reports ``repr(_result)``. The parent enforces the wall clock, kills the run's process group
-and, when it is PID 1 of its own pid namespace, every other process in the namespace (catches children that escaped
-with setsid), reaps, and removes the directory (and, where runs share its uid, anything else they left in /w).
-
-Protocol on fds 0/1 (replaced by private high fds at startup): 4-byte big-endian length + JSON object.
+Per run: fork; the child unblocks signals, points fds 0/1/2 at dead pipes, closes every other descriptor but its two
+pipe ends, sets its own limits (CPU, address space, processes), drops to the run uid as root, reads its program, runs
+it as a fresh ``__main__`` module and writes ``repr(_result)`` or its error. The worker waits for the child's exit up to
+the wall clock, then kills every other process of the namespace (as its PID 1; else the run's process group), reaps,
+and checks itself: the working area empty and unchanged, its own priority, scheduler, CPU set and limits unchanged.
+Anything else and it answers ``retire`` and exits, so the trainer starts a fresh worker: the tmpfs and the namespaces
+die with it, whole; nothing a run left is walked or deleted file by file.
 """
 
 import builtins
 import json
 import os
-import select
-import shutil
 import signal
+import socket
 import struct
 import sys
 import time
@@ -38,7 +46,9 @@ except ImportError:  # pragma: no cover - non-POSIX
 
 _HDR = struct.Struct(">I")
 # Bound at import so a program that rebinds builtins cannot break the reporting of its own result.
-_repr, _len, _isinstance, _str, _type, _BaseException = repr, len, isinstance, str, type, BaseException
+_repr, _len, _isinstance, _str = repr, len, isinstance, str
+HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
+_SIGCHLD = {signal.SIGCHLD}
 
 
 class _OutputLimit(BaseException):
@@ -67,25 +77,19 @@ class _CappedOut:
         return False
 
 
-def _read_exact(fd, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
-def _send(fd, obj):
-    data = json.dumps(obj).encode("utf-8")
-    _write_all(fd, _HDR.pack(len(data)) + data)
-
-
 def _write_all(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _read_all(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def _short(text, n=300):
@@ -104,50 +108,60 @@ def _describe(exc):
     return _short(f"{name}: {msg}" if msg else name)
 
 
-def _pack_result(status, value, error):
+def pack_result(status, value, error):
     """NUL-separated fields, built without json or any builtin a program may have rebound."""
     v = "0" if value is None else "1" + value
     e = "0" if error is None else "1" + error.replace("\x00", "\\x00")
     return (status + "\x00" + v + "\x00" + e).encode("utf-8", "backslashreplace")
 
 
-def _unpack_result(data):
-    status, v, e = data.decode("utf-8").split("\x00")
+def unpack_result(data):
+    """(status, value, error) of :func:`pack_result`'s bytes; raises ValueError on anything else (the bytes come from
+    the run's own process, which may have written them itself)."""
+    parts = data.decode("utf-8").split("\x00")
+    if len(parts) != 3 or not parts[1] or not parts[2] or parts[1][0] not in "01" or parts[2][0] not in "01":
+        raise ValueError("malformed result")
+    status, v, e = parts
     return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
 
 
-def _child(code, cfg, uid, run_dir, res_w, fds):
+def _child(cfg, code_fd, res_fd, cpu_s):
     """Runs in the forked child; never returns."""
     status, value, error = "crashed", None, None
     try:
-        os.setpgid(0, 0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
         signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
-        os.dup2(fds["null_in"], 0)
-        os.dup2(fds["null_out"], 1)
-        os.dup2(fds["null_out"], 2)
-        for fd in fds.values():
-            if fd > 2:
-                os.close(fd)
+        if not cfg["pid1"]:
+            os.setpgid(0, 0)  # outside a pid namespace the run's processes are killed as one group
+        os.dup2(1, 2)  # 0 and 1 are the worker's dead pipes (reads give EOF, writes EPIPE)
+        lo, hi = sorted((code_fd, res_fd))
+        limit = cfg["max_open_files"]
+        os.closerange(3, lo)
+        os.closerange(lo + 1, hi)
+        os.closerange(hi + 1, limit)  # the worker's socket to the trainer among them
         if resource is not None:
-            # Per run: CPU (counted per process, and the timeout may differ per request) and the address space
-            # (kept off the worker so a small limit can only fail runs, never the worker). The other limits were
-            # set once on the worker by _worker_limits and are inherited.
-            cpu = int(cfg["cpu_s"])
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            # Per run: CPU (counted per process, and the timeout may differ per request), the address space (kept off
+            # the worker so a small limit can only fail runs, never the worker) and the process count (one by
+            # default: no fork, no thread, so the address-space limit bounds every byte the run can hold).
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
             if cfg["memory_bytes"]:
                 resource.setrlimit(resource.RLIMIT_AS, (cfg["memory_bytes"],) * 2)
+            if cfg["nproc"]:
+                resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
         if cfg["drop_uid"]:
             os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        os.chdir(run_dir)
+            os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
+            os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        os.chdir(cfg["work"])
+        code = _read_all(code_fd).decode("utf-8", "surrogatepass")
+        os.close(code_fd)
         out = _CappedOut(cfg["max_output_chars"])
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
             exec(compile(code, "<program>", "exec"), g)
-            result = g.get("_result")
-            text = _repr(result)
+            del code
+            text = _repr(g.get("_result"))
             if not _isinstance(text, _str):
                 raise TypeError("__repr__ returned non-string")
             if _len(text) > cfg["max_repr_chars"]:
@@ -158,8 +172,6 @@ def _child(code, cfg, uid, run_dir, res_w, fds):
             status, error = "output_limit", f"printed more than {cfg['max_output_chars']} chars"
         except MemoryError:
             status, error = "memory", "MemoryError"
-        except SyntaxError as exc:
-            status, error = "error", _describe(exc)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the program's own failure
             status, error = "error", _describe(exc)
     except MemoryError:
@@ -167,45 +179,36 @@ def _child(code, cfg, uid, run_dir, res_w, fds):
     except BaseException as exc:
         status, error = "crashed", "sandbox setup failed: " + _describe(exc)
     try:
-        data = _pack_result(status, value, error)
-        _write_all(res_w, _HDR.pack(_len(data)) + data)
+        data = pack_result(status, value, error)
+        _write_all(res_fd, _HDR.pack(_len(data)) + data)
     except BaseException:
         pass
     os._exit(0)
 
 
 def _worker_limits(cfg):
-    """Limits that hold for every run alike, set once on the worker and inherited by each fork (setting them in
-    every child cost ~0.05 ms per run). None of them binds the worker itself: it writes only to pipes, keeps a
-    handful of descriptors, and as root is exempt from RLIMIT_NPROC."""
+    """Limits that hold for every run alike, set once on the worker and inherited by each fork. None of them binds the
+    worker itself: it writes only to its socket and keeps a handful of descriptors."""
     if resource is None:
         return
-    lim = [
-        (resource.RLIMIT_FSIZE, (cfg["fsize_bytes"],) * 2),
-        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ]
-    if cfg["drop_uid"] or cfg.get("mechanism") == "userns":
-        # Counted per real uid (per user namespace and uid): each worker has its own run uid, or its own user
-        # namespace, so a fork bomb only starves itself. The worker is not exempt in a user namespace (it holds no
-        # capability outside it); it keeps a single process between runs, so it stays under the limit.
-        nproc = cfg["max_procs"] + cfg.get("nproc_base", 0)
-        lim.append((resource.RLIMIT_NPROC, (nproc, nproc)))
-    for which, val in lim:
+    for which, val in ((resource.RLIMIT_FSIZE, (cfg["fsize_bytes"],) * 2),
+                       (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
+                       (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(which, val)
 
 
-def _nproc_base(release=None):
-    """Processes the caller's uid already has that RLIMIT_NPROC would count against the runs' limit: none from
-    Linux 5.14 on (the count is per user namespace and uid); before it the count is per uid across the machine,
-    so a user namespace's runs share it with every other process of the user. Read from /proc before the chroot
-    (a fresh pid namespace still sees the host's /proc); an estimate, since the user's other processes come and go."""
+def _nproc_base(userns, release=None):
+    """Processes the caller's uid already has that RLIMIT_NPROC counts against a run that may fork (``max_procs`` >
+    1) and shares its uid: in a user namespace from Linux 5.14 on, the count is per namespace and uid (the ``unshare``
+    process and the worker); before 5.14, and without namespaces, it is per uid across the machine, so the runs share
+    it with every other process of the user. Read from /proc before the chroot; an estimate, since the user's other
+    processes come and go."""
     parts = (release or os.uname().release).split(".")
     try:
-        if (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (5, 14):
-            return 0
+        if userns and (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (5, 14):
+            return 2
     except (ValueError, IndexError):
-        return 0
+        return 2
     uid, n = str(os.getuid()), 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -217,123 +220,96 @@ def _nproc_base(release=None):
     return n
 
 
-def _reap_namespace(is_pid1):
-    """Kill whatever a run left behind. Only as PID 1 of a private pid namespace is kill(-1) confined to the run's
-    processes; anywhere else it would hit the whole machine, so it is never used there."""
+def _wait(pid, deadline):
+    """The child's wait status, or None when the wall clock ran out first. SIGCHLD is blocked in the worker and
+    taken with sigtimedwait: no handler, so a run cannot interrupt the worker with a signal of its own."""
+    while True:
+        try:
+            got, st = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if got == pid:
+            return st
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return None
+        signal.sigtimedwait(_SIGCHLD, left)
+
+
+def _reap(pid, is_pid1):
+    """Kill whatever the run left and reap it all. Only as PID 1 of a private pid namespace is kill(-1) confined to the
+    run's processes; anywhere else it would hit the whole machine, so there the run's process group is killed."""
     if is_pid1:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    else:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     while True:
         try:
-            pid, _ = os.waitpid(-1, 0 if is_pid1 else os.WNOHANG)
+            got, _ = os.waitpid(-1, 0 if is_pid1 else os.WNOHANG)
         except ChildProcessError:
             return
-        if pid == 0:
+        if got == 0:
             return
 
 
-def _remove(path):
-    """Remove a file or tree a run left, whatever modes it set on it (runs that share the worker's uid own it)."""
-    tried = set()
-
-    def remove(p, func=os.unlink):
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, onerror=retry)
-        else:
-            try:
-                func(p)
-            except OSError:
-                pass
-
-    def retry(func, p, _exc):
-        if p in tried:
-            return
-        tried.add(p)
-        for q in (os.path.dirname(p), p):
-            if not os.path.islink(q):
-                try:
-                    os.chmod(q, 0o700)
-                except OSError:
-                    pass
-        remove(p, func)
-
-    remove(path)
+def _fingerprint(work):
+    """What a run must leave as it found it: the working area's owner and mode, the worker's priority, scheduler,
+    CPU set and limits. (The seccomp filter refuses the calls that change the first few; this is the check that
+    they did not change anyway.)"""
+    st = os.stat(work)
+    limits = [resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE",
+                                                                  "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC")
+              if hasattr(resource, n)] if resource is not None else []
+    return (st.st_mode, st.st_uid, st.st_gid, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0),
+            sorted(os.sched_getaffinity(0)), limits)
 
 
-def _run_one(req, cfg, state):
-    code = req["code"]
+def _health(state):
+    """None when the worker may serve another run, else why it must be replaced."""
+    try:
+        left = os.listdir(state["work"])
+        if left:
+            return f"the run left {len(left)} entries in the working area"
+        if _fingerprint(state["work"]) != state["fingerprint"]:
+            return "the run changed the worker (working area, priority, scheduler, CPU set or limits)"
+    except OSError as exc:
+        return "health check failed: " + _describe(exc)
+    return None
+
+
+def _run_one(req, fds, cfg, state):
     timeout = float(req.get("timeout") or cfg["timeout_s"])
-    cfg = dict(cfg, cpu_s=max(1, int(timeout + 1.999)))
-    state["n"] += 1
-    run_dir = os.path.join(state["work"], str(state["n"]))
-    os.mkdir(run_dir, 0o700)
-    if cfg["drop_uid"]:
-        os.chown(run_dir, state["uid"], state["uid"])
-    res_r, res_w = os.pipe()
+    cpu_s = max(1, int(timeout + 1.999))
+    code_fd, res_fd = fds
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
-        os.close(res_r)
-        _child(code, cfg, state["uid"], run_dir, res_w, state["fds"])
-    os.close(res_w)
-    try:
-        os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
-    except OSError:
-        pass
-    buf, timed_out, cap = b"", False, cfg["max_repr_chars"] * 8 + 4096
-    deadline = t0 + timeout
-    poller = select.poll()
-    poller.register(res_r, select.POLLIN | select.POLLHUP)
-    while True:
-        if len(buf) >= 4 and len(buf) >= 4 + _HDR.unpack(buf[:4])[0]:
-            break
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            timed_out = True
-            break
-        if not poller.poll(left * 1000):
-            continue
-        chunk = os.read(res_r, 65536)
-        if not chunk or len(buf) > cap:
-            break
-        buf += chunk
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        _, wstatus = os.waitpid(pid, 0)
-    except ChildProcessError:
-        wstatus = 0
+        _child(cfg, code_fd, res_fd, cpu_s)
+    os.close(code_fd)
+    os.close(res_fd)
+    if not cfg["pid1"]:
+        try:
+            os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
+        except OSError:
+            pass
+    wstatus = _wait(pid, t0 + timeout)
+    timed_out = wstatus is None
     duration = time.perf_counter() - t0
-    os.close(res_r)
-    _reap_namespace(state["is_pid1"])
-    try:
-        os.rmdir(run_dir)  # the common case (nothing written) without rmtree's directory walk
-    except OSError:
-        _remove(run_dir)
-    if state["sweep"]:
-        os.chmod(state["work"], 0o755)  # the run owned it and may have changed it
-        for name in os.listdir(state["work"]):
-            _remove(os.path.join(state["work"], name))
     if timed_out:
-        return {"status": "timeout", "value": None, "error": f"wall-clock limit {timeout:g}s", "duration": duration}
-    try:
-        n = _HDR.unpack(buf[:4])[0]
-        status, value, error = _unpack_result(buf[4 : 4 + n])
-    except Exception:
-        status, value = "crashed", None
-        if os.WIFSIGNALED(wstatus):
-            sig = os.WTERMSIG(wstatus)
-            if sig == signal.SIGXCPU:
-                status, error = "timeout", f"CPU limit {cfg['cpu_s']}s"
-            else:
-                error = f"killed by signal {sig}"
-        else:
-            error = f"exited with code {os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else '?'} before returning a result"
-    return {"status": status, "value": value, "error": error, "duration": duration}
+        try:
+            os.kill(pid, signal.SIGKILL)
+            _, wstatus = os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            wstatus = 0
+    _reap(pid, cfg["pid1"])
+    return {"wstatus": wstatus, "timed_out": timed_out, "duration": duration, "cpu_s": cpu_s,
+            "retire": _health(state)}
 
 
 def _preimport(names):
@@ -347,25 +323,34 @@ def _preimport(names):
     return loaded
 
 
+def _send(ctl, obj):
+    ctl.send(json.dumps(obj).encode("utf-8"))
+
+
 def main():
     cfg = json.loads(sys.argv[1])
-    # Private copies of the protocol pipe; 0/1/2 become dead ends so nothing a run inherits reaches the trainer.
-    proto_in, proto_out = os.dup(0), os.dup(1)
+    ctl = socket.socket(fileno=os.dup(0))  # the trainer's SOCK_SEQPACKET socket: requests in, reports out
+    # fds 0/1 become dead ends (reads give EOF, writes EPIPE); 2 stays the trainer's error file until the hello, so a
+    # failed start can say why.
     null_in_r, null_in_w = os.pipe()
-    os.close(null_in_w)  # reading gives EOF forever
+    os.close(null_in_w)
     null_out_r, null_out_w = os.pipe()
-    os.close(null_out_r)  # writing gives EPIPE (Python ignores SIGPIPE)
+    os.close(null_out_r)
     os.dup2(null_in_r, 0)
     os.dup2(null_out_w, 1)
+    os.close(null_in_r)
+    os.close(null_out_w)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     loaded = _preimport(cfg["preload"])
     import gc
 
     is_pid1 = os.getpid() == 1
-    net_isolated = _no_network()  # before the chroot: socket cannot be imported after it
-    lockdown = _load_lockdown(cfg)  # before the chroot too, for the same reason
-    if cfg.get("mechanism") == "userns":
-        cfg["nproc_base"] = _nproc_base()
+    net_isolated = _no_network()  # before the chroot: sockets cannot be made after the filter
+    own_hostname = _own_hostname(cfg)
+    lockdown = _load_lockdown(cfg)  # before the chroot, which hides its file
+    nproc = int(cfg["max_procs"])
+    if nproc > 1 and not cfg.get("drop_uid"):  # runs share the worker's uid
+        nproc += _nproc_base(cfg.get("mechanism") == "userns")
     root = cfg.get("root")
     chrooted = False
     if root and cfg.get("chroot"):  # the command mounted the tmpfs there (sandbox.py)
@@ -377,40 +362,64 @@ def main():
         work = os.path.join(root or cfg["fallback_dir"], "w")
     os.makedirs(work, mode=0o755, exist_ok=True)
     drop = bool(cfg.get("drop_uid")) and os.geteuid() == 0
-    cfg["drop_uid"] = drop
+    if drop:  # the run uid works in /w, and only there
+        os.chown(work, cfg["uid"], cfg["uid"])
+        os.chmod(work, 0o700)
     # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
     # one is the only one, and with a single mapped uid (user namespace) runs are allowed to send it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     locked = _lockdown(cfg, lockdown)
-    state = {
-        "n": 0,
-        "work": work,
-        "uid": cfg["uid"],
-        "is_pid1": is_pid1,
-        "sweep": not drop,  # runs that own the working area can leave entries beside their own directory
-        "fds": {"null_in": null_in_r, "null_out": null_out_w, "proto_in": proto_in, "proto_out": proto_out},
-    }
+    del lockdown  # its module (and ctypes through it) is unreachable from here on; gc.collect below frees it
     _worker_limits(cfg)
     hashseed = os.environ.get("PYTHONHASHSEED")  # already fixed for this interpreter; runs need not see it
-    # The runs' environment, set once here and inherited by every fork (rebuilding os.environ in each child cost
-    # ~0.2 ms of a ~2 ms run).
+    # The runs' environment, set once here and inherited by every fork.
     os.environ.clear()
     os.environ.update(cfg["env"])
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGCHLD)
+    run_cfg = {"pid1": is_pid1, "work": work, "uid": cfg["uid"], "drop_uid": drop, "nproc": nproc,
+               "memory_bytes": cfg["memory_bytes"], "max_output_chars": cfg["max_output_chars"],
+               "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
+               "timeout_s": cfg["timeout_s"]}
+    state = {"work": work, "fingerprint": _fingerprint(work)}
+    hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
+             "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
+             "nproc": nproc, **locked}
+    del cfg, loaded, locked
+    os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
-    _send(proto_out, {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
-                      "net_isolated": net_isolated, "hashseed": hashseed, "preloaded": loaded, **locked})
+    _send(ctl, hello)
     while True:
-        hdr = _read_exact(proto_in, 4)
-        if hdr is None:
-            return
-        req = json.loads(_read_exact(proto_in, _HDR.unpack(hdr)[0]).decode("utf-8"))
         try:
-            resp = _run_one(req, cfg, state)
+            data, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
+        except OSError:
+            return
+        if not data:
+            return  # the trainer closed its end: the namespaces die with this process
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            _send(ctl, {"error": "a run request carries two pipe ends"})
+            continue
+        try:
+            resp = _run_one(json.loads(data), fds, run_cfg, state)
         except Exception as exc:  # the worker itself must survive anything a run does
-            resp = {"status": "crashed", "value": None, "error": "worker: " + _describe(exc), "duration": 0.0}
-        resp["id"] = req.get("id")
-        _send(proto_out, resp)
+            resp = {"wstatus": 0, "timed_out": False, "duration": 0.0, "retire": "worker: " + _describe(exc)}
+        _send(ctl, resp)
+        if resp["retire"]:
+            return
+
+
+def _own_hostname(cfg):
+    """Set the UTS namespace's host name (as its root, before any capability is dropped): runs see ``sandbox``,
+    never the machine's name. False where the worker has no UTS namespace of its own."""
+    if not cfg.get("uts"):
+        return False
+    try:
+        socket.sethostname(HOSTNAME)
+    except OSError:
+        return False
+    return socket.gethostname() == HOSTNAME
 
 
 def _load_lockdown(cfg):
@@ -456,8 +465,6 @@ def _lockdown(cfg, loaded):
 
 def _no_network():
     """True when no interface other than loopback exists and loopback cannot reach anything (fresh netns)."""
-    import socket
-
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
