@@ -80,6 +80,16 @@ class TaskBuffer:
             self._keys.discard(self.key(self.tasks.pop(i)))
         return True
 
+    def discard(self, task: Task) -> bool:
+        """Remove ``task`` (found by its key); False when it is not here. A buffer keeps at least one task: the last
+        one is never removed, since every step samples from it."""
+        k = self.key(task)
+        if k not in self._keys or len(self.tasks) <= 1:
+            return False
+        self._keys.discard(k)
+        self.tasks = [t for t in self.tasks if self.key(t) != k]
+        return True
+
     def load_seed_file(self, path, executor: Executor | None = None, task_type=None) -> int:
         """Adds the file's tasks; with an executor and the task type object (``lorapop.tasks.TASK_TYPES[type]``:
         passed in, since that registry imports this module), only those that pass full validation, with outputs

@@ -2,9 +2,9 @@
 student sees the message and the first `n_shown` input/output pairs and must write a program that also reproduces
 the hidden outputs.
 
-Checking runs in two phases so a student program cannot forge its verdict: phase 1 runs the student's f on the
-hidden inputs (the gold outputs are not in that process) and returns reprs; those must be literals; phase 2
-compares them with the gold outputs in a fresh run with no model code in it.
+Checking cannot be forged by the student's program: it runs on each hidden input in its own fresh sandbox process
+(the gold outputs are never in it) and returns only its output's text; the trainer reads each as a literal and
+compares it with its gold output (lorapop/tasks/values.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from lorapop.tasks.base import Answer, Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.buffer import IDENTITY_PROGRAM
-from lorapop.tasks.common import FORMAT_RULES, fence, validate_many
+from lorapop.tasks.common import FORMAT_RULES, check_answers, fence, validate_many
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.validity import call_code, check_literal, check_program, compare_code
+from lorapop.tasks.validity import call_code, check_program
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.sandbox import Executor
@@ -83,33 +83,15 @@ class CodeF:
         return self.check_many(task, [answer], executor)[0].correct
 
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
-        hidden_in, hidden_out = task.inputs[self.n_shown:], task.outputs[self.n_shown:]
-        outcomes: list[Outcome | None] = [None] * len(answers)
-        jobs = []
-        for i, a in enumerate(answers):
-            if isinstance(a, ParseError):
-                outcomes[i] = Outcome("format_error", a.reason)
-                continue
+        hidden = list(zip(task.inputs[self.n_shown:], task.outputs[self.n_shown:]))
+
+        def prepare(a: Answer) -> list[tuple[str, str]] | Outcome:
             bad = check_program(a.text)
             if bad is not None:
-                outcomes[i] = Outcome("wrong", f"program {bad.reason}: {bad.detail}"[:200])
-                continue
-            jobs.extend((i, call_code(a.text, inp)) for inp in hidden_in)
-        produced: dict[int, list[str]] = {}
-        for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
-            if outcomes[i] is not None:
-                continue
-            if r.status != "ok" or check_literal(r.value) is not None:
-                outcomes[i] = Outcome("wrong", r.error or f"non-literal output {str(r.value)[:60]}")
-            else:
-                produced.setdefault(i, []).append(r.value)
-        pending = [i for i in produced if outcomes[i] is None]
-        gold = "[" + ", ".join(hidden_out) + "]"
-        codes = [compare_code("[" + ", ".join(produced[i]) + "]", gold) for i in pending]
-        for i, r in zip(pending, executor.run_many(codes)):
-            outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
-                                  r.error or r.value or "")
-        for i in range(len(answers)):
-            if outcomes[i] is None:  # no hidden inputs at all: nothing to reproduce
-                outcomes[i] = Outcome("wrong", "task has no hidden pairs")
-        return outcomes  # type: ignore[return-value]
+                return Outcome("wrong", f"program {bad.reason}: {bad.detail}"[:200])
+            if not hidden:
+                return Outcome("wrong", "task has no hidden pairs")
+            return [(call_code(a.text, inp), out) for inp, out in hidden]
+
+        control = [(call_code(task.program, inp), out) for inp, out in hidden]
+        return check_answers(answers, prepare, control, executor)

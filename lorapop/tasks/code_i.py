@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
-from lorapop.tasks.common import ProgramInputTask, fence, run_checks
+from lorapop.tasks.common import ProgramInputTask, check_answers, fence
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.validity import SAME_SRC, check_call_args
+from lorapop.tasks.validity import call_code, check_call_args
 
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
@@ -33,12 +33,13 @@ class CodeI(ProgramInputTask):
         return got if isinstance(got, ParseError) else Answer(self.name, got["input"][0])
 
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
-        def prepare(a: Answer) -> str | Outcome:
+        """The teacher's validated f runs on the student's literal arguments in a fresh sandbox process and returns
+        only its output's text; the trainer compares that value with the stored output (lorapop/tasks/values.py), so
+        f cannot reach the comparison that judges the answer. The control runs f on the task's own input."""
+        def prepare(a: Answer) -> list[tuple[str, str]] | Outcome:
             bad = check_call_args(a.text)
             if bad is not None:
                 return Outcome("wrong", f"input {bad.reason}")
-            # The teacher's validated f runs on the student's literal arguments; nothing model-written by the
-            # student is executable, so comparing in the same run is safe.
-            return f"{task.program}\n{SAME_SRC}\n_result = bool(_same(f({a.text}\n), ({task.outputs[0]}\n)))\n"
+            return [(call_code(task.program, a.text), task.outputs[0])]
 
-        return run_checks(answers, prepare, executor)
+        return check_answers(answers, prepare, [(call_code(task.program, task.inputs[0]), task.outputs[0])], executor)

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
-from lorapop.tasks.common import ProgramInputTask, fence, run_checks
+from lorapop.tasks.common import ProgramInputTask, check_answers, fence
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.validity import check_literal, compare_code
+from lorapop.tasks.validity import call_code, check_literal
+from lorapop.tasks.values import same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.sandbox import Executor
@@ -40,10 +41,12 @@ class CodeO(ProgramInputTask):
         return got if isinstance(got, ParseError) else Answer(self.name, got["output"][0])
 
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
-        def prepare(a: Answer) -> str | Outcome:
-            bad = check_literal(a.text, MAX_ANSWER_CHARS)
-            if bad is not None:
-                return Outcome("wrong", f"prediction {bad.reason}")
-            return compare_code(a.text, task.outputs[0])
+        """The prediction is read as a literal and compared with the stored output in the trainer; the only run is
+        the control (the task's program on its input, in a fresh process: lorapop/tasks/common.py)."""
+        def prepare(a: Answer) -> Outcome:
+            if not same_text(task.outputs[0], a.text, MAX_ANSWER_CHARS):
+                bad = check_literal(a.text, MAX_ANSWER_CHARS)
+                return Outcome("wrong", f"prediction {bad.reason}" if bad else a.text[:80])
+            return Outcome("correct", "")
 
-        return run_checks(answers, prepare, executor)
+        return check_answers(answers, prepare, [(call_code(task.program, task.inputs[0]), task.outputs[0])], executor)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
-from lorapop.tasks.validity import (MAX_OUTPUT_CHARS, call_code, check_call_args, check_literal, check_program,
-                                    status_to_invalid)
+from lorapop.tasks.validity import MAX_OUTPUT_CHARS, call_code, check_call_args, check_program, status_to_invalid
+from lorapop.tasks.values import NotLiteral, literal_value, same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.sandbox import Executor
@@ -55,15 +55,18 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
         r2 = second_by[(pi, ii)]
         if r2.status != "ok":
             failed[pi] = status_to_invalid(r2.status, r2.error)
-        elif r2.value != r.value:
+            continue
+        try:
+            literal_value(r.value, MAX_OUTPUT_CHARS)
+        except NotLiteral as exc:
+            failed[pi] = Invalid("output_too_long" if exc.reason == "output_too_long" else "output_not_literal",
+                                 exc.detail)
+            continue
+        # Compared as values, as every verdict is: a set of strings prints in a hash-seed order, its value does not
+        if not same_text(r.value, r2.value, MAX_OUTPUT_CHARS):
             failed[pi] = Invalid("nondeterministic", f"{r.value[:60]!r} vs {r2.value[:60]!r}")
         else:
-            bad = check_literal(r.value, MAX_OUTPUT_CHARS)
-            if bad is not None:
-                failed[pi] = Invalid("output_too_long" if bad.reason == "output_too_long" else "output_not_literal",
-                                     bad.detail)
-            else:
-                outputs.setdefault(pi, []).append(r.value)
+            outputs.setdefault(pi, []).append(r.value)
     for pi, p in enumerate(proposals):
         if results[pi] is None:
             results[pi] = failed[pi] if pi in failed else Task(type=type_name, program=p.program, inputs=list(p.inputs),
@@ -128,22 +131,41 @@ class ProgramInputTask:
         return self.check_many(task, [answer], executor)[0].correct
 
 
-def run_checks(answers: list, prepare, executor: Executor) -> list[Outcome]:
-    """The shared shape of a ``check_many``: parse errors are format errors, ``prepare(answer)`` either rejects an
-    answer statically (returns an Outcome) or returns sandbox code whose ``_result`` is True exactly when the answer
-    is correct; all such codes run in one batched executor pass."""
+def check_answers(answers: list, prepare, control: list[tuple[str, str]], executor: Executor) -> list[Outcome]:
+    """The shared shape of a ``check_many``. Parse errors are format errors. ``prepare(answer)`` either decides an
+    answer without running anything (returns an Outcome) or returns ``(code, gold output)`` pairs: the answer is
+    correct when every such run returns a value equal to its gold output. Every run returns only text; the values
+    are parsed and compared here, in the trainer (lorapop/tasks/values.py), never in a process that ran model-written
+    code.
+
+    ``control`` holds the task's own ``(code, gold output)`` runs: its reference program on its stored inputs, run
+    again in fresh processes with the answers. When they do not give back the stored outputs the task had no stable
+    answer (its program reads the clock, or anything else two validation runs moments apart could not tell apart),
+    so no verdict is given: every well-formed answer gets ``void`` (lorapop/train/stages.py drops the task and
+    counts it invalid for its teacher). Nothing runs when no answer is well formed."""
     outcomes: list[Outcome | None] = [None] * len(answers)
-    jobs = []
+    jobs: list[tuple[int, str, str]] = []  # (answer index, -1 for the control; code; gold output)
+    parsed = []
     for i, a in enumerate(answers):
         if isinstance(a, ParseError):
             outcomes[i] = Outcome("format_error", a.reason)
             continue
+        parsed.append(i)
         got = prepare(a)
         if isinstance(got, Outcome):
             outcomes[i] = got
         else:
-            jobs.append((i, got))
-    for (i, _), r in zip(jobs, executor.run_many([c for _, c in jobs])):
-        outcomes[i] = Outcome("correct" if r.status == "ok" and r.value == "True" else "wrong",
-                              r.error or r.value or "")
+            jobs += [(i, code, gold) for code, gold in got]
+    if not parsed:
+        return outcomes  # type: ignore[return-value]
+    jobs = [(-1, code, gold) for code, gold in control] + jobs
+    failed: dict[int, str] = {}
+    for (i, _, gold), r in zip(jobs, executor.run_many([code for _, code, _ in jobs])):
+        if i not in failed and not (r.ok and same_text(gold, r.value, MAX_OUTPUT_CHARS)):
+            failed[i] = (r.error or f"returned {str(r.value)[:60]}, expected {gold[:60]}")[:200]
+    for i in parsed:
+        if -1 in failed:
+            outcomes[i] = Outcome("void", "the task's program did not reproduce its output: " + failed[-1])
+        elif outcomes[i] is None:
+            outcomes[i] = Outcome("wrong", failed[i]) if i in failed else Outcome("correct", "")
     return outcomes  # type: ignore[return-value]

@@ -17,6 +17,8 @@ CODE_INVALID_TASK, CODE_UNPAID_VALID = -1.0, -0.5
 def student_reward(outcome: Outcome | ParseError) -> float:
     if isinstance(outcome, ParseError) or outcome.status == "format_error":
         return FORMAT_ERROR
+    if outcome.status == "void":  # no verdict (the task did not reproduce): neither paid nor penalised
+        return 0.0
     return STUDENT_CORRECT if outcome.correct else STUDENT_WRONG
 
 

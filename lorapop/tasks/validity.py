@@ -1,7 +1,9 @@
 """Static checks of model-written programs and inputs (docs/METHOD.md, Tasks), and the code strings sent to the sandbox.
 
 Static checks only parse (``ast.parse``) and, for literal-ness, use ``ast.literal_eval`` on already size-capped
-strings; every evaluation of model-written code or expressions happens in the executor.
+strings; every evaluation of model-written code happens in the executor, and every comparison in the trainer
+(lorapop/tasks/values.py). The static checks are a filter that keeps tasks within AZR's rules, not a wall: a
+program that gets past them (a module's plain attribute can hand it what the banned names ban) meets the sandbox.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ast
 
 from lorapop.tasks.base import Invalid
+from lorapop.tasks.values import NotLiteral, literal_value
 
 MAX_PROGRAM_CHARS = 6000
 MAX_INPUT_CHARS = 1000
@@ -135,45 +138,18 @@ def check_call_args(text: str) -> Invalid | None:
 
 
 def check_literal(text: str, max_chars: int = MAX_OUTPUT_CHARS) -> Invalid | None:
-    """A single Python literal expression (a predicted or produced output)."""
-    if not isinstance(text, str) or not text.strip():
-        return Invalid("not_literal", "empty")
-    if len(text) > max_chars:
-        return Invalid("output_too_long", f"{len(text)} chars > {max_chars}")
+    """A single Python literal expression (a predicted or produced output), read by the same parser that judges it
+    (lorapop/tasks/values.py)."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        return Invalid("not_literal", f"{type(exc).__name__}: {exc}"[:200])
-    return None if _is_literal(tree.body) else Invalid("not_literal", text[:80])
-
-
-# Type-strict structural equality, run inside the sandbox. `==` alone would let a value with a custom __eq__ (or
-# True for 1) pass; here types must match exactly and containers are compared element by element.
-SAME_SRC = '''
-def _same(a, b, _t=type, _len=len, _zip=zip, _all=all, _any=any):
-    ta = _t(a)
-    if ta is not _t(b):
-        return False
-    if ta is list or ta is tuple:
-        return _len(a) == _len(b) and _all(_same(x, y) for x, y in _zip(a, b))
-    if ta is dict:
-        return _len(a) == _len(b) and _all(_any(_same(ka, kb) and _same(a[ka], b[kb]) for ka in a) for kb in b)
-    if ta is set or ta is frozenset:
-        return _len(a) == _len(b) and _all(_any(_same(x, y) for x in a) for y in b)
-    if ta is float and a != a:
-        return b != b
-    return a == b
-'''
+        literal_value(text, max_chars)
+    except NotLiteral as exc:
+        return Invalid(exc.reason, exc.detail)
+    return None
 
 
 def call_code(program: str, input_text: str) -> str:
     """Program, then `_result = f(<input>)`; the input was checked by `check_call_args`."""
     return f"{program}\n\n_result = f({input_text})\n"
-
-
-def compare_code(left: str, right: str, prelude: str = "") -> str:
-    """`_result` is True when two literal/expression texts denote the same value (both already checked)."""
-    return f"{prelude}\n{SAME_SRC}\n_result = bool(_same(({left}\n), ({right}\n)))\n"
 
 
 def status_to_invalid(status: str, error: str | None) -> Invalid:

@@ -277,6 +277,7 @@ class Trainer:
 
         stage("solve")
         jobs = stages.solve(ctx, stages.solve_jobs(ctx, pairs, teachers, proposals, list(students.values())))
+        proposals, jobs = stages.drop_void(ctx, proposals, jobs)
         done("solve")
 
         stage("reward")

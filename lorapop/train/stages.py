@@ -245,6 +245,31 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     return done
 
 
+def drop_void(ctx: StepContext, proposals: Sequence[Rollout], jobs: Sequence[SolveJob]
+              ) -> tuple[list[Rollout], list[SolveJob]]:
+    """Tasks whose own program did not give back its stored output when checked (answers ``void``:
+    lorapop/tasks/common.py, check_answers) have no verdict: they leave the buffer, their jobs are dropped (no
+    reward, rating or update sample comes from them), and a proposal of this step that made one counts as invalid
+    (``not_reproduced``), the teacher's invalid-task reward. A teacher cannot profit from a program whose output
+    changes between validation and checking."""
+    void = {id(j.task): j for j in jobs if any(r.status == "void" for r in j.rollouts)}
+    if not void:
+        return list(proposals), list(jobs)
+    for job in void.values():
+        if job.task_type in ctx.buffers:
+            ctx.buffers[job.task_type].discard(job.task)
+    out = []
+    for r in proposals:
+        job = void.get(id(r.task)) if r.status == "valid" else None
+        if job is None:
+            out.append(r)
+            continue
+        detail = next(x.detail for x in job.rollouts if x.status == "void")
+        out.append(replace(r, status="invalid", detail="not_reproduced",
+                           result=Invalid("not_reproduced", detail[:200])))
+    return out, [j for j in jobs if id(j.task) not in void]
+
+
 def reward(proposals: Sequence[Rollout], jobs: Sequence[SolveJob], mode: str, reading: str = "azr_paper"
            ) -> tuple[list[Rollout], list[SolveJob]]:
     """Student samples: +1 / -0.5 / -1. Teacher proposals: -1 format, -0.5 invalid, else by the matched student's

@@ -1,0 +1,85 @@
+"""Verdicts decided in the trainer: model-written outputs and answers read as values and compared by trusted code.
+
+A program being judged is written by a policy trained to win, so nothing it runs may reach the comparison that
+judges it. Every run of model-written code (a teacher's program, a student's program, a teacher's program on a
+student's input) returns only text, the ``repr`` of its result, as data; this module parses that text with a literal
+parser (length and nesting capped, no name lookup, no call, no code of anyone's) and compares the values here, in the
+trainer's process. The run can choose what text it returns, which is the same as choosing what it returns: it is
+judged on exactly that.
+
+Equality is AZR's (``eval(gold) == eval(answer)``) on the parsed values, which can only be ``None``, ``bool``,
+``int``, ``float``, ``complex``, ``str``, ``bytes``, ``Ellipsis`` and tuples, lists, sets and dicts of them, so
+``==`` is Python's own and no object of a program's can override it. What that means, written out:
+
+* ``1 == 1.0 == True`` and ``-0.0 == 0.0``: as in AZR;
+* sets compare as sets and dicts as mappings, whatever order their repr listed them in (a set of strings is printed
+  in an order that depends on the hash seed; its value does not);
+* ``nan`` cannot occur: no literal denotes it (``repr(float('nan'))`` is ``nan``, a name, so an output that is nan is
+  not a literal and never a valid task); ``1e999`` parses to ``inf``, which no valid output is;
+* tuples and lists differ (``(1, 2) != [1, 2]``), as in Python.
+
+The same parser and limits read a teacher's output when the task is validated and when it is checked, so an output
+that was valid when stored can always be compared later.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+MAX_DEPTH = 64  # nesting of containers in one value; deeper is "not a literal" at validation and at checking
+
+
+class NotLiteral(ValueError):
+    """The text is not one Python literal within the limits; ``reason`` is ``not_literal`` or ``output_too_long``."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def _depth_ok(node: ast.AST) -> bool:
+    stack = [(node, 0)]
+    while stack:
+        n, d = stack.pop()
+        if d > MAX_DEPTH:
+            return False
+        stack.extend((c, d + 1) for c in ast.iter_child_nodes(n))
+    return True
+
+
+def literal_value(text: Any, max_chars: int) -> Any:
+    """The value of ``text``, one Python literal of at most ``max_chars`` characters nested at most ``MAX_DEPTH``
+    deep; raises :class:`NotLiteral` otherwise. Never evaluates anything but literal syntax."""
+    if not isinstance(text, str) or not text.strip():
+        raise NotLiteral("not_literal", "empty")
+    if len(text) > max_chars:
+        raise NotLiteral("output_too_long", f"{len(text)} chars > {max_chars}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+        if not _depth_ok(tree.body):
+            raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
+        return ast.literal_eval(tree.body)
+    except NotLiteral:
+        raise
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
+        raise NotLiteral("not_literal", f"{type(exc).__name__}: {text[:80]}") from None
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """AZR's equality of two parsed literal values (see the module docstring)."""
+    try:
+        return bool(a == b)
+    except (RecursionError, MemoryError):  # pragma: no cover - values are depth-capped
+        return False
+
+
+def same_text(gold: str, text: str | None, max_chars: int) -> bool:
+    """Whether ``text`` (an answer or a run's output) denotes the same value as the stored ``gold``; text that is not
+    a literal within ``max_chars`` never does."""
+    if text is None:
+        return False
+    try:
+        return same_value(literal_value(gold, max(max_chars, len(gold))), literal_value(text, max_chars))
+    except NotLiteral:
+        return False
