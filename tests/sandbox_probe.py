@@ -32,6 +32,18 @@ SYSCALLS = {
                 "io_uring_setup": 425, "userfaultfd": 282, "open_by_handle_at": 265, "fsopen": 430,
                 "prlimit64": 261},
 }
+# Memory that could outlive a run, and the worker's scheduling, priority, CPU set and host name: numbers again written
+# out independently (x86_64, aarch64)
+for _name, (_x86, _arm) in {
+        "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197), "msgget": (68, 186),
+        "msgsnd": (69, 189), "msgrcv": (70, 188), "msgctl": (71, 187), "semget": (64, 190), "semop": (65, 193),
+        "semctl": (66, 191), "semtimedop": (220, 192), "mq_open": (240, 180), "mq_unlink": (241, 181),
+        "mq_timedsend": (242, 182), "mq_timedreceive": (243, 183), "mq_notify": (244, 184),
+        "mq_getsetattr": (245, 185), "memfd_create": (319, 279), "memfd_secret": (447, 447),
+        "setpriority": (141, 140), "sched_setparam": (142, 118), "sched_setscheduler": (144, 119),
+        "sched_setaffinity": (203, 122), "sched_setattr": (314, 274), "ioprio_set": (251, 30),
+        "sethostname": (170, 161), "setdomainname": (171, 162)}.items():
+    SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 # Arguments chosen so that, without the filter, each call fails with something other than EPERM or does nothing
 # harmful (CLONE_NEWUSER|CLONE_FS is EINVAL; reboot with a wrong magic is EINVAL; prlimit64 on pid 1 only reads).
 CALL_ARGS = {
@@ -45,6 +57,16 @@ CALL_ARGS = {
     "execveat": (-1, b"", 0, 0, 0), "clone": (0x10000000 | 0x200, 0, 0, 0, 0), "clone3": (0, 0),
     "io_uring_setup": (0, 0), "userfaultfd": (-1,), "open_by_handle_at": (-1, 0, 0), "fsopen": (0, 0),
     "prlimit64": (1, 7, 0, 0),
+    # missing keys (no IPC_CREAT), bad ids, bad "which" values, NULL or over-long names: without the filter each fails
+    # with something other than EPERM and changes nothing, even for root
+    "shmget": (0x10C0FFEE, 4096, 0), "shmat": (-1, 0, 0), "shmctl": (-1, 0, 0), "shmdt": (0,),
+    "msgget": (0x10C0FFEE, 0), "msgsnd": (-1, 0, 0, 0), "msgrcv": (-1, 0, 0, 0, 0), "msgctl": (-1, 0, 0),
+    "semget": (0x10C0FFEE, 1, 0), "semop": (-1, 0, 0), "semctl": (-1, 0, 0, 0), "semtimedop": (-1, 0, 0, 0),
+    "mq_open": (0, 0, 0, 0), "mq_unlink": (0,), "mq_timedsend": (-1, 0, 0, 0, 0), "mq_timedreceive": (-1, 0, 0, 0, 0),
+    "mq_notify": (-1, 0), "mq_getsetattr": (-1, 0, 0), "memfd_create": (0, 0), "memfd_secret": (0xFFFF,),
+    "setpriority": (99, 0, 0), "sched_setparam": (0, 0), "sched_setscheduler": (0, 99, 0),
+    "sched_setaffinity": (0, 0, 0), "sched_setattr": (0, 0, 0), "ioprio_set": (99, 0, 0),
+    "sethostname": (0, -1), "setdomainname": (0, -1),
 }
 EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
 

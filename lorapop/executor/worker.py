@@ -389,25 +389,32 @@ def main():
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
     _send(ctl, hello)
-    while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
-        except OSError:
-            return
-        if not data:
-            return  # the trainer closed its end: the namespaces die with this process
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            _send(ctl, {"error": "a run request carries two pipe ends"})
-            continue
-        try:
-            resp = _run_one(json.loads(data), fds, run_cfg, state)
-        except Exception as exc:  # the worker itself must survive anything a run does
-            resp = {"wstatus": 0, "timed_out": False, "duration": 0.0, "retire": "worker: " + _describe(exc)}
-        _send(ctl, resp)
-        if resp["retire"]:
-            return
+    del hello
+    while _serve_one(ctl, run_cfg, state):
+        pass
+
+
+def _serve_one(ctl, run_cfg, state):
+    """One request: run it, report, say whether to go on. In a function of its own so that nothing of one run (its
+    request, its report: exit status, duration) is still in a frame when the next run is forked: a program can walk
+    the frames above its own, and a value left there would carry information from one run to the next."""
+    try:
+        data, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
+    except OSError:
+        return False
+    if not data:
+        return False  # the trainer closed its end: the namespaces die with this process
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        _send(ctl, {"error": "a run request carries two pipe ends"})
+        return True
+    try:
+        resp = _run_one(json.loads(data), fds, run_cfg, state)
+    except Exception as exc:  # the worker itself must survive anything a run does
+        resp = {"wstatus": 0, "timed_out": False, "duration": 0.0, "retire": "worker: " + _describe(exc)}
+    _send(ctl, resp)
+    return not resp["retire"]
 
 
 def _own_hostname(cfg):
