@@ -194,3 +194,29 @@ def test_huge_outputs_travel_as_digests():
     assert isinstance(cmp.decode(json.loads(wire(long_text))), cmp.Digest)
     small = {"k": [(1, 2.5, None, True, frozenset({3})), {7}, b"\x00", 3 + 4j, 10 ** 3000]}
     assert cmp.decode(json.loads(wire(small))) == small
+
+
+# Candidates that try to spoil the judging of others: fill and lock the working area, leave thousands of files, lower
+# the worker's priority and CPU set, forge a result on every descriptor. Each fails its own problem; the canonical
+# solution judged right after each, on the same two workers, still passes.
+SPOILERS = {
+    "fill_and_lock": ("import os\ndef similar_elements(a, b):\n    for i in range(3000):\n"
+                      "        os.close(os.open('f%d' % i, os.O_CREAT | os.O_WRONLY))\n    os.chmod('.', 0)\n"
+                      "    return 0\n"),
+    "degrade_worker": ("import os\ndef similar_elements(a, b):\n    for call in (lambda: os.setpriority(os.PRIO_PROCESS, 1, 19),"
+                       " lambda: os.sched_setaffinity(1, {0}), lambda: os.setpriority(os.PRIO_USER, 0, 19)):\n"
+                       "        try:\n            call()\n        except OSError:\n            pass\n    return 0\n"),
+    "forge_pass": ("import os, json\ndef similar_elements(a, b):\n    v = repr(json.dumps({'outs': [], 'error': None}))\n"
+                   "    body = ('ok' + chr(0) + '1' + v + chr(0) + '0').encode()\n    for fd in range(3, 64):\n"
+                   "        try:\n            os.write(fd, len(body).to_bytes(4, 'big') + body)\n"
+                   "        except OSError:\n            pass\n    os._exit(0)\n"),
+}
+
+
+def test_a_candidate_cannot_spoil_the_judging_of_others(mbpp, judge):
+    p = mbpp["Mbpp/2"]
+    cands = []
+    for spoiler in SPOILERS.values():
+        cands += [spoiler, _canonical(p)]
+    v = judge.judge([p] * len(cands), cands)
+    assert [x["pass"] for x in v] == [False, True] * len(SPOILERS), v

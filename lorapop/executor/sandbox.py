@@ -5,14 +5,20 @@ stops). Each worker is started by util-linux ``unshare`` in its own network, mou
 directly (mechanism "root"), as anyone else inside a user namespace whose only uid is the caller's, mapped to root
 (``unshare --user --map-root-user``, mechanism "userns"). Then:
 
-* **Separate processes.** Code never runs in the trainer. A worker forks a fresh child per program, so nothing a
-  program does (patched builtins, monkey-patched modules, threads, leftover processes, files) reaches the next one.
+* **Separate processes, fresh every run.** Code never runs in the trainer. A worker forks a fresh child per program
+  and never holds a program or a result itself: the program comes to the child, and its result goes to the trainer,
+  on two new pipes per run that the worker only passes on (worker.py). So nothing a program does (patched builtins,
+  monkey-patched modules, leftover processes, files) reaches the next one, and no run starts from memory that held
+  another's program or result. A worker whose run left files in its working area, or changed the worker's priority,
+  scheduler, CPU set or limits, retires: the trainer replaces it, and its tmpfs and namespaces die whole.
+* **Data, not verdicts.** A run returns the text of ``repr(_result)``; the program can choose that text, as it can
+  choose what it returns, and nothing else. Every comparison happens in the trainer (lorapop/tasks/values.py).
 * **No network.** A fresh network namespace has only a downed loopback: no socket reaches the host, 127.0.0.1
   included; and the seccomp filter refuses every ``socket`` call anyway.
 * **No host files.** The worker mounts a tiny tmpfs, remounted read-only, with a size-capped tmpfs (``disk_mb``) on
   its ``/w``, both nosuid/nodev/noexec, pre-imports the allowed stdlib modules and chroots there. Programs see no
-  host file (no /proc, /tmp, /etc, /bin/sh) and cannot import anything that was not pre-imported. Each run works in
-  its own directory under /w, emptied afterwards.
+  host file (no /proc, /tmp, /etc, /bin/sh) and cannot import anything that was not pre-imported. Runs work in /w,
+  which must be empty again after each (else the worker retires).
 * **No privileges.** As root the child drops to an unprivileged uid (distinct per worker); in a user namespace the
   worker gives up every capability for good (securebits locked, bounding and ambient sets cleared) once its chroot
   is done, so runs can neither undo the chroot nor mount, and the worker is PID 1 of its namespace (it ignores the
@@ -21,9 +27,12 @@ directly (mechanism "root"), as anyone else inside a user namespace whose only u
   chroot, ptrace, process_vm_*, keyctl, bpf, perf_event_open, module loading, reboot, kexec, io_uring, sockets,
   execve/execveat and a few more fail with EPERM inside the program.
 * **Limits.** Wall clock (the worker kills the run's process group and every other process in the namespace),
-  RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (fork bombs), RLIMIT_NOFILE, no core dumps; stdout
-  and stderr are counted and discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``).
-  The trainer side has its own deadline and replaces a worker that stops answering.
+  RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (``max_procs``, 1 by default: no fork, no thread,
+  so RLIMIT_AS bounds all the memory a run holds), RLIMIT_NOFILE, no core dumps; stdout and stderr are counted and
+  discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``). The filter refuses what would
+  hold memory past a run or outside RLIMIT_AS (System V and POSIX IPC, memfd). The trainer side has its own deadline
+  and replaces a worker that stops answering.
+* **Own host name** (UTS namespace): every worker is ``sandbox``.
 * **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED; runs see PATH and LC_ALL.
 * **Hash seeds.** Workers are pooled per PYTHONHASHSEED (fixed at interpreter start), started lazily.
 
@@ -31,9 +40,7 @@ Not pre-imported on purpose: modules that pull in `random` or `threading` (stati
 at-fork hooks cost about a millisecond per run, and both are on the banned list anyway.
 
 What is not covered: the kernel itself (every call the filter lets through reaches it, as a process of the caller's
-uid in a user namespace); CPU time of a run is not weighted against other tenants; a program can forge its *own*
-`_result` (it shares the process with the code that reports it) - callers that check model output therefore compare
-in a separate run (see lorapop.tasks).
+uid in a user namespace); CPU time of a run is not weighted against other tenants.
 
 No silent fallback: where a protection cannot be set up (neither root nor user namespaces, no ``unshare``, no
 seccomp on this architecture, or one turned off in the config), :class:`SandboxExecutor` raises
