@@ -322,3 +322,30 @@ def test_matched_solve_rate_is_the_curve_and_top_ups_are_apart(tmp_path):
     result = stages.StepResult(1, (t0, s0), (), jobs[1:], (), {}, (), {})
     m = step_metrics(result, [], ratings, CoverageTracker(CoverageConfig(), run_dir=tmp_path), ["code_o"])
     assert "student/matched_solve_rate" not in m and m["student/topup_frac"] == 1.0
+
+
+def test_a_task_that_does_not_reproduce_is_dropped_and_invalid_for_its_teacher():
+    """check_many answers ``void`` when the task's own program no longer gives its stored output: no verdict, so
+    no reward, rating or update sample from it; the task leaves the buffer and its proposal pays the invalid reward."""
+    from lorapop.tasks import Task
+    from lorapop.tasks.buffer import TaskBuffer
+
+    t0, _, s0, _ = make_pop()
+    stable, unstable = (Task("code_o", f"def f(x):\n    return x + {k}", ["1"], [str(1 + k)]) for k in (1, 2))
+    buffer = TaskBuffer("code_o")
+    for task in (stable, unstable):
+        buffer.add(task)
+    ctx = stages.StepContext(1, 0, None, None, SelfPlayConfig(task_types=["code_o"]), {"code_o": buffer})
+    props = [valid_rollout(t0, "code_o", stable), valid_rollout(t0, "code_o", unstable)]
+    jobs = [stages.SolveJob(task, "code_o", s0, t0, tuple(
+        stages.Rollout(s0, "student", "code_o", [1], completion(), status=s, task=task) for s in statuses))
+        for task, statuses in ((stable, ("correct", "wrong")), (unstable, ("void", "void")))]
+    props2, jobs2 = stages.drop_void(ctx, props, jobs)
+    assert [j.task for j in jobs2] == [stable]
+    assert props2[0] is props[0] and props2[1].status == "invalid" and props2[1].detail == "not_reproduced"
+    assert isinstance(props2[1].result, Invalid) and props2[1].result.reason == "not_reproduced"
+    assert stable in list(buffer) and unstable not in list(buffer)
+    rewarded, _ = stages.reward(props2, jobs2, "adversarial")
+    assert [r.reward for r in rewarded] == [0.5, -0.5]  # the unstable task pays what an invalid one pays
+    assert stages.matches(jobs2) == [MatchResult("t0", "s0", True)]
+    assert stages.drop_void(ctx, props[:1], jobs[:1]) == (props[:1], jobs[:1])  # nothing void: nothing changes
