@@ -17,6 +17,9 @@ times with the same sampling seeds (replies prefilled with the ```output fence, 
 Reported per arm: the solve rate, the format-error rate (no closed block with one literal) and the accuracy among
 well-formed answers (correct / (correct + wrong)): a gain in accuracy is not a formatting gain. Per held-out
 family: the same, pooled over the seeds that held it out, and whether its outputs can be copied from the prompt.
+Beside them, per seed, the held-out set's trivial yardsticks (lorapop/train/yardsticks.py: always the shown list's
+first, last, largest or smallest element, the set's most common output, the argument copied back), checked by the
+same code_o checker: what answering without reading the program scores there.
 
 Outputs in ``--out``: ``answers/seed<S>-<arm>.jsonl`` (every answer: seed, arm, phase, step, template family,
 task id, program, input, expected output, answer text, status, reward) and ``units/seed<S>-<arm>.json`` (the arm's
@@ -175,6 +178,19 @@ def summarise(units: list[dict]) -> dict:
     return out
 
 
+def heldout_yardsticks(seeds: list[int], setting: dict, executor) -> dict:
+    """Per seed, the trivial yardsticks of its held-out set (lorapop/train/yardsticks.py: first, last, max, min
+    element, the set's most common output, copying the input), checked by code_o's checker in ``executor``; and
+    per strategy the mean over the seeds: what answering without reading the program scores here."""
+    from lorapop.train.yardsticks import STRATEGIES, task_yardsticks
+
+    per_seed = {s: task_yardsticks(draw(s, setting)[3], executor) for s in seeds}
+    mean = {k: round(statistics.mean(y["strategies"].get(k, {}).get("score") or 0.0 for y in per_seed.values()), 4)
+            for k in STRATEGIES}
+    return {"per_seed": per_seed, "mean": mean,
+            "best_per_seed_mean": round(statistics.mean(y["best_score"] for y in per_seed.values()), 4)}
+
+
 def table(s: dict) -> str:
     lines = ["arm       solve_rate (per seed)            format_error (per seed)          accuracy|well-formed"]
     for a, v in s["arms"].items():
@@ -188,6 +204,13 @@ def table(s: dict) -> str:
             f"{a}: {p['solve_rate']:.3f}/{p['format_error_rate']:.3f}/{p['accuracy']:.3f} (n {p['n']}, "
             f"seeds {p['seeds']})" for a, p in per_arm.items()))
     lines.append(f"held-out programs also in training, per seed: {s['overlap']}")
+    if s.get("yardsticks"):
+        from lorapop.train.yardsticks import describe
+
+        y = s["yardsticks"]
+        lines += [f"seed {k}: {describe(v)}" for k, v in y["per_seed"].items()]
+        lines.append("trivial yardsticks, mean over seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in y["mean"].items())
+                     + f"; the best strategy of each seed, mean {y['best_per_seed_mean']:.3f}")
     return "\n".join(lines)
 
 
@@ -219,24 +242,27 @@ def main(argv=None) -> None:
         todo = [k for k in todo if k in units]
         if not todo:
             raise SystemExit(f"no units of this setting in {args.out}")
-    elif len(units) < len(todo):
-        engine = TorchEngine.from_config("embedded", 1, EngineConfig(device="cpu", rank=setting["rank"],
-                                                                      lora_alpha=2 * setting["rank"],
-                                                                      gen_batch_size=64))
-        executor = make_executor()
-        try:
-            for seed, arm in todo:
-                if (seed, arm) in units:
-                    continue
-                print(f"seed {seed}, arm {arm}", flush=True)
-                u = units[seed, arm] = run_unit(engine, executor, seed, arm, setting, args.out)
-                h = u["heldout"]
-                print(f"seed {seed} {arm}: held-out solve {h['solve_rate']:.3f} format_error {h['format_error']:.3f}"
-                      f" accuracy {h['accuracy']:.3f} ({u['seconds']:.0f} s)", flush=True)
-        finally:
-            executor.close()
-            engine.close()
-    s = summarise([units[k] for k in todo])
+    executor = make_executor()
+    try:
+        if not args.report and len(units) < len(todo):
+            engine = TorchEngine.from_config("embedded", 1, EngineConfig(device="cpu", rank=setting["rank"],
+                                                                          lora_alpha=2 * setting["rank"],
+                                                                          gen_batch_size=64))
+            try:
+                for seed, arm in todo:
+                    if (seed, arm) in units:
+                        continue
+                    print(f"seed {seed}, arm {arm}", flush=True)
+                    u = units[seed, arm] = run_unit(engine, executor, seed, arm, setting, args.out)
+                    h = u["heldout"]
+                    print(f"seed {seed} {arm}: held-out solve {h['solve_rate']:.3f} format_error "
+                          f"{h['format_error']:.3f} accuracy {h['accuracy']:.3f} ({u['seconds']:.0f} s)", flush=True)
+            finally:
+                engine.close()
+        s = summarise([units[k] for k in todo])
+        s["yardsticks"] = heldout_yardsticks(s["seeds"], setting, executor)
+    finally:
+        executor.close()
     print(table(s))
     print(json.dumps(s))
 
