@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
+from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
 
 ARMS: dict[str, list[str]] = {
     "single": ["--population.mode=single", "--selfplay.teacher_reward=auto"],
@@ -292,7 +292,13 @@ def report(out: Path, config: str) -> dict[str, Any]:
     crit = {seed: arm_criteria({a: out / seed / a for a in d["arms"]}) for seed, d in per_seed.items()}
     _write_json(out / "criteria.json", {"per_seed": crit, "across_seeds": across_seeds(list(crit.values()))})
     if per_seed:
-        (out / "arms.svg").write_text(figure(per_seed, config))
+        from lorapop.config import load_config, resolve_config_path
+        from lorapop.train.yardsticks import describe, probe_yardsticks
+
+        cfg = load_config(resolve_config_path(config), [])
+        ys = probe_yardsticks(cfg.selfplay.proposal_style, cfg.run.probe_per_level)
+        print(describe(ys, f"of the {cfg.selfplay.proposal_style} probe"))
+        (out / "arms.svg").write_text(figure(per_seed, config, ys))
     for seed, d in per_seed.items():
         for arm, f in d["arms"].items():
             last = lambda k: f"{f[k][-1][1]:.3g}" if f[k] else "-"  # noqa: E731
@@ -302,15 +308,21 @@ def report(out: Path, config: str) -> dict[str, Any]:
     return result
 
 
-def figure(per_seed: dict[str, dict[str, Any]], config: str) -> str:
-    plots = []
+def figure(per_seed: dict[str, dict[str, Any]], config: str, ys: dict[str, Any] | None = None) -> str:
+    """Per seed, one plot per panel; the probe panel also draws the probe's two best trivial yardsticks (``ys``,
+    lorapop/train/yardsticks.py) as dashed grey lines."""
+    plots, marks = [], []
     for seed, d in per_seed.items():
         for key, label, y_range in PANELS:
             series = [Series(arm, [(float(x), y) for x, y in f[key]], color=STYLE[arm][0], dash=STYLE[arm][1])
                       for arm, f in d["arms"].items()]
+            if key == "probe" and ys:
+                last = max((float(x) for f in d["arms"].values() for x, _ in f[key]), default=0.0)
+                marks = yardstick_series(ys, 0.0, last)
+                series += marks
             plots.append((f"{seed}: {label}", plot_svg(series, f"{seed}: {label}", y_range=y_range)))
     return figure_svg(plots, cols=len(PANELS), title=f"{config}: the four arms",
-                      legend=[Series(a, [], color=c, dash=dash) for a, (c, dash) in STYLE.items()])
+                      legend=[Series(a, [], color=c, dash=dash) for a, (c, dash) in STYLE.items()] + marks)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

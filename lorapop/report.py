@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import os
 import sys
@@ -21,7 +22,8 @@ from typing import Any
 
 from lorapop.report_data import (RunData, RunDirError, complexity_series, complexity_stats, complexity_teachers,
                                  in_role, lineage, load_run, member_ids, roles)
-from lorapop.report_svg import DASHES, Life, Series, color, line_chart, lineage_timeline, no_data
+from lorapop.report_svg import (DASHES, Life, Series, color, line_chart, lineage_timeline, no_data,
+                                yardstick_series)
 
 RATE = (0.0, 1.0)
 ZERO = (0.0, 0.0)  # anchors the y axis at 0 without stretching it to 1: coverage of 512 cells stays small
@@ -215,32 +217,71 @@ def complexity_section(runs: list[RunData]) -> str:
     return "".join(parts)
 
 
+@functools.lru_cache(maxsize=8)
+def _probe_yardsticks(style: str, per_level: int) -> dict[str, Any] | str:
+    """The trivial yardsticks of a probe family (lorapop/train/yardsticks.py), checked in a sandbox started for the
+    call; the error's text where none can start (the panel then says so rather than leaving the line out)."""
+    from lorapop.train.yardsticks import probe_yardsticks
+
+    try:
+        return probe_yardsticks(style, per_level)
+    except Exception as e:  # noqa: BLE001 - a report must render whatever the sandbox can do here
+        return f"{type(e).__name__}: {e}"
+
+
+def run_probe_family(run: RunData) -> tuple[str, int]:
+    """(proposal style, probe tasks per level) the run's probe used, from its config.yaml (defaults where absent)."""
+    from lorapop.config import RunConfig, SelfPlayConfig
+
+    cfg = run.config or {}
+    style = (cfg.get("selfplay") or {}).get("proposal_style",
+                                            SelfPlayConfig.__dataclass_fields__["proposal_style"].default)
+    per_level = (cfg.get("run") or {}).get("probe_per_level",
+                                           RunConfig.__dataclass_fields__["probe_per_level"].default)
+    return str(style), int(per_level)
+
+
 def probe_section(runs: list[RunData]) -> str:
     """probe.jsonl (run.probe_interval): per run, the mean score of its students (the single agent) at each probe
     step, with a band of +- the std of identical members' scores at step 0 (the noise floor, lorapop/train/probe.py),
-    and the floor itself written under the chart. Rows of PBT children younger than run.probe_min_age are left out,
-    as lorapop/criteria.py leaves them out."""
+    and the floor itself written under the chart; dashed grey lines at the probe family's best trivial yardsticks
+    (always the first element, the last..., lorapop/train/yardsticks.py), and every strategy's score under it. Rows
+    of PBT children younger than run.probe_min_age are left out, as lorapop/criteria.py leaves them out."""
     from lorapop.train.probe import describe_noise_floor, read_noise_floor, score_rows, step_means
+    from lorapop.train.yardsticks import describe
 
     probed = [r for r in runs if r.probe]
     if not probed:
         return '<p class="muted">no probe.jsonl (the runs did not set run.probe_interval)</p>'
-    series, notes = [], []
+    series, notes, families = [], [], {}
     for i, r in enumerate(probed):
         nf = read_noise_floor(r.probe)
         points = [(float(s), v) for s, v in step_means(r.probe)]
         sd = (nf or {}).get("std")
         band = [(s, v - sd, v + sd) for s, v in points] if isinstance(sd, (int, float)) else []
         series.append(Series(r.name, points, color=color(i), band=band))
+        families.setdefault(run_probe_family(r), []).append(points)
         young = sum(1 for x in r.probe if "member" in x) - len(score_rows(r.probe))
         notes.append(f"<li><b>{escape(r.name)}</b>: {escape(describe_noise_floor(nf))}"
                      + (f"; {young} rows of children younger than run.probe_min_age left out" if young else "")
                      + "</li>")
+    for (style, per_level), curves in families.items():
+        xs = [x for pts in curves for x, _ in pts] or [0.0]
+        ys = _probe_yardsticks(style, per_level)
+        what = f"of the {style} probe"
+        if isinstance(ys, str):
+            notes.append(f"<li>trivial yardsticks {escape(what)}: not computed ({escape(ys)})</li>")
+            continue
+        series += yardstick_series(ys, min(xs), max(xs), top=3 if len(families) == 1 else 1)
+        notes.append(f"<li>{escape(describe(ys, what))}</li>")
     chart = line_chart(series, "Probe score: mean over the counted students (the single agent)", y_range=RATE,
                        why_empty="no score rows in probe.jsonl")
     return (_grid([chart]) + "<p>Each probe scores the members after that step's update and before its PBT "
             "replacement; the band is &plusmn; the standard deviation of identical members' mean scores at step 0, "
-            "what the probe's sampling alone moves a member's score by.</p><ul>" + "".join(notes) + "</ul>")
+            "what the probe's sampling alone moves a member's score by. The dashed grey lines are trivial "
+            "yardsticks: the score of always giving one fixed answer (the list's first element, its last, its "
+            "largest...), checked like the members' answers; a curve near them may have learned only that "
+            "rule.</p><ul>" + "".join(notes) + "</ul>")
 
 
 def lives(run: RunData) -> tuple[list[list[Life]], list[str]]:
@@ -387,8 +428,8 @@ def _recovery_rule(ret: dict, against: str) -> str:
 
 def retention_section(run: RunData) -> str:
     """retention.json (`lorapop retention`): held-out solve rate per arm over the steps after the operator (one curve
-    per operator, the continuation arm, the reference, dashed black; the parent's pre-operator rate dotted), and the
-    recovery table. Files written before the continuation became the reference (issue 22) have no ``reference``
+    per operator, the continuation arm, the reference, dashed black; the parent's pre-operator rate dotted; dashed
+    grey, the probe family's best trivial yardsticks), and the recovery table. Files written before the continuation became the reference (issue 22) have no ``reference``
     key: their recovery was against the parent's pre-operator rate, and the text says so."""
     ret = run.retention or {}
     arms = ret.get("arms") or {}
@@ -399,6 +440,10 @@ def retention_section(run: RunData) -> str:
                      dash="6 3" if against_continuation and name == "continuation" else "")
               for i, (name, arm) in enumerate(arms.items())]
     steps = max((len(a.get("heldout") or []) for a in arms.values()), default=1)
+    probe = ret.get("probe") or {}
+    if isinstance(probe.get("style"), str) and isinstance(probe.get("per_level"), int):
+        ys = _probe_yardsticks(probe["style"], probe["per_level"])  # the file's probe family: its trivial scores
+        series += yardstick_series(ys, 0.0, float(steps - 1)) if isinstance(ys, dict) else []
     if isinstance(pre, (int, float)):
         series.append(Series(f"parent before operator ({pre:.3f})", [(0.0, float(pre)), (float(steps - 1), float(pre))],
                              color="#888888", dash="2 3"))

@@ -98,6 +98,15 @@ def _bounds(series: list[Series], y_range: tuple[float, float] | None):
     return x0, x1, (lo if y0 >= lo else y0 - pad), (hi if y1 <= hi else y1 + pad)
 
 
+def yardstick_series(ys: dict | None, x0: float, x1: float, top: int = 3) -> list[Series]:
+    """Dashed grey lines from ``x0`` to ``x1`` at the scores of the ``top`` best trivial strategies of ``ys`` (a
+    :func:`lorapop.train.yardsticks.task_yardsticks` result): what answering without reading the program scores."""
+    st = (ys or {}).get("strategies") or {}
+    best = sorted(st, key=lambda k: -(st[k].get("score") or 0.0))[:top]
+    return [Series(f"always {st[k].get('label', k)}: {st[k]['score']:.3f}", [(x0, st[k]["score"]), (x1, st[k]["score"])],
+                   color="#555555", dash=("6 3", "2 3", "8 3 2 3")[i % 3]) for i, k in enumerate(best)]
+
+
 def no_data(title: str, why: str) -> str:
     return (f'<div class="noplot"><div class="ptitle">{escape(title)}</div>'
             f'<div class="why">no data: {escape(why)}</div></div>')

@@ -87,6 +87,16 @@ def test_probe_chart_shows_the_noise_floor_and_leaves_out_young_children(runs, t
         assert f"std {nf['std']:.3f}" in sec
     assert [r["member"] for r in read_noise_floor(single.probe)["replicates"]] == ["a0", "a0"]
     assert '<path class="band"' in sec or 'class="band"' in sec  # the floor drawn around each curve
+    # the probe family's trivial yardsticks, computed for it through the sandbox: dashed lines and every score
+    from lorapop.report import run_probe_family
+    from lorapop.train.yardsticks import describe, probe_yardsticks
+
+    style, per_level = run_probe_family(pop)
+    assert (style, per_level) == (pop.config["selfplay"]["proposal_style"], 2)
+    ys = probe_yardsticks(style, per_level)
+    best = ys["strategies"][ys["best"]]
+    assert f"always {best['label']}: {best['score']:.3f}" in sec and 'stroke-dasharray="6 3"' in sec
+    assert describe(ys, f"of the {style} probe") in sec.replace("&#x27;", "'")
     # the fixture's s2, born at step 15, is 5 steps old at the step-20 probe, under its run.probe_min_age=10
     young = [r for r in pop.probe if r.get("counted") is False]
     assert {(r["member"], r["step"], r["age"]) for r in young} == {("s2", 20, 5)}
