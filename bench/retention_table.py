@@ -10,7 +10,10 @@ continuation at the same step ("not recovered" when never within the 20 steps), 
 (@3x) arms last. Then the compute used (the files' ``seconds`` and ``timing``). The figure: per parent, each arm's
 gap to the continuation over the steps after the operator, the noise band (+- the floor) shaded. A parent whose
 file is not finished (an arm with fewer scores than steps + 1, or no summary) is reported as such, never filled in.
-The last line is JSON: per parent, the arms lost, recovered and not recovered.
+Then, over the finished parents: the probe's trivial yardsticks (lorapop/train/yardsticks.py), the registered rule
+applied literally with the clone and the continuation judged by it (lorapop/evolve/verdict.py), both branches, the
+design's power and the headline; the figure also draws, per parent, the scores beside those yardsticks (dashed).
+The last line is JSON: per parent, the arms lost, recovered and not recovered; the verdict; the yardsticks.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lorapop.evolve.retention import CONTINUATION, stronger_arm  # noqa: E402
-from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
+from lorapop.evolve.retention import CLONE, CONTINUATION, stronger_arm  # noqa: E402
+from lorapop.evolve.verdict import headline, registered_verdict, verdict_lines  # noqa: E402
+from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
 
 
 def load(path: Path) -> dict:
@@ -68,9 +72,22 @@ def table(ret: dict) -> list[str]:
     return lines
 
 
-def figure(rets: list[dict]) -> str:
+def figure(rets: list[dict], ys: dict | None = None) -> str:
+    """Per parent, two plots: each child's gap to the continuation with the noise band, and the scores themselves
+    (continuation, clone and the children that lost beyond the floor) beside the probe's trivial yardsticks
+    (``ys``, dashed grey: always answering the list's last or first element...)."""
     plots, legend = [], {}
     for ret in rets:
+        scores = [Series(n, [(float(k), v) for k, v in enumerate(a["heldout"]) if v is not None],
+                         color="#000000" if n == CONTINUATION else "#888888" if n == CLONE else
+                         PALETTE[i % len(PALETTE)], dash="4 2" if "@" in n else "")
+                  for i, (n, a) in enumerate(ret["arms"].items()) if n in (CONTINUATION, CLONE) or a.get("lost")]
+        marks = yardstick_series(ys, 0.0, float(ret["steps"]))
+        for s in scores + marks:
+            legend.setdefault(s.label, s)
+        plots.append((f"{ret['_name']}: scores", plot_svg(
+            scores + marks, f"{ret['_name']}: probe score (continuation, clone, children that lost)",
+            xlabel="steps after the operator", ylabel="probe score", y_range=(0.0, 0.6))))
         floor = (ret.get("noise_floor") or {}).get("spread") or 0.0
         steps = ret["steps"]
         series = [Series(f"noise floor +-{floor:.3f}", [(0.0, 0.0), (float(steps), 0.0)], color="#000000",
@@ -80,11 +97,12 @@ def figure(rets: list[dict]) -> str:
             s = Series(name, [(float(k), g) for k, g in enumerate(a.get("gap") or []) if g is not None],
                        color=PALETTE[i % len(PALETTE)], dash="4 2" if "@" in name else "")
             series.append(s)
-            legend.setdefault(name, s)
+            legend.setdefault(s.label, s)
         plots.append((f"{ret['_name']}: continuation - child", plot_svg(
             series, f"{ret['_name']}", xlabel="steps after the operator", ylabel="gap to the continuation")))
-    return figure_svg(plots, cols=min(len(plots), 2), legend=list(legend.values()),
-                      title="Operator retention: each child's gap to the continuation (shaded: the noise floor)")
+    return figure_svg(plots, cols=2, legend=list(legend.values()),
+                      title="Operator retention: probe scores beside the trivial yardsticks (dashed grey), and each "
+                            "child's gap to the continuation (shaded: the noise floor)")
 
 
 def main(argv=None) -> int:
@@ -113,12 +131,34 @@ def main(argv=None) -> int:
                                          is None),
             "seconds": ret.get("seconds"),
         }
+    ys = None
+    if done:
+        from lorapop.train.yardsticks import describe, probe_yardsticks
+
+        probe = done[0]["probe"]
+        ys = probe_yardsticks(probe["style"], int(probe["per_level"]))
+        print(describe(ys, f"of the {probe['style']} probe") + "; the parents at step 0 (continuation): "
+              + ", ".join(f"{r['_name']} {r['arms'][CONTINUATION]['heldout'][0]:.3f}" for r in done) + "\n")
+        v = registered_verdict(done)
+        print("**The registered rule over these parents** (an operator's verdict holds on all parents but at most "
+              "one):\n")
+        print("\n".join(verdict_lines(v)))
+        print(f"\n**Headline**: {headline(v)}.\n")
+        summary["verdict"] = {"headline": headline(v), "premise": v["premise"], "for": v["for"],
+                              "against": v["against"], "null": v["null"],
+                              "power": {k: v["power"][k] for k in ("null_arms", "null_final_beyond", "replicates",
+                                                                  "sd_last3_max", "null_meets_final_beyond",
+                                                                  "rule_flags_at_power")}
+                              | {"per_parent": {k: {"training_noise": x["training_noise"]["sd_final"],
+                                                    "min_detectable_loss": x["min_detectable_loss"]}
+                                                for k, x in v["power"]["per_parent"].items()}}}
+        summary["yardsticks"] = {k: x["score"] for k, x in ys["strategies"].items()}
     for ret in done:
         t = ret.get("timing") or []
         print(f"{ret['_name']}: {ret.get('seconds', 0) / 3600:.2f} h of one thread in {len(t)} groups "
               f"(step-0 scorings {sum(x.get('step0_score_s', 0) for x in t) / 60:.0f} min)")
     if args.svg and done:
-        args.svg.write_text(figure(done), encoding="utf-8")
+        args.svg.write_text(figure(done, ys), encoding="utf-8")
         print(f"figure: {args.svg}")
     print(json.dumps(summary))
     return 0

@@ -58,6 +58,8 @@ def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_di
     # scored on the run's probe family (3 levels x the run's probe_per_level 2), 2 answers each
     assert out["probe"]["n_tasks"] == 6 and out["probe"]["answers"] == 2 and out["probe"]["resolution"] == 1 / 12
     assert "probe family" in out["training"] and "noise floor" in printed
+    # the registered rule on this parent, the clone and the continuation (against the clone) judged by it too
+    assert "(against clone)" in printed and "| clone | 1 | " in printed and "headline (this parent): " in printed
     assert list(out["arms"]) == ["continuation", "clone", "average", "full_gaussian@3x"]  # one group of 4
     assert out["arms"]["full_gaussian@3x"]["record"]["params"]["eps"] == pytest.approx(0.45)
     # the noise floor: the probe's spread over the step-0 replicates of the parent (continuation, clone, 1 more)
@@ -108,6 +110,7 @@ def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_di
     spread = json.loads((run_dir / "retention.json").read_text())["noise_floor"]["spread"]
     assert f"noise floor {spread:.3f}" in section and "None" not in section.split("</p>")[0]
     assert section.count('<g class="series"') >= 4
+    assert "always the " in section  # the probe family's trivial yardsticks, dashed
 
 
 def test_noise_floor_and_verdicts_come_from_the_replicates():

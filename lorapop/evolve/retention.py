@@ -31,7 +31,9 @@ Resumable: ``retention.json`` (in ``--out``, the run directory by default) is re
 run again with the same arguments, finished arms are kept and the others trained (a changed setting is refused).
 The raw samples: ``answers/<arm>.jsonl`` beside it, one row per scoring of a probe task (arm, step, scoring: the
 arm's own or a ``#replicate``, task, score, the replies and their checker statuses), written with the group.
-``lorapop report`` renders the file of a run directory.
+``lorapop report`` renders the file of a run directory. After the arms, ``lorapop retention`` prints the registered
+rule applied to this parent (lorapop/evolve/verdict.py), with the clone and the continuation (against the clone)
+judged by it like every operator, the parent's training noise and the losses one run per arm can see.
 """
 
 from __future__ import annotations
@@ -46,12 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from lorapop.configlib import doc
+from lorapop.evolve.verdict import CLONE, CONTINUATION, arm_outcome, headline, registered_verdict, verdict_lines
 from lorapop.rundir import RETENTION
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
-
-CONTINUATION = "continuation"
-CLONE = "clone"
 
 
 def stronger_arm(op: str, factor: float) -> str:
@@ -448,10 +448,17 @@ def run(args: argparse.Namespace) -> int:
           f"{out['probe']['answers']} answers (resolution {out['probe']['resolution']:.4f}); noise floor (step-0 "
           f"spread of {nf.get('n')} replicates) {nf.get('spread') or 0:.3f}, std {nf.get('std') or 0:.3f}")
     for name, arm in out["arms"].items():
-        rec = arm["recovered_step"]
-        status = ("reference" if name == CONTINUATION else "no loss" if not arm["lost"] else
+        # the continuation is judged like every arm, against the clone (the other replicate of the same weights)
+        o = arm_outcome(out, name) if name != CONTINUATION or CLONE in out["arms"] else None
+        rec = o["recovered_step"] if o else None
+        status = ("reference" if o is None else "no loss" if not o["lost"] else
                   "step " + str(rec) if rec is not None else "not recovered")
         print(f"{name:30s} after operator {arm['heldout'][0]:.3f}  final {arm['heldout'][-1]:.3f}  "
-              f"drop {arm['drop']:+.3f}  final gap {arm['final_gap']:+.3f}  recovered: {status}")
+              f"drop {(o or arm)['drop']:+.3f}  final gap {(o or arm)['final_gap']:+.3f}  recovered: {status}"
+              + (f"  (against {o['against']})" if o and o["against"] != CONTINUATION else ""))
+    if CLONE in out["arms"]:  # the registered rule on this one parent, the clone and continuation under it too
+        v = registered_verdict([{**out, "_name": Path(out["path"]).parent.name}])
+        print("\n".join(verdict_lines(v)))
+        print(f"headline (this parent): {headline(v)}")
     print(json.dumps({"retention": out["path"], "seconds": out["seconds"]}))
     return 0
