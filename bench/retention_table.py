@@ -72,6 +72,39 @@ def table(ret: dict) -> list[str]:
     return lines
 
 
+def rule_shares(path: Path, ret: dict) -> dict[str, dict[str, float]]:
+    """Per arm with saved replies (``answers/<arm>.jsonl``), the share of its own answers at the last step that are
+    a trivial strategy's answer (lorapop/train/yardsticks.py: the list's first element...), parsed as code_o parses
+    them and compared as text: which fixed rule an arm on a plateau is answering by."""
+    from lorapop.tasks import TASK_TYPES
+    from lorapop.tasks.base import Answer
+    from lorapop.tasks.styles import proposal_style
+    from lorapop.train.probe import PROBE_SEED
+    from lorapop.train.yardsticks import POSITIONAL, strategy_answers
+
+    pairs = proposal_style(ret["probe"]["style"]).probe_tasks(int(ret["probe"]["per_level"]), PROBE_SEED)
+    rules, _ = strategy_answers([t for _, t in pairs])
+    index = {f"L{level}:{k}": k for k, (level, _) in enumerate(pairs)}
+    out = {}
+    for name in ret["arms"]:
+        f = path / "answers" / f"{name}.jsonl"
+        if not f.is_file():
+            continue
+        hits, n = dict.fromkeys(POSITIONAL, 0), 0
+        for line in f.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if row["step"] != ret["steps"] or row["scoring"] != "arm":
+                continue
+            for reply in row["answers"]:
+                a = TASK_TYPES["code_o"].parse_answer(reply)
+                n += 1
+                for rule in POSITIONAL:
+                    hits[rule] += isinstance(a, Answer) and a.text.strip() == rules[rule][index[row["task"]]]
+        if n:
+            out[name] = {rule: h / n for rule, h in hits.items()}
+    return out
+
+
 def figure(rets: list[dict], ys: dict | None = None) -> str:
     """Per parent, two plots: each child's gap to the continuation with the noise band, and the scores themselves
     (continuation, clone and the children that lost beyond the floor) beside the probe's trivial yardsticks
@@ -113,7 +146,7 @@ def main(argv=None) -> int:
     rets = [load(p) for p in args.paths]
     summary = {}
     done = []
-    for ret in rets:
+    for path, ret in zip(args.paths, rets):
         if not finished(ret):
             n = sum(len(a.get("heldout") or []) == ret["steps"] + 1 for a in (ret.get("arms") or {}).values())
             print(f"**{ret['_name']}**: not finished ({n} arms scored to step {ret['steps']}); left out.\n")
@@ -121,6 +154,12 @@ def main(argv=None) -> int:
             continue
         done.append(ret)
         print("\n".join(table(ret)) + "\n")
+        shares = rule_shares(path, ret)
+        if shares:
+            print(f"Answers at step {ret['steps']} that are a fixed rule's (the arms with saved replies; score at "
+                  f"step {ret['steps']}): " + "; ".join(
+                      f"{n} ({fmt(ret['arms'][n]['heldout'][-1])}): " + ", ".join(
+                          f"{r} {v:.3f}" for r, v in sh.items() if v >= 0.05) for n, sh in shares.items()) + "\n")
         arms = {n: a for n, a in ret["arms"].items() if n != CONTINUATION}
         summary[ret["_name"]] = {
             "floor": (ret.get("noise_floor") or {}).get("spread"),

@@ -135,3 +135,28 @@ def test_power_from_the_arms_that_lost_nothing():
     want = shares[0] * shares[1] * (1 - shares[2]) + shares[0] * (1 - shares[1]) * shares[2] \
         + (1 - shares[0]) * shares[1] * shares[2] + shares[0] * shares[1] * shares[2]
     assert p["null_meets_final_beyond"] == pytest.approx(want)
+
+
+def test_retention_table_restates_the_committed_verdict(tmp_path, capsys):
+    """bench/retention_table.py on the committed retention runs: the rule over the three parents, the clone under it,
+    the yardsticks in the figure, and which rule the plateau's replies answer by."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_retention_table", repo / "bench" / "retention_table.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = [str(repo / "docs" / "results" / "retention49" / p) for p in ("seed0-single", "seed0-1T+1S", "seed1-single")]
+    assert bench.main(runs + ["--svg", str(tmp_path / "r.svg")]) == 0
+    out = capsys.readouterr().out
+    v = json.loads(out.strip().splitlines()[-1])["verdict"]
+    assert v["headline"].startswith("not shown either way")
+    assert v["premise"]["lose"] == ["svd_subspace", "component_masking@3x", "extrapolative@3x", "xes@3x"]
+    assert v["for"]["operators"] == ["svd_subspace", "component_masking@3x", "xes@3x"]
+    assert v["against"]["not_recovered"] == ["extrapolative@3x"] and v["against"]["most_final_beyond"]
+    assert v["null"]["clone"]["final_beyond_on"] == 2 and not v["null"]["clone"]["lost_on"]
+    assert (v["power"]["null_final_beyond"], v["power"]["null_arms"]) == (18, 45)
+    assert "always the first element: 0.289" in (tmp_path / "r.svg").read_text()
+    assert "dare@3x (0.286): first 0.997" in out  # seed 0's plateau answers nums[0]
