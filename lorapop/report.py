@@ -429,8 +429,9 @@ def _recovery_rule(ret: dict, against: str) -> str:
 def retention_section(run: RunData) -> str:
     """retention.json (`lorapop retention`): held-out solve rate per arm over the steps after the operator (one curve
     per operator, the continuation arm, the reference, dashed black; the parent's pre-operator rate dotted; dashed
-    grey, the probe family's best trivial yardsticks), and the recovery table. Files written before the continuation became the reference (issue 22) have no ``reference``
-    key: their recovery was against the parent's pre-operator rate, and the text says so."""
+    grey, the probe family's best trivial yardsticks), and the recovery table. Files written before the continuation
+    became the reference (issue 22) have no ``reference`` key: their recovery was against the parent's pre-operator
+    rate, and the text says so."""
     ret = run.retention or {}
     arms = ret.get("arms") or {}
     pre = (ret.get("parent_heldout") or {}).get("solve_rate")
