@@ -14,8 +14,8 @@ The strategies, each a fixed rule that never reads the program:
 * ``copy``: the call's argument written back unchanged (the "answer is on the page" shortcut).
 
 Each strategy's answer goes through the checker the real answers go through: the task type's ``check_many`` with the
-real sandbox executor (code_o: the predicted literal compared with the output in the sandbox), or, for a math
-benchmark, :func:`lorapop.eval.mathcheck.check_answer`. A deterministic strategy answers a task the same way every
+real sandbox executor (code_o: the predicted literal read and compared with the output by value in the trainer,
+lorapop/tasks/values.py), or, for a math benchmark, :func:`lorapop.eval.mathcheck.check_answer`. A deterministic strategy answers a task the same way every
 sample, so its score on a task is 0 or 1 and its figure is the share of tasks solved, comparable with a probe score
 (mean over tasks of the share of answers right).
 """
