@@ -14,10 +14,13 @@ cache (``local_files_only``), or :data:`SHAPES`, a table of the shipped configs'
 SmolLM2-135M-Instruct and Qwen2.5-Coder-7B). The name follows ``accelerate estimate-memory`` (which sizes a model
 from its config on the meta device), but plans a whole run's phases, so it takes a run config like ``lorapop train``.
 
-Fit rule, ``engine.backend`` torch: generation needs the resident state (base, adapters with their AdamW moments
-and gradients, the inference copies of the adapters) plus the KV cache and the larger of the prefill chunk's and
-the decode step's peaks, and the cache must hold one row at the full length (the paged one too); training needs
-the resident state plus one micro-batch's peak (train_step releases the KV cache first on CUDA). Backend vllm: the
+Fit rule, ``engine.backend`` torch: the KV cache is the one the engine allocates, decided by the engine's own
+function (:func:`lorapop.engine.kvsize.kv_cache_plan`) over the memory the engine finds free when it first
+generates, and it must hold one row at the full length (the paged one too). Generation needs the resident state
+(base, adapters with their AdamW moments and gradients, the inference copies of the adapters) plus that cache and
+the larger of the prefill chunk's and the decode step's peaks; training needs the resident state plus the cache
+(kept for the whole run, at one address, so the compiled step's CUDA graphs stay valid) plus one micro-batch's
+peak. Backend vllm: the
 TorchEngine never generates, so its resident state is the base and the adapters with their moments and gradients;
 generation needs that plus vLLM's share, ``vllm_gpu_memory_utilization`` of the GPU's total memory; training needs
 it plus one micro-batch's peak plus what vLLM keeps during the update (its CUDA-graph pool under
@@ -58,6 +61,7 @@ class MemoryPlan:
     advice: list[str] = field(default_factory=list)
     generation_bytes: int = 0
     train_bytes: int = 0
+    kv_plan: Any = None  # the KV cache the engine allocates (lorapop/engine/kvsize.py), None when none fits
     kv_slots_fit: int = 0  # rows of prompt + max_new_tokens the KV cache can hold (torch: slots, or rows of the paged
     # pool at the full length; vllm: in its share)
     # backend vllm only: vLLM's share (vllm_gpu_memory_utilization of the memory), the KV cache left in it after its
@@ -148,21 +152,19 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
         _assemble_vllm(p, measured, capacity, torch_state, update)
         return p
     resident = m["base"] + m["adapters"] + m["copies"]
-    kind = ecfg.kv_cache
-    if kind == "auto":  # as the engine decides (paged.kv_shape): static when every row fits at the full length
-        kind = "static" if resident + m["kv_static"] + max(m["prefill"], m["decode_static"]) <= p.limit else "paged"
+    # The engine's own rule over the memory it finds free when it first generates; the cache then stays for the
+    # whole run, so the update's peak sits beside it.
+    free, kvp = engine_kv_cache(measured, p.gpu_bytes)
+    p.kv_plan = kvp
+    kind = kvp.kind if kvp is not None else ("paged" if ecfg.kv_cache == "auto" else ecfg.kv_cache)
     transient = max(m["prefill"], m[f"decode_{kind}"])
-    room = p.limit - resident - transient  # what the KV cache may take beside the rest of generation
-    kv, kv_note = m[f"kv_{kind}"], (f"static: {ecfg.gen_batch_size} rows x {capacity} positions ({prompt_tokens} "
-                                    f"prompt + {new_tokens} new)")
-    if kind == "paged":
-        kv, kv_note, p.kv_slots_fit = _paged_kv(p, measured, capacity, room, m["kv_paged"])
-    else:
-        p.kv_slots_fit = max(0, room // m["per_slot"])
-    if ecfg.kv_cache == "auto":
-        kv_note += " (engine.kv_cache auto)"
-        if kind == "static":  # what a larger gen_batch_size would get: auto pages then, in the same memory
-            _paged_kv(p, measured, capacity, room, m["kv_paged"])
+    kv = kvp.nbytes if kvp is not None else 0
+    p.kv_slots_fit = kvp.full_rows if kvp is not None else 0
+    kv_note = (f"{kvp.describe() if kvp is not None else 'none'}: engine.kv_cache_memory_fraction "
+               f"{ecfg.kv_cache_memory_fraction:g} of the {free / GIB:.1f} GiB free at the first generate, "
+               f"engine.kv_cache {ecfg.kv_cache}")
+    if kvp is not None and kvp.kind == "paged":
+        kv_note += _advise_paged(p, measured, kvp)
     table = [
         *torch_state,
         ("adapters' inference copies", m["copies"], "base dtype" + (", and the compiled step's dense copy"
@@ -177,40 +179,53 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     for name, b, note in table:
         p.phases[name], p.notes[name] = int(b), note
     p.generation_bytes = resident + kv + transient
-    p.train_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
+    p.train_bytes = resident + kv + (m["train_ckpt"] if ckpt else m["train"])
     if p.kv_slots_fit < 1:  # the paged cache too must hold one row at the full length
-        p.advice.append("generation: not one row of KV cache fits beside the prefill chunk: lower "
-                        f"--engine.prefill_chunk_tokens (now {ecfg.prefill_chunk_tokens}) or the max_new_tokens")
-    elif p.generation_bytes > p.limit:
-        p.advice.append(f"generation: the KV cache holds {p.kv_slots_fit} of engine.gen_batch_size="
-                        f"{ecfg.gen_batch_size} rows: set --engine.gen_batch_size={p.kv_slots_fit} (or less)")
-    _advise_update(p, ecfg, resident, m["train_ckpt"], m["train"], rows)
+        p.advice.append(f"generation: engine.kv_cache_memory_fraction={ecfg.kv_cache_memory_fraction:g} of the "
+                        f"{free / GIB:.1f} GiB free does not hold one row of {capacity} positions: raise it, or "
+                        "shorten engine.max_model_len / max_new_tokens")
+    else:
+        peak = max(transient, m["train_ckpt"] if ckpt else m["train"])
+        if resident + kv + peak > p.limit and free:
+            fit = _floor2((p.limit - resident - peak) / free)
+            p.advice.append(f"lower --engine.kv_cache_memory_fraction={max(0.0, fit):.2f} (now "
+                            f"{ecfg.kv_cache_memory_fraction:g}): the KV cache stays through the update")
+    _advise_update(p, ecfg, resident + kv, m["train_ckpt"], m["train"], rows)
     return p
 
 
-def _paged_kv(p: MemoryPlan, measured: Measured, capacity: int, room: int, largest: int) -> tuple[int, str, int]:
-    """engine.kv_cache paged: the pool the engine allocates (every row at the full length, or what fits beside the
-    rest of generation, in whole pages), its note and the rows it holds at the full length. The note also gives the
-    rows of ``prompt + reply_tokens`` it holds (the lengths rows really reach decide how many run at once, up to
-    gen_batch_size): the number that tells whether gen_batch_size is what bounds them."""
-    from lorapop.engine.paged import PAGE
+def engine_kv_cache(measured: Measured, gpu_bytes: int) -> tuple[int, Any]:
+    """(free bytes, cache) the engine allocates on a CUDA card of ``gpu_bytes`` for the measured run: the engine's
+    own functions (lorapop/engine/kvsize.py) over what it finds free when it first generates, for rows of prompt +
+    max_new_tokens (engine.max_model_len when set). The cache is None when the budget holds no row. The 7B configs'
+    headers quote it for 80 and 141 GiB cards (tests/test_plan.py checks them)."""
+    import torch
+
+    from lorapop.engine.kvsize import free_at_first_generate, kv_budget, kv_cache_plan
 
     ecfg, m = measured.engine, measured.phases
-    per_page = PAGE * m["kv_token"]
-    pages = min(largest // per_page - 1, max(0, room // per_page - 1))
-    kv = largest if pages == largest // per_page - 1 else (pages + 1) * per_page
-    tokens = pages * PAGE
-    full = tokens // capacity
+    free = free_at_first_generate(gpu_bytes, m["base"] + m["adapters"] + m["copies"])
+    try:
+        return free, kv_cache_plan(ecfg, (m["kv_layers"], m["kv_heads"], m["kv_head_dim"]),
+                                   getattr(torch, ecfg.dtype), measured.prompt_tokens + measured.new_tokens,
+                                   kv_budget(ecfg, "cuda", free))
+    except RuntimeError:
+        return free, None
+
+
+def _advise_paged(p: MemoryPlan, measured: Measured, kvp: Any) -> str:
+    """The rows of ``prompt + reply_tokens`` a paged cache holds (the note's tail), and advice when that is more than
+    gen_batch_size lets decode at once."""
+    from lorapop.engine.paged import PAGE
+
+    ecfg = measured.engine
     reply = min(measured.reply_tokens, measured.new_tokens)
-    short = tokens // (-(-(measured.prompt_tokens + reply) // PAGE) * PAGE)
-    note = (f"paged: {tokens} tokens, {full} rows of {capacity} ({measured.prompt_tokens} prompt + "
-            f"{measured.new_tokens} new) or {short} of {measured.prompt_tokens} + {reply}; "
-            f"gen_batch_size {ecfg.gen_batch_size} at once")
-    if short > ecfg.gen_batch_size and full >= 1:
+    short = kvp.n_pages * PAGE // (-(-(measured.prompt_tokens + reply) // PAGE) * PAGE)
+    if short > ecfg.gen_batch_size:
         p.advice.append(f"generation: the paged KV cache holds {short} rows of {measured.prompt_tokens} + {reply} "
                         f"tokens: raise --engine.gen_batch_size (now {ecfg.gen_batch_size}) to decode more at once "
                         "when replies are that short")
-    return kv, note, full
+    return f"; or {short} rows of {measured.prompt_tokens} + {reply}"
 
 
 # vLLM's CUDA-graph pool. VllmConfig._set_cudagraph_sizes (vllm/config/vllm.py) captures batch sizes 1, 2, 4, 8, 16,

@@ -178,8 +178,10 @@ def _train_peak(eng, rows: int, prompt: int, completion: int, checkpointing: boo
 PROBE_LAYERS = (2, 3)
 
 
-def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
-    """Bytes of each phase for the model of config ``mcfg`` at its depth, measured on the engine's own code."""
+def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, new_tokens: int,
+                   resident_only: bool = False) -> dict[str, int]:
+    """Bytes of each phase for the model of config ``mcfg`` at its depth, measured on the engine's own code;
+    ``resident_only``: only what the KV cache's size depends on (the resident state and the cache's dimensions)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -206,6 +208,10 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
 
     out["copies"] = _measure(inference_copies)
     dec = eng._decoder()
+    # the cache's dimensions, for kvsize.kv_cache_plan (the layer count extrapolates with the depth like the bytes)
+    out["kv_layers"], out["kv_heads"], out["kv_head_dim"] = dec.n_layers, dec.n_kv, dec.head_dim
+    if resident_only:
+        return out
     capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
     out["per_slot"] = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
     out["kv_token"] = token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype)
@@ -308,8 +314,9 @@ class Measured:
     reply_tokens: int = REPLY_TOKENS  # the reply the paged cache's rows are also counted at (plan --reply-tokens)
 
 
-def measure(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Measured:
-    """Measure each phase of ``cfg``'s run under fake tensors; see the module docstring."""
+def measure(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS, resident_only: bool = False) -> Measured:
+    """Measure each phase of ``cfg``'s run under fake tensors; see the module docstring. ``resident_only``: the
+    resident state and the cache's dimensions only (what :func:`lorapop.plan.engine_kv_cache` needs)."""
     from lorapop.engine.dtype import resolve_lora_compute_dtype
 
     ecfg = copy.deepcopy(cfg.engine)
@@ -323,10 +330,10 @@ def measure(cfg: Any, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Measured:
     depth = mcfg.num_hidden_layers
     lo, hi = PROBE_LAYERS
     if depth <= hi:
-        m = measure_phases(mcfg, n, copy.deepcopy(ecfg), prompt_tokens, new_tokens)
+        m = measure_phases(mcfg, n, copy.deepcopy(ecfg), prompt_tokens, new_tokens, resident_only)
     else:
-        a = measure_phases(_at_depth(mcfg, lo), n, copy.deepcopy(ecfg), prompt_tokens, new_tokens)
-        b = measure_phases(_at_depth(mcfg, hi), n, copy.deepcopy(ecfg), prompt_tokens, new_tokens)
+        a = measure_phases(_at_depth(mcfg, lo), n, copy.deepcopy(ecfg), prompt_tokens, new_tokens, resident_only)
+        b = measure_phases(_at_depth(mcfg, hi), n, copy.deepcopy(ecfg), prompt_tokens, new_tokens, resident_only)
         m = {k: a[k] + (b[k] - a[k]) * (depth - lo) // (hi - lo) for k in a}
     return Measured(cfg.model.name, ecfg, m, prompt_tokens, new_tokens, n)
 

@@ -293,6 +293,53 @@ def test_stages_read_azr_replies_from_the_think_block(ex):
     assert paid[0].reward == -1.0
 
 
+def test_prompts_stay_inside_the_run_caches_budget(ex):
+    """engine.max_model_len less the reply budget bounds every prompt, since the run's KV cache is sized once from
+    it: a proposer prompt over the budget drops reference snippets (last first) until it fits, and a proposal whose
+    student prompt would be over it is invalid (too_long) and never enters the buffer."""
+    from types import SimpleNamespace
+
+    from style_fixtures import ReplayEngine, tokenizer
+
+    from lorapop.config import SelfPlayConfig
+    from lorapop.engine.base import Completion
+    from lorapop.rundir import Member
+    from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.train import stages
+
+    sp = SelfPlayConfig(task_types=["code_o"], tasks_per_type=2, n_solve=1, n_references=3, prompt_format="azr")
+    sp.validate()
+    buffers = {"code_o": TaskBuffer("code_o")}
+    for k in range(3):
+        task = identity_task("code_o")
+        task.program = f"def f(x):\n    pad = '{'padding ' * 40}{k}'\n    return x"
+        buffers["code_o"].add(task)
+    engine = ReplayEngine(tokenizer())
+    t0 = Member("t0", 0, "teacher")
+    whole = stages.propose(stages.StepContext(1, 0, engine, ex, sp, buffers), [t0])
+    assert [tokenizer().decode(r.prompt_ids).count("<snippet_") for r in whole] == [3, 3]
+    budget = max(len(r.prompt_ids) for r in whole) - 1
+    engine.cfg = SimpleNamespace(max_model_len=sp.propose.max_new_tokens + budget)
+    cut = stages.propose(stages.StepContext(1, 0, engine, ex, sp, buffers), [t0])
+    assert len(cut) == 2 and all(len(r.prompt_ids) <= budget for r in cut)  # every proposal kept, inside the budget
+    assert min(tokenizer().decode(r.prompt_ids).count("<snippet_") for r in cut) in (1, 2)
+
+    good = _reply("plan", ("python", PROGRAM), ("input", "[3, 9, 1], 1"))
+    proposal = stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], good, "eos"),
+                              prefill=stages.reply_start(sp, ""))
+    engine.cfg = SimpleNamespace(max_model_len=0)
+    (ok,) = stages.validate(stages.StepContext(1, 0, engine, ex, sp, buffers), [proposal])
+    from lorapop.tasks.styles import proposal_style
+
+    student = stages._student_prompt_tokens(stages.StepContext(1, 0, engine, ex, sp, buffers), R1,
+                                            proposal_style(sp.proposal_style), "code_o", ok.task)
+    held = len(buffers["code_o"])
+    engine.cfg = SimpleNamespace(max_model_len=sp.solve.max_new_tokens + student - 1)
+    (refused,) = stages.validate(stages.StepContext(1, 0, engine, ex, sp, buffers), [proposal])
+    assert ok.status == "valid" and refused.status == "invalid" and refused.detail == "too_long"
+    assert len(buffers["code_o"]) == held  # the refused task never enters the buffer
+
+
 @pytest.mark.slow
 def test_the_engine_generates_after_assistant_think(ex, embedded_model):
     """Proposals and answers through the real engine under prompt_format azr: plain-text R1 prompts, replies read

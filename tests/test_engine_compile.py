@@ -68,9 +68,15 @@ def test_compiled_once_before_the_first_step_then_never_again():
             eager.eos_ids = compiled.eos_ids = sorted(set(eager.eos_ids) | eos)
     assert n_eos > 0  # EOS did stop rows
     assert compiled.kv_cache_allocations == 1
-    # A row past the capacity: a longer cache, whose shape is symbolic too: warmed again, compiled never
+    # A row over engine.max_model_len is refused: the cache never grows in a run
     long = [[1] + [rng.randint(3, 900) for _ in range(600)]]
     p = SamplingParams(max_new_tokens=8, greedy=True)
+    with pytest.raises(ValueError, match="over engine.max_model_len=512"):
+        compiled.generate(long, [1], p)
+    assert compiled.kv_cache_allocations == 1
+    # Without max_model_len a row past the capacity makes a longer cache, whose shape is symbolic too: warmed again,
+    # compiled never
+    eager.cfg.max_model_len = compiled.cfg.max_model_len = 0
     assert [c.token_ids for c in compiled.generate(long, [1], p)] == [c.token_ids for c in eager.generate(long, [1], p)]
     assert compiled.kv_cache_allocations == 2 and compiled.decode_shapes().max_len == 768
     assert compiled.pop_metrics()["perf/graphs"] == counters["stats"]["unique_graphs"] == 2

@@ -58,6 +58,40 @@ def test_kv_budget_counts_the_current_cache_as_free(monkeypatch):
     assert dec is eng._dec
 
 
+def test_plan_and_engine_size_the_kv_cache_with_one_function(monkeypatch):
+    """`lorapop plan` and the engine decide the cache's kind and size by one function (kvsize.kv_cache_plan) over
+    the memory free at the first generate: where the plan says a card leaves F bytes free beside the resident state
+    it measured, the engine under torch.cuda reporting F free picks the same kind,
+    slots, capacity, pages and bytes, across cards that give a static cache, a paged one and none."""
+    import copy
+
+    from lorapop.engine.decode import StaticKVCache
+    from lorapop.engine.kvsize import CUDA_RESERVED_BYTES
+    from lorapop.plan import engine_kv_cache
+    from lorapop.plan_measure import Measured, measure_phases
+
+    eng = tiny_engine(gen_batch_size=6, max_model_len=200, kv_cache_memory_fraction=0.5)
+    dec = eng._decoder()
+    m = measure_phases(eng.model.config, eng.n_adapters, copy.deepcopy(eng.cfg), 64, 64, resident_only=True)
+    measured = Measured("tiny", copy.deepcopy(eng.cfg), m, 64, 64, eng.n_adapters)
+    row = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256, getattr(torch, eng.cfg.dtype))
+    kinds = []
+    for rows in (20, 8, 1.5):  # free memory in rows of the capacity; the budget is half of it
+        gpu = m["base"] + m["adapters"] + m["copies"] + CUDA_RESERVED_BYTES + int(rows * row)
+        free, planned = engine_kv_cache(measured, gpu)
+        _fake_cuda(monkeypatch, free=free, segments=[])
+        eng.device = torch.device("cuda", 0)
+        try:
+            got = eng.plan_kv_cache(200)
+        except RuntimeError:
+            got = None
+        finally:
+            eng.device = torch.device("cpu")
+        assert got == planned, rows
+        kinds.append(None if got is None else got.kind)
+    assert kinds == ["static", "paged", None]
+
+
 def _base_model_tokenizer():
     """The embedded tokenizer as a base model's would be: EOS ``<|endoftext|>`` while its ChatML template still ends
     each turn with ``<|im_end|>`` (Qwen2.5 base's layout), built locally from the embedded files."""

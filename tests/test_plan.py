@@ -60,10 +60,31 @@ def test_embedded_plan_has_every_phase_and_its_fit_follows_the_memory(embedded):
     assert big.fits and not small.fits
     assert "does NOT fit" in small.render() and "fits" in big.render()
     assert big.render().splitlines()[0].endswith("backend torch")
-    # the update is over the limit without checkpointing but fits with it: the advice says so
-    tight = assemble(embedded, (big.train_bytes - big.phases["train micro-batch, no checkpointing (peak)"]
-                                + big.phases["train micro-batch, checkpointing (peak)"]) / 0.9 / GIB)
-    assert not tight.fits and "--engine.gradient_checkpointing=true" in "\n".join(tight.advice)
+    # a card where the update is over the limit without checkpointing but fits with it: the advice says so
+    tight = _tight_update(embedded)
+    assert tight and all(not p.fits for p in tight)
+
+
+def _card_gib(measured, free: int) -> float:
+    """The card on which the engine finds ``free`` bytes free at its first generate (kvsize.free_at_first_generate)."""
+    from lorapop.engine.kvsize import CUDA_RESERVED_BYTES
+
+    m = measured.phases
+    return (m["base"] + m["adapters"] + m["copies"] + CUDA_RESERVED_BYTES + free) / GIB
+
+
+def _roomy(measured):
+    """``measured`` with a cache that takes all the free memory (fraction 1, as many rows as the pages hold), so the
+    update's room shrinks as the card grows: the cases where it cannot fit beside the cache."""
+    return dataclasses.replace(measured, engine=dataclasses.replace(measured.engine, kv_cache_memory_fraction=1.0,
+                                                                    gen_batch_size=1 << 16))
+
+
+def _tight_update(measured) -> list:
+    """Plans, over cards of 0.25 to 16 GiB free, whose advice is to turn activation checkpointing on."""
+    roomy = _roomy(measured)
+    plans = (assemble(roomy, _card_gib(roomy, q * GIB // 4)) for q in range(1, 65))
+    return [p for p in plans if "--engine.gradient_checkpointing=true" in "\n".join(p.advice)]
 
 
 def test_7b_shape_table_plan():
@@ -76,12 +97,28 @@ def test_7b_shape_table_plan():
     assert p.fits and not assemble(m, 16.0).fits
 
 
+def test_7b_headers_state_the_kv_cache_the_engine_allocates():
+    """Each 7B YAML sets engine.max_model_len and its header states the KV cache the engine allocates on 80 and 141
+    GiB cards: the engine's own function (lorapop/engine/kvsize.py, through plan.engine_kv_cache) over the resident
+    state measured on fake tensors. The update's peak is planned beside that cache, which stays all run."""
+    import re
+    from pathlib import Path
+
+    for name in ("1T+1S", "4T+4S", "8T+8S", "single"):
+        path = Path("lorapop/configs") / f"{name}.yaml"
+        cfg = load_config(str(path))
+        assert cfg.engine.max_model_len == 6144 + 8096 == cfg.selfplay.propose.max_new_tokens + 6144
+        stated = dict(re.findall(r"^#\s+(\d+) GiB: (.*)$", path.read_text(), re.M))
+        m = measure(cfg, resident_only=True)
+        for gib in ("80", "141"):
+            assert stated[gib] == planmod.engine_kv_cache(m, int(gib) * GIB)[1].describe(), (name, gib)
+
+
 def test_refusal_names_the_setting_to_change(embedded, monkeypatch):
-    monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: embedded)  # measured once above
-    big = assemble(embedded, 80.0)
-    room = big.train_bytes - big.phases["train micro-batch, no checkpointing (peak)"] / 2  # half the update's peak
+    monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: _roomy(embedded))  # measured once above
     with pytest.raises(PlanError, match=r"--engine\.(gradient_checkpointing|train_micro_batch_size)="):
-        check_fits(_small("cpu_demo"), int(room / planmod.HEADROOM))
+        check_fits(_small("cpu_demo"), _tight_update(embedded)[0].gpu_bytes)
+    monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: embedded)
     with pytest.raises(PlanError, match="one row"):
         check_fits(_small("cpu_demo"), GIB // 8)
 
@@ -252,10 +289,13 @@ def test_vllm_graph_pool_follows_vllms_capture_sizes_and_eager_has_none(vllm_7b)
 
 
 def test_paged_kv_cache_plan_counts_tokens_and_refuses_without_one_full_row(embedded):
-    """engine.kv_cache paged: the pool holds gen_batch_size rows at the full length (the static cache's memory) or
-    what fits beside the rest of generation; the plan gives its tokens and its rows at the full length and at a
-    shorter one, and refuses a memory whose pool cannot hold one row at the full length, however short the rows
-    it could hold. auto (the default) plans the static cache where every row fits at the full length, else this."""
+    """engine.kv_cache paged: the pool the engine allocates on a card (kvsize over the memory free at its first
+    generate): as many pages as the budget holds, up to gen_batch_size rows at the full length; the plan gives its
+    positions and its rows at the full length and at a shorter one, and refuses a card whose pool cannot hold one row
+    at the full length, however short the rows it could hold. auto (the default) plans the static cache where the
+    budget holds every row at the full length, else this."""
+    import math
+
     from lorapop.engine.decode import kv_capacity
     from lorapop.engine.paged import PAGE
 
@@ -265,23 +305,23 @@ def test_paged_kv_cache_plan_counts_tokens_and_refuses_without_one_full_row(embe
     capacity = kv_capacity(embedded.prompt_tokens + embedded.new_tokens, ecfg.max_model_len)
     per_page = PAGE * m["kv_token"]
     big = assemble(paged, 80.0)
-    tokens = ecfg.gen_batch_size * capacity
-    pool = tokens * m["kv_token"] + per_page  # the trash page on top
-    assert big.phases["KV cache"] == m["kv_paged"] and pool <= m["kv_paged"] <= 1.01 * pool  # and the block tables
+    pages = ecfg.gen_batch_size * capacity // PAGE  # the budget holds every row at the full length
+    assert big.kv_plan.kind == "paged" and big.kv_plan.n_pages == pages
+    assert big.phases["KV cache"] == (pages + 1) * per_page <= m["kv_paged"]  # the trash page; the plan's bytes
     assert m["decode_paged"] > m["decode_static"]  # the step gathers what it attends; the static one reads in place
     assert big.kv_slots_fit == ecfg.gen_batch_size
-    assert f"paged: {tokens} tokens, {ecfg.gen_batch_size} rows of {capacity}" in big.notes["KV cache"]
+    assert f"paged, {pages * PAGE} positions ({ecfg.gen_batch_size} rows of {capacity})" in big.notes["KV cache"]
     auto = assemble(embedded, 80.0)
-    assert auto.notes["KV cache"].startswith("static: ") and auto.phases["KV cache"] == m["kv_static"]
-    rest = big.generation_bytes - big.phases["KV cache"]  # resident state and the prefill chunk or decode step
+    assert auto.notes["KV cache"].startswith("static, ") and auto.phases["KV cache"] == big.kv_plan.n_slots * \
+        m["per_slot"]
     one_row = (capacity // PAGE + 1) * per_page
-    for room, rows in ((one_row, 1), (one_row - per_page, 0)):
-        gpu = (rest + room + 16) / planmod.HEADROOM / GIB
+    for budget, rows in ((one_row, 1), (one_row - per_page, 0)):
+        gpu = _card_gib(paged, math.ceil(budget / ecfg.kv_cache_memory_fraction))
         pl = assemble(dataclasses.replace(paged, reply_tokens=8), gpu)
         assert pl.kv_slots_fit == rows and not (rows == 0 and pl.fits)
-        assert f"paged: {room // per_page * PAGE - PAGE} tokens, {rows} rows of {capacity}" in pl.notes["KV cache"]
-        assert f"or {(room // per_page - 1) * PAGE // (-(-(embedded.prompt_tokens + 8) // PAGE) * PAGE)} of " \
-               f"{embedded.prompt_tokens} + 8" in pl.notes["KV cache"]
-        assert ("not one row of KV cache fits" in "\n".join(pl.advice)) == (rows == 0)
-    # auto where the static cache does not fit: it pages
-    assert assemble(dataclasses.replace(embedded, reply_tokens=8), gpu).notes["KV cache"].startswith("paged: ")
+        assert ("does not hold one row" in "\n".join(pl.advice)) == (rows == 0)
+        if rows:
+            short = (capacity // PAGE) * PAGE // (-(-(embedded.prompt_tokens + 8) // PAGE) * PAGE)
+            assert f"or {short} rows of {embedded.prompt_tokens} + 8" in pl.notes["KV cache"]
+            # auto where the static cache does not fit: it pages
+            assert assemble(dataclasses.replace(embedded, reply_tokens=8), gpu).notes["KV cache"].startswith("paged, ")

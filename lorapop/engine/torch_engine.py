@@ -35,7 +35,8 @@ from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
 from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .lora import inject_lora, kaiming_uniform_A, remove_lora
 from .optim import StackedAdamW
-from .paged import PagedBatcher, PagedKVCache, kv_shape
+from .kvsize import KVCachePlan, kv_budget, kv_cache_plan
+from .paged import PagedBatcher, PagedKVCache
 from .peft_io import AdapterFormatError, load_peft_adapter, save_peft_adapter
 from .scoring import chunk_scores, layout_rows, train_micro_batches
 
@@ -99,6 +100,7 @@ class TorchEngine:
         self._dec: LlamaFamilyDecoder | None = None  # built on the first generate
         self._cache: StaticKVCache | None = None
         self._kv_shape: tuple[int, int, int, str] | None = None  # (slots, capacity, pages, kind) of the run's cache
+        self.kv_plan: KVCachePlan | None = None  # the run's cache as kvsize.kv_cache_plan decided it
         self.kv_cache_allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
         # generate's per-row bookkeeping (seconds), the row-steps it covered and the decode steps (bench/gpu.py)
         self.host_s, self.row_tokens, self.decode_steps = 0.0, 0, 0
@@ -171,6 +173,7 @@ class TorchEngine:
         params = params if params is not None else SamplingParams()
         seeds = check_generate_args(prompts, adapter_ids, self.n_adapters, params, seeds, max_new_tokens)
         prompts = [[int(t) for t in p] for p in prompts]
+        self._check_model_len(prompts, params.max_new_tokens, max_new_tokens)
         dec = self._decoder()
         cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)
         # A nucleus cut outside the declared set (engine.compile_nucleus off) decodes eagerly: the same tokens, and
@@ -248,23 +251,24 @@ class TorchEngine:
             free = allocatable_bytes(self.device)
             if self._cache is not None:
                 free += sum(t.numel() * t.element_size() for t in self._cache.k + self._cache.v)
-            return int(self.cfg.kv_cache_memory_fraction * free)
-        return int(self.cfg.kv_cache_gib * 2**30)
+            return kv_budget(self.cfg, "cuda", free)
+        return kv_budget(self.cfg, self.device.type, 0)
 
     def _kv_cache(self, max_len: int) -> StaticKVCache | PagedKVCache:
         """The run's cache (``engine.kv_cache``). Sized once, on the first call: ``gen_batch_size`` rows (static: as
         many slots as the budget holds, if fewer; paged: as many pages as it holds), whatever this call's row count,
         since continuous batching streams any number of rows through them; rows of up to ``engine.max_model_len``
         (or this call's longest row, rounded up to 256). Every later call reuses it, so the compiled step sees one
-        cache shape (and, on CUDA, one address) per run; only a row longer than the capacity makes a new, longer
-        one (a cache allocated again after ``release_kv_cache`` keeps the run's shape): see paged.kv_shape."""
+        cache shape (and, on CUDA, one address) per run. With ``engine.max_model_len`` set no row is longer
+        (generate refuses one); without it a row longer than the capacity makes a new, longer cache (one allocated
+        again after ``release_kv_cache`` keeps the run's shape): see paged.kv_shape."""
         dec, cur = self._dec, self._cache
         if cur is not None and cur.max_len >= max_len:
             return cur
         dtype = next(iter(self.layers.values())).base.weight.dtype
-        shape = kv_shape(self.cfg.kv_cache, (dec.n_layers, dec.n_kv, dec.head_dim), dtype, max_len, self.cfg,
-                         self._kv_shape, cur is None, self.kv_budget_bytes())
+        self.kv_plan = self.plan_kv_cache(max_len)
         self._cache = None  # free the old cache before allocating the new one
+        shape = self.kv_plan.shape
         n_slots, capacity, n_pages, kind = shape
         if kind == "paged":
             self._cache = PagedKVCache(dec.n_layers, n_slots, dec.n_kv, dec.head_dim, capacity, n_pages, dtype,
@@ -275,9 +279,33 @@ class TorchEngine:
         self.kv_cache_allocations += 1
         return self._cache
 
+    def plan_kv_cache(self, max_len: int) -> KVCachePlan:
+        """The cache :meth:`_kv_cache` would allocate now for rows of up to ``max_len`` positions: the function
+        `lorapop plan` sizes it with (lorapop/engine/kvsize.py), over this engine's budget."""
+        dec = self._decoder()
+        dtype = next(iter(self.layers.values())).base.weight.dtype
+        return kv_cache_plan(self.cfg, (dec.n_layers, dec.n_kv, dec.head_dim), dtype, max_len, self.kv_budget_bytes(),
+                             self._kv_shape, self._cache is None)
+
+    def _check_model_len(self, prompts: list[list[int]], max_new: int, caps: list[int] | None) -> None:
+        """With ``engine.max_model_len`` set the run's cache is sized for rows of that many positions and never
+        grows: a new cache would sit at a new address, which the compiled step's CUDA graphs would record again in a
+        warm-up of their own. A longer row (prompt + its max_new_tokens) is refused here, as vLLM refuses a request
+        over its max_model_len; the trainer keeps its prompts inside the budget (lorapop/train/stages.py)."""
+        limit = int(self.cfg.max_model_len)
+        if limit <= 0:
+            return
+        for k, p in enumerate(prompts):
+            n = len(p) + (max_new if caps is None else min(max_new, int(caps[k])))
+            if n > limit:
+                raise ValueError(f"row {k}: a prompt of {len(p)} tokens + {n - len(p)} new tokens is over "
+                                 f"engine.max_model_len={limit} (the KV cache is sized once for the run): shorten the "
+                                 "prompt or max_new_tokens, or raise engine.max_model_len")
+
     def release_kv_cache(self) -> None:
-        """Drop the static KV cache (the next ``generate`` allocates it again); train_step calls it on CUDA so the
-        update gets that memory."""
+        """Drop the KV cache (the next ``generate`` allocates it again, of the run's shape): for benches and tests
+        that size another cache. A run never calls it: a new cache is a new address, whose CUDA graphs the compiled
+        step records again."""
         self._cache = None
 
     # ------------------------------------------------------------------ log-probs

@@ -133,10 +133,23 @@ def prompt_ids(engine: Engine, text: str, prefill: str, fmt: str = "short") -> l
     return prompt_format(fmt).prompt_ids(engine, text, prefill)
 
 
+def prompt_budget(engine: Engine, max_new_tokens: int) -> int | None:
+    """Most tokens a prompt may have: ``engine.max_model_len`` less the reply's budget (the 7B configs' 14240 =
+    AZR's 6144-token prompt cap + its 8096-token replies); None when max_model_len is unset (0)."""
+    limit = int(getattr(getattr(engine, "cfg", None), "max_model_len", 0) or 0)
+    return limit - int(max_new_tokens) if limit > 0 else None
+
+
 def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
-    """Every teacher writes ``tasks_per_type`` proposals per type, all in one multi-LoRA generate call."""
+    """Every teacher writes ``tasks_per_type`` proposals per type, all in one multi-LoRA generate call.
+
+    A prompt over :func:`prompt_budget` is cut, never sent: its reference snippets are dropped, last first, until it
+    fits. (AZR drops a prompt over its max_prompt_length instead; here every teacher keeps its ``tasks_per_type``
+    proposals per type, the compute matching the population relies on.) The engine's KV cache is sized once for
+    prompts inside the budget, so a longer one would otherwise be refused there."""
     engine, sp, rng = ctx.engine, ctx.cfg, ctx.rng("propose")
     style, fmt = proposal_style(sp.proposal_style), prompt_format(sp.prompt_format)
+    budget = prompt_budget(engine, sp.propose.max_new_tokens)
     prompts, meta = [], []
     for t in teachers:
         for tt in sp.task_types:
@@ -144,7 +157,14 @@ def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
             prefill = fmt.reply_start(style.proposal_prefill(ty) if sp.response_prefill else "")
             for _ in range(sp.tasks_per_type):
                 refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
-                prompts.append(fmt.prompt_ids(engine, fmt.teacher_prompt(style, ty, refs, rng), prefill))
+                ids = fmt.prompt_ids(engine, fmt.teacher_prompt(style, ty, refs, rng), prefill)
+                while budget is not None and len(ids) > budget and refs:
+                    refs = refs[:-1]
+                    ids = fmt.prompt_ids(engine, fmt.teacher_prompt(style, ty, refs, rng), prefill)
+                if budget is not None and len(ids) > budget:
+                    raise ValueError(f"the {tt} proposer prompt without references is {len(ids)} tokens, over the "
+                                     f"prompt budget {budget} (engine.max_model_len less propose.max_new_tokens)")
+                prompts.append(ids)
                 meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
     outs = engine.generate(prompts, [m[0].slot for m in meta], sampling_params(sp.propose), seeds=seeds)
@@ -163,8 +183,11 @@ def reference_tasks(buffers: Mapping[str, TaskBuffer], task_type: str, k: int, r
 def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     """Parse and check every proposal (one batched executor pass per task type); returns the proposals with their
     status, in order. Valid tasks enter their buffer. The style's own checks get the student's answer budget,
-    selfplay.solve's max_new_tokens counted with the engine's own tokenizer (what the answer will be generated in)."""
+    selfplay.solve's max_new_tokens counted with the engine's own tokenizer (what the answer will be generated in).
+    A task whose student prompt would be over :func:`prompt_budget` is invalid (``too_long``): it is refused here,
+    at propose time, so no generate call meets a row longer than the engine's cache."""
     style, fmt = proposal_style(ctx.cfg.proposal_style), prompt_format(ctx.cfg.prompt_format)
+    budget = prompt_budget(ctx.engine, ctx.cfg.solve.max_new_tokens)
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
@@ -185,10 +208,21 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
             if isinstance(res, Invalid):
                 out[i] = replace(r, status="invalid", detail=res.reason, result=res)
                 continue
+            n = _student_prompt_tokens(ctx, fmt, style, tt, res) if budget is not None else 0
+            if budget is not None and n > budget:
+                bad = Invalid("too_long", f"its student prompt is {n} tokens, over the prompt budget {budget}")
+                out[i] = replace(r, status="invalid", detail=bad.reason, result=bad)
+                continue
             res.proposer, res.step = r.member.id, ctx.step
             out[i] = replace(r, status="valid", task=res, result=res)
             ctx.buffers[tt].add(res)
     return out
+
+
+def _student_prompt_tokens(ctx: StepContext, fmt: Any, style: Any, tt: str, task: Task) -> int:
+    ty = TASK_TYPES[tt]
+    prefill = fmt.reply_start(style.answer_prefill(ty) if ctx.cfg.response_prefill else "")
+    return len(fmt.prompt_ids(ctx.engine, fmt.student_prompt(style, ty, task), prefill))
 
 
 def solve_jobs(ctx: StepContext, pairs: Mapping[str, Member], teachers: Mapping[str, Member],
