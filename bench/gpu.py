@@ -4,8 +4,13 @@
     .venv/bin/python bench/gpu.py --shape small --quick   # the embedded shape (random-init on CUDA), CPU too
 
 ``--shape 7b`` builds a random-init model of Qwen2.5-Coder-7B's shapes (hidden 3584, MLP 18944, 28 layers, 28
-heads, 4 KV heads; vocabulary from the embedded tokenizer) in bf16, straight from a config: nothing is downloaded,
-and throughput and memory do not depend on the weights' values. ``--shape small`` is the embedded SmolLM2-135M's
+heads, 4 KV heads, vocabulary 152064: lorapop's own shape table, lorapop/plan_measure.py) in bf16, with seeded
+random token ids and a word-level tokenizer built here over that vocabulary: it needs torch, transformers and peft,
+no model package, no tokenizer files, no network; throughput and memory do not depend on the weights' or the ids'
+values. Its engine runs the shipped 4T+4S config's cache (engine.gen_batch_size 48 slots, engine.max_model_len,
+engine.kv_cache and its memory fraction): the loop steps, long rows and long_tail_step_ratio run at the run's own
+slots, length and vocabulary. ``--quick`` at 7B leaves out the variable-length block and the long rows (minutes of
+decoding each). Progress lines carry the seconds since the start. ``--shape small`` is the embedded SmolLM2-135M's
 shape, random-init on CUDA (a GPU machine needs no weights), the embedded weights elsewhere. ``--compile`` is on
 by default everywhere (inductor on CPU); the first generate makes the step ready for its declared set.
 
@@ -40,6 +45,12 @@ Figures (all measured in this one run; the last line is one JSON object):
                          and attention length: the cost of gathering the attended positions through block tables
   kv_cache_allocations   (not with --quick) caches allocated over 6 generate calls of varied row counts and
                          prompt lengths under a budget of fewer than --rows slots (issue 28: 1, one cache per run)
+  warmups_after_first_step, cuda_graphs_per_step  engine.compile's warm-ups, and CUDA graphs recorded per step,
+                         over the 6 loop steps after the first (generate and train_step rounds): 0 and 0, since
+                         the run keeps one KV cache at one address
+  long_tail_step_ratio   the compiled decode step's time for --long-tail ROWS rows (default the 7B config's 48)
+                         with one at 8096 positions and the rest at 512, over its time with all at 512 (goal <= 1.5:
+                         a step should read what its rows attend, not the longest row's span for every row)
   trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
                          ``lorapop train cpu_demo`` on this device through the real trainer (sandbox, rewards,
                          PBT), random-init weights on CUDA, after one warm-up step
@@ -63,6 +74,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPT = "Write a Python function f(a) that returns the sum of the squares of the digits of a."
+QWEN_EOS = 151643  # Qwen2.5's <|endoftext|>: the 7B shape's EOS and pad id (a random-init model never writes it)
+PROMPT_TOKENS_7B = 64  # --shape 7b: prompts of this many seeded random ids (the embedded prompt is 51 tokens)
 
 
 def _sync(dev) -> None:
@@ -88,7 +101,37 @@ def _model_dir(args) -> str:
     return str(prepare_model("embedded"))
 
 
+SEVEN_B_CONFIG = "4T+4S"  # the shipped 7B config whose engine settings --shape 7b runs at (its slots, length, ...)
+
+
+def _seven_b():
+    """The shipped 7B config (its engine section) and its model's shape from lorapop's own table: nothing to
+    download, no model package."""
+    from lorapop.config import load_config
+    from lorapop.plan_measure import SHAPES
+
+    cfg = load_config(str(Path(__file__).resolve().parents[1] / "lorapop" / "configs" / f"{SEVEN_B_CONFIG}.yaml"))
+    return cfg, dict(SHAPES[cfg.model.name])
+
+
+def random_ids_tokenizer(vocab: int, eos_id: int):
+    """A real fast tokenizer over ``vocab`` ids whose token ``k`` is the word ``<k>`` (a word-level model built
+    here, offline): the 7B shape needs ids and their decoding, not Qwen's vocabulary, since throughput and memory
+    do not depend on which ids the rows hold."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"<{k}>": k for k in range(vocab)}
+    inner = Tokenizer(models.WordLevel(words, unk_token="<0>"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=f"<{eos_id}>", pad_token=f"<{eos_id}>",
+                                   unk_token="<0>")
+
+
 def _tokenizer(args):
+    if args.shape == "7b":
+        _, shape = _seven_b()
+        return random_ids_tokenizer(shape["vocab_size"], QWEN_EOS)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(_model_dir(args))
@@ -109,12 +152,21 @@ def build_engine(args, max_model_len: int):
                        gradient_checkpointing=args.checkpointing,
                        prefill_chunk_tokens=8192 if cuda else 2048, logprob_chunk_size=1024 if cuda else 128,
                        max_model_len=max_model_len, kv_cache=args.kv_cache)
+    if args.shape == "7b":  # the shipped 7B config's own cache: its slots, max_model_len and memory fraction
+        run = _seven_b()[0].engine
+        for name in ("gen_batch_size", "max_model_len", "kv_cache", "kv_cache_memory_fraction",
+                     "prefill_chunk_tokens", "logprob_chunk_size", "stop_check_interval"):
+            setattr(cfg, name, getattr(run, name))
     if args.shape == "small" and not cuda:
         return TorchEngine.from_config("embedded", args.adapters, cfg, seed=0)
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     tok = _tokenizer(args)
-    if args.shape == "small":  # the embedded model's own config.json
+    if args.shape == "7b":
+        shape = _seven_b()[1]
+        shape.pop("model_type")
+        mcfg = Qwen2Config(**shape, bos_token_id=QWEN_EOS, eos_token_id=QWEN_EOS, pad_token_id=QWEN_EOS)
+    elif args.shape == "small":  # the embedded model's own config.json
         from transformers import AutoConfig
 
         mcfg = AutoConfig.from_pretrained(_model_dir(args))
@@ -124,12 +176,6 @@ def build_engine(args, max_model_len: int):
         mcfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384,
                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    else:
-        mcfg = Qwen2Config(vocab_size=-(-len(tok) // 128) * 128, hidden_size=3584, intermediate_size=18944,
-                           num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                           max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False,
-                           rms_norm_eps=1e-6, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, cfg.dtype))
@@ -200,6 +246,54 @@ def decode_capacity_ratio(eng, args) -> dict[str, float]:
     return {"static": times["static", 8 * small] / times["static", small],
             "paged": times["paged", 8 * small] / times["paged", small],
             "paged_over_static": times["paged", small] / times["static", small]}
+
+
+def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> float:
+    """The compiled decode step's time for ``rows`` rows of which one is at ``long_len`` positions and the rest at
+    ``short_len``, over its time with every row at ``short_len``: what one long reply among short ones costs a step
+    (1.0 when a step reads what each row attends). Each arm's rows sit in a paged cache holding just their pages,
+    and the step attends as the batcher sets it (the longest live row's length, bucketed)."""
+    from lorapop.engine.compiled import kv_bucket
+    from lorapop.engine.decode import kv_capacity
+    from lorapop.engine.paged import PAGE, PagedKVCache
+
+    dev, dec = eng.device, eng._decoder()
+    dec.refresh_dense()
+    eng._decode_step()
+    step = eng.decode_compile.step if eng.decode_compile else dec.decode_step
+    dtype = next(iter(eng.layers.values())).base.weight.dtype
+    capacity = kv_capacity(long_len)
+    n = 10 if dev.type == "cuda" else 3
+
+    def inputs(lengths: list[int]) -> tuple:
+        per = [-(-n_pos // PAGE) for n_pos in lengths]
+        cache = PagedKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, sum(per), dtype, dev)
+        starts = [sum(per[:k]) for k in range(rows)]
+        cache.set_rows(list(range(rows)), [list(range(a, a + m)) for a, m in zip(starts, per)])
+
+        def col(v, dt=torch.long):
+            out = torch.as_tensor(v, dtype=dt, device=dev).expand(rows).clone()
+            torch._dynamo.maybe_mark_dynamic(out, 0)
+            return out
+
+        ids, seeds = col(torch.arange(rows) % eng.n_adapters), col(torch.arange(rows))
+        pos = col(torch.tensor([m - 1 for m in lengths]))
+        span = cache.span(kv_bucket(max(lengths), capacity, dev.type == "cuda" and eng.decode_compile is not None))
+        return (cache, col(0), pos, ids, seeds, col(0), span, eng._vocab_key, eng._eos_mask(), col(0),
+                col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False))
+
+    arms = {"long": [long_len] + [short_len] * (rows - 1), "short": [short_len] * rows}
+    times = {}
+    for name, lengths in arms.items():
+        args_ = inputs(lengths)
+        for _ in range(2):  # a cache of its own: its CUDA graph (on CUDA) is recorded here, outside the timing
+            step(*args_)
+        arms[name] = args_
+    for _ in range(3):  # alternated rounds, the fastest of each: a shared machine's load drifts
+        for name, args_ in arms.items():
+            t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
+            times[name] = min(times.get(name, t), t)
+    return times["long"] / times["short"]
 
 
 def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
@@ -317,7 +411,10 @@ def main() -> None:
                          "than the requests need at once, so the cache, not the longest row, bounds the time)")
     ap.add_argument("--long-static", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the long rows through the static cache (engine.kv_cache=static)")
-    ap.add_argument("--kv-cache", choices=["paged", "static"], default="paged", help="engine.kv_cache")
+    ap.add_argument("--kv-cache", choices=["paged", "static"], default="paged", help="engine.kv_cache (--shape 7b: "
+                                                                                   "the 7B config's own)")
+    ap.add_argument("--long-tail", type=int, nargs=3, default=None, metavar=("ROWS", "LONG", "SHORT"),
+                    help="long_tail_step_ratio's rows and lengths (default: the engine's slots (48 at 7B), 8096, 512)")
     ap.add_argument("--trainer-steps", type=int, default=None, help="--shape small: steps of the real trainer "
                                                                     "(default 3 on CUDA, 0 elsewhere)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
@@ -332,13 +429,25 @@ def main() -> None:
         ap.error("--adapters must be >= 8 (the loop step uses 4 teachers + 4 students)")
     t_start = time.perf_counter()
 
+    def say(msg: str) -> None:  # progress, so a GPU call's log shows where its time went
+        print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
     from lorapop.engine import SamplingParams, TrainSample
     from lorapop.engine.base import chat_prompt_ids
     from lorapop.engine.decode import kv_capacity
     from lorapop.engine.paged import PAGE, cache_bytes
 
+    say(f"building the {args.shape} model")
     tok = _tokenizer(args)
-    prompt = chat_prompt_ids(tok, PROMPT)
+    seven_b = args.shape == "7b"
+    if seven_b:  # seeded random ids: no tokenizer to download, and the ids do not change the speed
+        prompt = torch.randint(1, QWEN_EOS, (PROMPT_TOKENS_7B,), generator=torch.Generator().manual_seed(0)).tolist()
+    else:
+        prompt = chat_prompt_ids(tok, PROMPT)
+
+    def suffix(k: int) -> list[int]:  # a per-row tail, so rows share no prefix
+        return [int(t) for t in tok(f" <{k + 1}>" if seven_b else f" #{k}")["input_ids"]]
+
     rows, new = args.rows, args.new_tokens
     # one cache for the run: room for the loop step's rows (a task is the prompt + 32 tokens + a suffix) and the
     # fixed-shape rows; the long rows make a second, longer cache (a separate declared set, counted as such)
@@ -356,16 +465,28 @@ def main() -> None:
     rng = random.Random(0)
     lengths = long_tailed(rng, args.tasks * args.n_solve, args.step_median or max(1, args.step_tokens // 4),
                           args.step_tokens)
+    say(f"loop step 1 (4T+4S, the warm-up), KV cache of {eng.cfg.gen_batch_size} slots, max_model_len "
+        f"{eng.cfg.max_model_len}")
     first_step = loop_step(eng, prompt, 4, args, lengths)
+    say(f"loop step 1: {first_step:.1f}s; {eng.kv_plan.describe() if eng.kv_plan else ''}; 6 more steps")
+    after_first = eng.pop_metrics()
     pop = [loop_step(eng, prompt, 4, args, lengths) for _ in range(3)]
     single = [loop_step(eng, prompt, 1, args, lengths) for _ in range(3)]
     steady, single_s = statistics.fmean(pop), statistics.fmean(single)
+    # After step 1 nothing is warmed or recorded again: generate and train_step share the run's one cache
+    later = eng.pop_metrics()
+    run_kind = eng.kv_plan.kind  # the run's cache kind (engine.kv_cache auto decides it at 7B)
+    run_slots, run_len = eng.cfg.gen_batch_size, eng.cfg.max_model_len  # the loop's cache (the long rows may resize)
+    warmups_after_first = later["perf/warmups"] - after_first["perf/warmups"]
+    cuda_graphs_per_step = (later["perf/cuda_graphs"] - after_first["perf/cuda_graphs"]) / (len(pop) + len(single))
+    say(f"warm-ups after step 1: {warmups_after_first}, CUDA graphs per step after it: {cuda_graphs_per_step:g}")
     step_ratio = steady / single_s
     print(f"loop step (engine share), rows of {min(lengths)}..{max(lengths)} tokens: first {first_step:.1f}s; "
           f"4T+4S {steady:.2f}s, 1T+1S {single_s:.2f}s (means of 3); step_population_over_single = "
           f"{step_ratio:.2f}", file=sys.stderr)
 
     # Fixed shape: every row full length (EOS masked).
+    say(f"fixed shape: {rows} rows x {new} tokens, mixed adapters then base")
     prompts, seeds = [prompt] * rows, list(range(rows))
     mixed_ids = [k % args.adapters for k in range(rows)]
     full = SamplingParams(max_new_tokens=new, temperature=1.0, top_p=1.0, min_new_tokens=new)
@@ -379,17 +500,22 @@ def main() -> None:
     # Continuous batching: 4x --rows requests through --rows slots, lengths spread over [lo, new], against the
     # same requests and total tokens at one equal length. Prompts differ by row (a numbered suffix) so no prefix
     # is shared in either arm.
+    # --quick at 7B leaves out this block and the long rows: minutes of decoding each on one GPU.
+    quick_7b = args.quick and seven_b
     lo = args.min_len or max(1, new // 32)
-    n_var = 4 * rows
-    lens = [rng.randint(lo, new) for _ in range(n_var)]
-    equal = [max(1, round(sum(lens) / n_var))] * n_var
-    vprompts = [prompt + [int(t) for t in tok(f" #{k}")["input_ids"]] for k in range(n_var)]
-    vids, vseeds = [k % args.adapters for k in range(n_var)], list(range(n_var))
-    t_var, _ = _timed(dev, lambda: eng.generate(vprompts, vids, full, vseeds, max_new_tokens=lens))
-    t_eq, _ = _timed(dev, lambda: eng.generate(vprompts, vids, full, vseeds, max_new_tokens=equal))
-    variable_over_equal = (sum(lens) / t_var) / (sum(equal) / t_eq)
-    print(f"variable lengths {lo}..{new}: {sum(lens) / t_var:.0f} tok/s; equal {equal[0]}: "
-          f"{sum(equal) / t_eq:.0f} tok/s; variable_over_equal = {variable_over_equal:.3f}", file=sys.stderr)
+    variable_over_equal = None
+    if not quick_7b:
+        say(f"variable lengths: {4 * rows} rows of {lo}..{new} tokens, then as many at one length")
+        n_var = 4 * rows
+        lens = [rng.randint(lo, new) for _ in range(n_var)]
+        equal = [max(1, round(sum(lens) / n_var))] * n_var
+        vprompts = [prompt + suffix(k) for k in range(n_var)]
+        vids, vseeds = [k % args.adapters for k in range(n_var)], list(range(n_var))
+        t_var, _ = _timed(dev, lambda: eng.generate(vprompts, vids, full, vseeds, max_new_tokens=lens))
+        t_eq, _ = _timed(dev, lambda: eng.generate(vprompts, vids, full, vseeds, max_new_tokens=equal))
+        variable_over_equal = (sum(lens) / t_var) / (sum(equal) / t_eq)
+        print(f"variable lengths {lo}..{new}: {sum(lens) / t_var:.0f} tok/s; equal {equal[0]}: "
+              f"{sum(equal) / t_eq:.0f} tok/s; variable_over_equal = {variable_over_equal:.3f}", file=sys.stderr)
 
     hf_tok_s, hf_compiled = None, dev.type == "cuda"
     if args.hf and not args.quick:
@@ -412,8 +538,9 @@ def main() -> None:
             print(f"transformers generate failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     train_tok_s = train_peak_gib = None
-    if not args.quick:  # one train_step over adapters x train_rows rows of prompt + completion tokens
-        eng.release_kv_cache()
+    if not args.quick:  # one train_step over adapters x train_rows rows of prompt + completion tokens, beside
+        # the run's KV cache, as in a run
+        say("train_step")
         rng_t = torch.Generator().manual_seed(1)
         vocab = len(tok)
         samples = [TrainSample(torch.randint(3, vocab, (args.train_prompt,), generator=rng_t).tolist(),
@@ -437,22 +564,25 @@ def main() -> None:
     # budget of --long-budget-rows such rows at the full length (as the 7B configs' budget holds 48 rows of 14336
     # positions): the engine's cache, then (--long-static) the static cache on the same requests and budget.
     long_lens = long_tailed(rng, args.long_rows, args.long_median, args.long_max, least=16)
-    lprompts = [prompt + [int(t) for t in tok(f" #{k}")["input_ids"]] for k in range(args.long_rows)]
+    lprompts = [prompt + suffix(k) for k in range(args.long_rows)]
     long_sp = SamplingParams(max_new_tokens=args.long_max, temperature=1.0, min_new_tokens=args.long_max)  # no EOS
     long_budget_rows = args.long_budget_rows or max(1, args.long_rows // 8)
 
     def long_arm():
-        eng.release_kv_cache()
-        eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
-        eng.cfg.gen_batch_size = args.long_rows
-        eng._kv_shape = None  # a new cache shape: this arm's declared set
-        dec = eng._decoder()
-        dtype = next(iter(eng.layers.values())).base.weight.dtype
-        dims, cap = (dec.n_layers, dec.n_kv, dec.head_dim), kv_capacity(eng.cfg.max_model_len)
-        # what either cache kind needs for long_budget_rows full-length rows (paged: their pages and the trash page,
-        # without which the CPU default of one row held no row at all; static: that many slots)
-        budget = max(cache_bytes("paged", dims, dtype, (0, cap, long_budget_rows * cap // PAGE)),
-                     cache_bytes("static", dims, dtype, (long_budget_rows, cap, 0)))
+        if seven_b:  # the 7B config's own cache (its slots, max_model_len and budget): the run's, already warm
+            budget = eng.kv_budget_bytes()
+        else:
+            eng.release_kv_cache()
+            eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
+            eng.cfg.gen_batch_size = args.long_rows
+            eng._kv_shape = None  # a new cache shape: this arm's declared set
+            dec = eng._decoder()
+            dtype = next(iter(eng.layers.values())).base.weight.dtype
+            dims, cap = (dec.n_layers, dec.n_kv, dec.head_dim), kv_capacity(eng.cfg.max_model_len)
+            # what either cache kind needs for long_budget_rows full-length rows (paged: their pages and the trash
+            # page, without which the CPU default of one row held no row at all; static: that many slots)
+            budget = max(cache_bytes("paged", dims, dtype, (0, cap, long_budget_rows * cap // PAGE)),
+                         cache_bytes("static", dims, dtype, (long_budget_rows, cap, 0)))
         eng.kv_budget_bytes = lambda: budget
         try:
             # one short row first: the cache is allocated and (compiled) its declared set warmed, outside the timing
@@ -471,13 +601,17 @@ def main() -> None:
               f"{eng.kv_preemptions - pre0} preempted", file=sys.stderr)
         return sum(long_lens) / t, live, eng.kv_preemptions - pre0
 
-    long_tok_s, long_live, long_pre = long_arm()
+    long_tok_s = long_live = long_pre = None
+    if not quick_7b:
+        say(f"long rows: {args.long_rows} rows, long-tailed lengths up to {args.long_max}")
+        long_tok_s, long_live, long_pre = long_arm()
     comp = eng.decode_compile
     compile_s, graphs = (comp.compile_s, comp.graphs) if comp else (0.0, 0)
     cuda_graphs, after = (comp.cuda_graphs, comp.after_warmup) if comp else (0, 0)
     host_us = 1e6 * eng.host_s / max(1, eng.row_tokens)
     long_static = (None, None, None)
-    if args.long_static and eng.cfg.kv_cache != "static":  # after the compile figures: its own graphs and warm-up
+    if args.long_static and not seven_b and eng.cfg.kv_cache != "static":  # after the compile figures: its own
+        # graphs and warm-up
         kind = eng.cfg.kv_cache
         eng.cfg.kv_cache = "static"
         if eng.decode_compile is not None:
@@ -490,8 +624,13 @@ def main() -> None:
             eng._kv_shape = None
         print(f"long rows: {eng.cfg.kv_cache} over static {long_tok_s / long_static[0]:.2f}x tok/s, "
               f"{long_live / long_static[1]:.2f}x rows per step", file=sys.stderr)
+    say("decode_capacity_ratio")
     capacity = decode_capacity_ratio(eng, args)
-    capacity_ratio = capacity[eng.cfg.kv_cache]
+    capacity_ratio = capacity[run_kind]
+    tail_rows, tail_long, tail_short = args.long_tail or (eng.cfg.gen_batch_size if seven_b else 48, 8096, 512)
+    say(f"long_tail_step_ratio: {tail_rows} rows, one at {tail_long} positions and the rest at {tail_short}")
+    tail_ratio = long_tail_step_ratio(eng, tail_rows, tail_long, tail_short)
+    say(f"long_tail_step_ratio = {tail_ratio:.2f}")
     allocations = None if args.quick else kv_cache_allocations(eng, prompt, rows)
     trainer_s = None
     n_trainer = args.trainer_steps if args.trainer_steps is not None else (3 if cuda and args.shape == "small" else 0)
@@ -523,7 +662,11 @@ def main() -> None:
         "train_tok_s": r(train_tok_s, 1), "train_peak_gib": r(train_peak_gib, 2),
         "decode_capacity_ratio": r(capacity_ratio), "decode_capacity_ratio_static": r(capacity["static"]),
         "paged_step_over_static": r(capacity["paged_over_static"]), "kv_cache_allocations": allocations,
-        "trainer_step_s": r(trainer_s, 2), "wall_s": round(time.perf_counter() - t_start),
+        "trainer_step_s": r(trainer_s, 2), "warmups_after_first_step": warmups_after_first,
+        "cuda_graphs_per_step": r(cuda_graphs_per_step), "long_tail_step_ratio": r(tail_ratio),
+        "long_tail_rows": tail_rows, "kv_cache_slots": run_slots, "max_model_len": run_len,
+        "vocab": int(eng._vocab_key.shape[0]),
+        "wall_s": round(time.perf_counter() - t_start),
     }))
 
 

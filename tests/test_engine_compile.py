@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from test_engine_helpers import tiny_engine
-from lorapop.engine import SamplingParams
+from lorapop.engine import SamplingParams, TrainSample
 
 
 def _run_shaped_calls(seed: int = 0, n_slots: int = 8):
@@ -47,7 +47,8 @@ def test_compiled_once_before_the_first_step_then_never_again():
     counters.clear()
     eager = tiny_engine(gen_batch_size=8, max_model_len=512, kv_cache="static")
     compiled = tiny_engine(gen_batch_size=8, max_model_len=512, compile=True, compile_nucleus=True, kv_cache="paged")
-    assert compiled.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0}
+    assert compiled.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0,
+                                      "perf/warmups": 0}
     rng, n_eos = random.Random(1), 0
     for k, (prompts, ids, p, seeds) in enumerate(_run_shaped_calls()):
         want = eager.generate(prompts, ids, p, seeds)
@@ -68,12 +69,23 @@ def test_compiled_once_before_the_first_step_then_never_again():
             eager.eos_ids = compiled.eos_ids = sorted(set(eager.eos_ids) | eos)
     assert n_eos > 0  # EOS did stop rows
     assert compiled.kv_cache_allocations == 1
+    # Rounds of a run: generate, then train_step on what it made, again: the update runs beside the run's one cache
+    # (same tensors, same address), so nothing is warmed up, compiled or recorded after the first round
+    cache, ptr = compiled._cache, compiled._cache.k[0].data_ptr()
+    before = compiled.pop_metrics()
+    assert before["perf/warmups"] == compiled.decode_compile.warm_ups == 1
+    for prompts, ids, p, seeds in _run_shaped_calls(seed=1)[:3]:
+        outs = compiled.generate(prompts, ids, p, seeds)
+        compiled.train_step([TrainSample(c.prompt_ids, c.token_ids, max(a, 0), 1.0 - 2 * (j % 2))
+                             for j, (c, a) in enumerate(zip(outs, ids))])
+        assert compiled.pop_metrics() == before and compiled.decode_compile.after_warmup == 0
+        assert compiled._cache is cache and cache.k[0].data_ptr() == ptr and compiled.kv_cache_allocations == 1
     # A row over engine.max_model_len is refused: the cache never grows in a run
     long = [[1] + [rng.randint(3, 900) for _ in range(600)]]
     p = SamplingParams(max_new_tokens=8, greedy=True)
     with pytest.raises(ValueError, match="over engine.max_model_len=512"):
         compiled.generate(long, [1], p)
-    assert compiled.kv_cache_allocations == 1
+    assert compiled.kv_cache_allocations == 1 and compiled.pop_metrics() == before
     # Without max_model_len a row past the capacity makes a longer cache, whose shape is symbolic too: warmed again,
     # compiled never
     eager.cfg.max_model_len = compiled.cfg.max_model_len = 0
@@ -98,6 +110,28 @@ def test_compiled_once_before_the_first_step_then_never_again():
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert compiled.pop_metrics()["perf/graphs"] == counters["stats"]["unique_graphs"] == 2
     assert compiled.decode_compile.after_warmup == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs are recorded only on a GPU")
+def test_rounds_record_no_cuda_graph_after_the_first_on_cuda():
+    """On CUDA the compiled step's graphs read the KV cache at its address: over generate/train_step rounds the cache
+    stays, so the first round's warm-up records the declared set and no later round warms up or records again."""
+    from test_engine_helpers import tiny_llama
+
+    from lorapop.engine import EngineConfig, TorchEngine
+
+    model, tok = tiny_llama(0)
+    eng = TorchEngine(model, tok, 3, EngineConfig(rank=4, lora_alpha=8, device="cuda", dtype="float32",
+                                                  gen_batch_size=4, max_model_len=512, compile=True), seed=0)
+    for k, (prompts, ids, p, seeds) in enumerate(_run_shaped_calls(n_slots=4)[:4]):
+        outs = eng.generate(prompts, ids, p, seeds)
+        eng.train_step([TrainSample(c.prompt_ids, c.token_ids, max(a, 0), 1.0 - 2 * (j % 2))
+                        for j, (c, a) in enumerate(zip(outs, ids))])
+        m = eng.pop_metrics()
+        if k == 0:
+            first = m
+            assert m["perf/cuda_graphs"] == eng.decode_shapes().recorded > 0 and m["perf/warmups"] == 1
+        assert m == first and eng.decode_compile.after_warmup == 0 and eng.kv_cache_allocations == 1
 
 
 def test_declared_set_covers_every_bucket_the_batcher_can_pick():

@@ -155,7 +155,8 @@ def test_train_steps_equal_the_one_engine_and_replicas_stay_identical(engines):
     _assert_same_state(one, two, 2)
     assert not torch.equal(one.get_adapter(0)[next(iter(before))][1], before[next(iter(before))][1])
     # the replicas' engine metrics reach the trainer as the one engine's do (compile off here: nothing compiled)
-    assert two.pop_metrics() == one.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0}
+    assert two.pop_metrics() == one.pop_metrics() == {"perf/compile_s": 0.0, "perf/graphs": 0, "perf/cuda_graphs": 0,
+                                                         "perf/warmups": 0}
 
     # bad input is refused before any replica sees it, and nothing is lost
     with pytest.raises(IndexError, match="adapter index 7 out of range"):

@@ -129,8 +129,10 @@ class EngineConfig:
     max_model_len: int = field(default=0, metadata={
         "help": "Tokens (prompt + max_new_tokens) the KV cache holds per row, fixed for the run (vLLM's name): the "
                 "cache is allocated once, with this capacity and gen_batch_size slots (fewer where the budget holds "
-                "fewer), and reused by every generate call. 0: the first call's longest row, rounded up to 256. "
-                "A longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
+                "fewer), and kept for the whole run, through every update (lorapop/engine/kvsize.py sizes it). A row "
+                "(prompt + max_new_tokens) over it is refused, never grows the cache; the trainer keeps its prompts "
+                "within max_model_len - max_new_tokens. 0: the first call's longest row, rounded up to 256, and a "
+                "longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
                 "records its CUDA graphs again)."})
     kv_cache: str = field(default="auto", metadata={
         "help": "backend torch: the KV cache's layout (auto | paged | static). paged (vLLM's PagedAttention, "

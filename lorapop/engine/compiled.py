@@ -15,8 +15,11 @@ from its cache, every shape the step can meet and makes it ready at once, as vLL
   bucket); the attention lengths are bucketed to powers of two there (a step reads at most twice what it attends,
   one graph per doubling, not per length), and every one of them is recorded at warm-up;
 - off CUDA the length needs no bucket beyond 64 positions (no graph is recorded per length);
-- the cache's slots and capacity are symbolic as well (decode.StaticKVCache), so a cache that grows (a row past
-  ``engine.max_model_len``) compiles nothing; on CUDA its graphs are recorded again, in a warm-up of its own.
+- the cache's slots and capacity are symbolic as well (decode.StaticKVCache), so a cache of another shape compiles
+  nothing; on CUDA its graphs are recorded again, in a warm-up of its own. A run never meets one: with
+  ``engine.max_model_len`` set the engine allocates its cache once and keeps it through every update (a row over
+  the length is refused), so the warm-up runs in the first generate and never again (``perf/warmups`` stays 1,
+  ``perf/cuda_graphs`` stays at the declared set's count).
 
 :class:`CompileStats` counts what torch compiled and recorded (through dynamo's compile callbacks), so the engine
 reports ``perf/compile_s`` and ``perf/graphs`` every step and warns, naming ``engine.compile``, about any compile
@@ -198,6 +201,7 @@ class CompiledDecode:
         self.step = compile_decode_step(fn, device)
         self.warm: tuple[DecodeShapes, int] | None = None  # (declared set, cache allocation) last warmed
         self.compile_s, self.graphs, self.cuda_graphs, self.warm_up_s, self.after_warmup = 0.0, 0, 0, 0.0, 0
+        self.warm_ups = 0  # warm-ups run: one per run, since the run keeps one cache (TorchEngine._kv_cache)
 
     @contextmanager
     def call(self, batcher, cache, allocation: int):
@@ -215,6 +219,7 @@ class CompiledDecode:
 
     def _warm_up(self, batcher, shapes: DecodeShapes, before):
         t0 = time.perf_counter()
+        self.warm_ups += 1
         batcher.warm_up(shapes.shapes, calls=3 if shapes.cuda_graphs else 1)  # CUDA graph trees: warm, record, replay
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

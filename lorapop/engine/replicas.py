@@ -160,9 +160,7 @@ class _Replica:
         import torch.distributed as dist
 
         e = self.engine
-        if e.device.type == "cuda":
-            e.release_kv_cache()
-        e.optimizer.zero_grad()
+        e.optimizer.zero_grad()  # the KV cache stays, as in TorchEngine.train_step
         local = e.accumulate_gradients(samples, {a: t["n_tokens"] for a, t in totals.items()}) if samples else {}
         if reduce:  # every replica joins, with zeros when its share moved no gradient
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in e._params]

@@ -122,12 +122,12 @@ class TorchEngine:
 
     def pop_metrics(self) -> dict[str, float]:
         """engine.compile's cumulative figures: seconds torch spent compiling and recording the decode step
-        (``perf/compile_s``), the graphs it compiled (``perf/graphs``) and the CUDA graphs it recorded
-        (``perf/cuda_graphs``); all 0 with compile off. (No weight sync to time: generation and the update share
-        the weights.)"""
+        (``perf/compile_s``), the graphs it compiled (``perf/graphs``), the CUDA graphs it recorded
+        (``perf/cuda_graphs``) and the warm-ups it ran (``perf/warmups``: 1 in a run, whose cache is made once); all
+        0 with compile off. (No weight sync to time: generation and the update share the weights.)"""
         c = self.decode_compile
         return {"perf/compile_s": round(c.compile_s, 3) if c else 0.0, "perf/graphs": c.graphs if c else 0,
-                "perf/cuda_graphs": c.cuda_graphs if c else 0}
+                "perf/cuda_graphs": c.cuda_graphs if c else 0, "perf/warmups": c.warm_ups if c else 0}
 
     def close(self) -> None:
         """Remove the LoRA layers from the model (it becomes the plain base again)."""
@@ -518,8 +518,8 @@ class TorchEngine:
         importance weight against the sampler's log-probs (1 without them). Returns per adapter {"loss",
         "grad_norm" (before clipping), "n_tokens", "n_samples", "entropy", "logprob_mismatch", "is_capped_frac",
         "is_ratio_mean", "n_scored", "n_compared"} (see accumulate_gradients)."""
-        if self.device.type == "cuda":
-            self.release_kv_cache()  # its memory goes to the update's activations
+        # The KV cache stays: the run's one cache, at one address, which the compiled step's CUDA graphs read in
+        # place; the memory plan (lorapop/engine/kvsize.py) sized it to leave the update's peak beside it.
         self.optimizer.zero_grad()
         return self.apply_step(self.accumulate_gradients(samples))
 
