@@ -149,6 +149,6 @@ def test_auto_pages_only_when_the_budget_cannot_hold_every_row_at_full_length():
     tight.cfg.kv_cache_gib = _budget(tight, 3 * 256 // PAGE)  # three rows at the full length
     tight.generate([[1, 2, 3]], [0], p)
     assert isinstance(tight._cache, PagedKVCache) and tight._cache.n_slots == 4
-    tight.cfg.kv_cache_gib = 4.0
-    tight.generate([[1] * 300], [0], p)  # a longer row: a longer cache, of the run's kind
+    tight.cfg.kv_cache_gib, tight.cfg.max_model_len = 4.0, 0
+    tight.generate([[1] * 300], [0], p)  # without max_model_len a longer row: a longer cache, of the run's kind
     assert isinstance(tight._cache, PagedKVCache) and tight._cache.max_len == 512
