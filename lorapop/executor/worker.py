@@ -83,13 +83,17 @@ def _write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
-def _read_all(fd):
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
+def _read_exact(fd, n):
+    """``n`` bytes, or fewer if the writer closed first (reads of exactly what is left: no large buffer to fault in,
+    which in a freshly forked child costs more than the read)."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
         if not chunk:
-            return b"".join(chunks)
+            break
         chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _short(text, n=300):
@@ -125,7 +129,7 @@ def unpack_result(data):
     return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
 
 
-def _child(cfg, code_fd, res_fd, cpu_s):
+def _child(cfg, code_fd, res_fd, cpu_s, size):
     """Runs in the forked child; never returns."""
     status, value, error = "crashed", None, None
     try:
@@ -153,7 +157,7 @@ def _child(cfg, code_fd, res_fd, cpu_s):
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
         os.chdir(cfg["work"])
-        code = _read_all(code_fd).decode("utf-8", "surrogatepass")
+        code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
         os.close(code_fd)
         out = _CappedOut(cfg["max_output_chars"])
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
@@ -290,7 +294,7 @@ def _run_one(req, fds, cfg, state):
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
-        _child(cfg, code_fd, res_fd, cpu_s)
+        _child(cfg, code_fd, res_fd, cpu_s, int(req.get("size", 0)))
     os.close(code_fd)
     os.close(res_fd)
     if not cfg["pid1"]:
@@ -399,7 +403,7 @@ def _serve_one(ctl, run_cfg, state):
     request, its report: exit status, duration) is still in a frame when the next run is forked: a program can walk
     the frames above its own, and a value left there would carry information from one run to the next."""
     try:
-        data, fds, _, _ = socket.recv_fds(ctl, 65536, 2)
+        data, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
     except OSError:
         return False
     if not data:
