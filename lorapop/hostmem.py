@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import weakref
 from typing import Any
 
 
@@ -31,6 +32,27 @@ def _libc() -> Any:
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A zero-filled CPU tensor whose pages become resident only when touched: an anonymous memory map, which the OS
+    fills with zeros page by page on first access, where ``torch.zeros`` writes (so makes resident) every byte at
+    once. For buffers sized for the worst case and touched only as far as they are used (the KV cache: its rows'
+    real lengths, not its capacity). Transparent huge pages are declined where the OS allows it, so a touch costs
+    one small page, not 2 MB of them. Unmapped when the last tensor viewing it is freed: its pages go straight back
+    to the OS, without malloc_trim."""
+    import math
+    import mmap
+
+    import torch
+
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if n == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, n)
+    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor holds a reference to the map
 
 
 def heap_stats() -> dict[str, float] | None:
@@ -68,17 +90,110 @@ def proc_status_kb(field: str, pid: int | str = "self") -> int | None:
     return None
 
 
-def process_memory() -> dict[str, float]:
-    """Resident and peak resident memory of this process in GB (Linux ``/proc``; elsewhere the peak from
-    ``getrusage``), under verl's metric names ``perf/cpu_memory_used_gb`` and ``perf/cpu_memory_peak_gb``."""
-    rss, hwm = proc_status_kb("VmRSS"), proc_status_kb("VmHWM")
+_peak_before_reset_kb = 0  # the largest VmHWM seen before a reset_peak(): the process's peak survives resets
+
+
+def peak_kb() -> int:
+    """Peak resident memory of this process in kB since it started (across :func:`reset_peak` calls): ``VmHWM`` on
+    Linux, elsewhere ``getrusage``'s maximum."""
+    hwm = proc_status_kb("VmHWM")
     if hwm is None:
         import resource
         import sys
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
         hwm = peak // 1024 if sys.platform == "darwin" else peak
-    out = {"perf/cpu_memory_peak_gb": round(hwm / 2**20, 3)}
+    return max(hwm, _peak_before_reset_kb)
+
+
+_open_windows: "weakref.WeakSet[PeakWindow]" = weakref.WeakSet()
+
+
+def reset_peak() -> bool:
+    """Linux's ``VmHWM`` drops to the current resident size (``5`` written to ``/proc/self/clear_refs``), so the
+    next reading is the peak since now; :func:`peak_kb` keeps the process's, and every open :class:`PeakWindow`
+    keeps its own. False where the kernel does not allow it (off Linux, some sandboxes): VmHWM then only grows."""
+    global _peak_before_reset_kb
+    hwm = proc_status_kb("VmHWM")
+    if hwm is None:
+        return False
+    _peak_before_reset_kb = max(_peak_before_reset_kb, hwm)
+    for w in list(_open_windows):
+        w.fold(hwm)
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return False
+    return True
+
+
+class PeakWindow:
+    """The peak resident memory of this process from the window's opening until it is read, exact however many other
+    windows open inside it (each opening resets VmHWM, see :func:`reset_peak`, after every open window has taken the
+    peak so far). ``exact`` False: the kernel cannot reset VmHWM, and :meth:`peak_kb` is the process's peak so far,
+    which is this window's only where the process's peak rose inside it (:meth:`raised`)."""
+
+    def __init__(self, reset: bool = True) -> None:
+        """``reset`` False: the window starts at the last reset (or the process's start) instead of now."""
+        self._kb = 0
+        self._before = peak_kb() if reset else 0
+        _open_windows.add(self)
+        self.exact = reset_peak() if reset else proc_status_kb("VmHWM") is not None
+
+    def fold(self, hwm_kb: int) -> None:
+        self._kb = max(self._kb, hwm_kb)
+
+    def peak_kb(self) -> int:
+        return max(self._kb, proc_status_kb("VmHWM") or 0) if self.exact else peak_kb()
+
+    def raised(self) -> bool:
+        """Whether this window holds a true figure: always when exact, else when the process's peak rose in it."""
+        return self.exact or peak_kb() > self._before
+
+    def close(self) -> int:
+        kb = self.peak_kb()
+        _open_windows.discard(self)
+        return kb
+
+
+class StagePeaks:
+    """Peak resident memory per named stage: :meth:`begin` closes the open stage and opens the next; :meth:`take`
+    returns the peaks (GB) recorded since the last take, the open stage's so far included, which then goes on in a
+    new window. The first stage, ``first``, runs from the last VmHWM reset (the process's start in a fresh process).
+    Where VmHWM cannot be reset, a stage is recorded only where the process's peak rose in it."""
+
+    def __init__(self, first: str = "start") -> None:
+        self.peaks: dict[str, float] = {}
+        self._name: str | None = first
+        self._win: PeakWindow | None = PeakWindow(reset=False)
+
+    def begin(self, name: str) -> None:
+        self._close()
+        self._name, self._win = name, PeakWindow()
+
+    def _close(self) -> None:
+        if self._win is None or self._name is None:
+            return
+        kb = self._win.close()
+        if self._win.raised():
+            self.peaks[self._name] = max(self.peaks.get(self._name, 0.0), round(kb / 2**20, 3))
+        self._win = None
+
+    def take(self) -> dict[str, float]:
+        name = self._name
+        self._close()
+        out, self.peaks = self.peaks, {}
+        if name is not None:
+            self.begin(name)
+        return out
+
+
+def process_memory() -> dict[str, float]:
+    """Resident and peak resident memory of this process in GB (Linux ``/proc``; elsewhere the peak from
+    ``getrusage``), under verl's metric names ``perf/cpu_memory_used_gb`` and ``perf/cpu_memory_peak_gb``."""
+    rss = proc_status_kb("VmRSS")
+    out = {"perf/cpu_memory_peak_gb": round(peak_kb() / 2**20, 3)}
     if rss is not None:
         out["perf/cpu_memory_used_gb"] = round(rss / 2**20, 3)
     return out
