@@ -201,6 +201,8 @@ class TorchEngine:
             finally:
                 self._ctx.low_precision = False
                 self._ctx.set(None)
+                if self._cache_per_call():
+                    self.release_kv_cache()
         self.host_s += batcher.host_s
         self.row_tokens += batcher.row_tokens
         self.decode_steps += batcher.decode_steps
@@ -301,6 +303,13 @@ class TorchEngine:
                 raise ValueError(f"row {k}: a prompt of {len(p)} tokens + {n - len(p)} new tokens is over "
                                  f"engine.max_model_len={limit} (the KV cache is sized once for the run): shorten the "
                                  "prompt or max_new_tokens, or raise engine.max_model_len")
+
+    def _cache_per_call(self) -> bool:
+        """Eager on CPU the KV cache lives for one generate call: its pages are resident only where that call's rows
+        wrote them (decode.cache_zeros), and dropping it hands them back to the OS at once, so neither the update
+        nor the next call holds them. A new cache costs nothing there (its pages are the OS's zeros). The compiled
+        step keeps one cache for the run (one shape, and on CUDA one address, for its graphs)."""
+        return self.device.type == "cpu" and not self.cfg.compile
 
     def release_kv_cache(self) -> None:
         """Drop the KV cache (the next ``generate`` allocates it again, of the run's shape): for benches and tests
