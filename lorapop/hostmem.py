@@ -40,7 +40,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> Any:
     once. For buffers sized for the worst case and touched only as far as they are used (the KV cache: its rows'
     real lengths, not its capacity). Transparent huge pages are declined where the OS allows it, so a touch costs
     one small page, not 2 MB of them. Unmapped when the last tensor viewing it is freed: its pages go straight back
-    to the OS, without malloc_trim."""
+    to the OS, without malloc_trim; :func:`drop_pages` hands them back while keeping the tensor."""
     import math
     import mmap
 
@@ -49,10 +49,50 @@ def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> Any:
     n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if n == 0:
         return torch.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, n)
+    private = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
+    # private: Python's default anonymous map is shared memory, whose pages MADV_DONTNEED would not free
+    buf = mmap.mmap(-1, n, flags=private[0] | private[1]) if None not in private else mmap.mmap(-1, n)
     if hasattr(buf, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor holds a reference to the map
+    t = torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor holds a reference to the map
+    key = t.data_ptr()
+    _maps[key] = buf
+    weakref.finalize(t, _maps.pop, key, None)
+    return t
+
+
+_maps: dict[int, Any] = {}  # data_ptr -> the memory map of each live lazy_zeros tensor
+
+
+def drop_pages(t: Any) -> bool:
+    """Hand a :func:`lazy_zeros` tensor's pages back to the OS and make it all zeros again (``MADV_DONTNEED`` on
+    its map: the next touch of a page gets a fresh zero page), keeping the tensor and its address. False where it
+    cannot (not such a tensor, or no ``madvise``): the caller drops the tensor instead."""
+    import mmap
+
+    buf = _maps.get(t.data_ptr())
+    if buf is None or not hasattr(buf, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    buf.madvise(mmap.MADV_DONTNEED)
+    return True
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MAP_LARGE_BYTES = 2**20
+
+
+def map_large_allocations(threshold: int = MAP_LARGE_BYTES) -> bool:
+    """Serve every allocation of ``threshold`` bytes or more by its own memory map, returned to the OS when freed
+    (glibc ``mallopt(M_MMAP_THRESHOLD)``). glibc's default raises that threshold to the largest block freed, up to
+    32 MiB, after which activations below it come from the heap, where freed blocks of one size rarely fit the
+    next's: one update of 8 rows x 1060 tokens with checkpointing (float32, embedded model) held 0.98 GB live at
+    its peak and grew resident memory by 5.7 GB that way, 1.5 GB with a 1 MiB threshold (docs/RESULTS.md, "The CPU
+    demo's memory"). False (nothing changes) where the C library is not glibc."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
 
 
 def heap_stats() -> dict[str, float] | None:
@@ -159,9 +199,10 @@ class PeakWindow:
 
 class StagePeaks:
     """Peak resident memory per named stage: :meth:`begin` closes the open stage and opens the next; :meth:`take`
-    returns the peaks (GB) recorded since the last take, the open stage's so far included, which then goes on in a
-    new window. The first stage, ``first``, runs from the last VmHWM reset (the process's start in a fresh process).
-    Where VmHWM cannot be reset, a stage is recorded only where the process's peak rose in it."""
+    returns the peaks (GB) recorded since the last take, in the order the stages ran, the open stage's so far
+    included (what it does after that counts in the process's peak only). The first stage, ``first``, runs from the
+    last VmHWM reset (the process's start in a fresh process). A stage's figure includes what was still resident
+    when it began. Where VmHWM cannot be reset, a stage is recorded only where the process's peak rose in it."""
 
     def __init__(self, first: str = "start") -> None:
         self.peaks: dict[str, float] = {}
@@ -181,11 +222,9 @@ class StagePeaks:
         self._win = None
 
     def take(self) -> dict[str, float]:
-        name = self._name
         self._close()
         out, self.peaks = self.peaks, {}
-        if name is not None:
-            self.begin(name)
+        self._name, self._win = None, PeakWindow()  # the rest of the open stage counts in no stage's figure
         return out
 
 
