@@ -353,8 +353,11 @@ def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedde
     advice = "\n".join(small.advice)
     assert "--engine.gen_batch_size=" in advice
     assert "--engine.gradient_checkpointing=true and --engine.train_micro_batch_size=1 (now 2)" in advice
-    said: list[str] = []
-    monkeypatch.setattr(plan_cpu, "machine_bytes", lambda: tight.memory_bytes)
+    said: list[str] = []  # the check plans at the config's own prompt length, with this process's memory
+    from lorapop import hostmem
+
+    monkeypatch.setattr(hostmem, "proc_status_kb", lambda field, pid="self": proc // 1024)
+    monkeypatch.setattr(plan_cpu, "machine_bytes", lambda: plan_cpu.plan_cpu(cfg, 64 * GIB).update_bytes - 1)
     assert plan_cpu.check_on_cpu(cfg, said.append) is not None
     assert len(said) == 1 and "exceeds" in said[0] and "gradient_checkpointing=true" in said[0]
     assert main(["plan", "cpu_demo", "--cpu", "--memory", "0.01", *SHORT]) == 1
