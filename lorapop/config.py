@@ -284,8 +284,9 @@ class RunConfig:
                                  "0 turns it off")
     probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels")
     probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
-    malloc_trim: bool = doc(True, "hand the C heap's free pages back to the OS (glibc malloc_trim) before each "
-                                  "update and after each step (and checkpoint), so resident memory stays what is live "
+    malloc_trim: bool = doc(True, "hand the C heap's free pages back to the OS (glibc malloc_trim) before and "
+                                  "after each update and after each step (and checkpoint), and serve blocks of 1 MiB "
+                                  "or more by their own memory maps (mallopt), so resident memory stays what is live "
                                   "(lorapop/hostmem.py; on cpu_dynamics without it resident memory swung between "
                                   "2.6 and 7.3 GB of freed-but-kept heap). A no-op where the C library is not "
                                   "glibc")

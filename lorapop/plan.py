@@ -412,6 +412,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reply-tokens", type=int, default=None,
                     help=f"engine.kv_cache paged: also count the rows of prompt + this many reply tokens the cache "
                          f"holds (default {REPLY_TOKENS}, an assumed typical reply, capped at max_new_tokens)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="plan the run on CPU instead: its peak resident memory on this machine (lorapop/plan_cpu.py)")
+    ap.add_argument("--memory", type=float, default=None, metavar="GIB",
+                    help="with --cpu: the memory to plan against (default: what this machine has available now)")
     ap.add_argument("--backends", default=None, metavar="torch,vllm",
                     help="plan for these engine.backend values, one plan each (default: the config's own); exit "
                          "status 0 only when every one fits")
@@ -423,6 +427,8 @@ def run(args: argparse.Namespace, config_path: str) -> int:
 
     try:
         cfg = load_config(config_path, args.overrides)
+        if getattr(args, "cpu", False):
+            return _run_cpu(args, cfg)
         backends = args.backends.split(",") if getattr(args, "backends", None) else [cfg.engine.backend]
         plans = []
         for backend in backends:  # each measured on its own: what is measured depends on the backend
@@ -434,3 +440,14 @@ def run(args: argparse.Namespace, config_path: str) -> int:
         return 2
     print("\n\n".join(p.render() for p in plans))
     return 0 if all(p.fits for p in plans) else 1
+
+
+def _run_cpu(args: argparse.Namespace, cfg: Any) -> int:
+    from lorapop.plan_cpu import machine_bytes, plan_cpu
+
+    memory = int(args.memory * GIB) if args.memory else machine_bytes()
+    if memory is None:
+        raise ConfigError("--cpu: this machine's memory cannot be read; give it with --memory GIB")
+    p = plan_cpu(cfg, memory, args.prompt_tokens)
+    print(p.render())
+    return 0 if p.fits else 1

@@ -31,7 +31,7 @@ ROLE_COLORS = {"teacher": "#d62728", "student": "#1f77b4", "agent": "#9467bd", "
 SECTIONS = [("summary", "Runs"), ("rewards", "Rewards"), ("solve", "Solve rates"), ("probe", "Capability probe"),
             ("validity", "Valid tasks and format errors"), ("complexity", "Program complexity"),
             ("coverage", "Coverage"), ("trueskill", "TrueSkill"), ("lineage", "Lineage"),
-            ("lengths", "Response lengths"), ("timing", "Stage timings"), ("eval", "Evaluation"),
+            ("lengths", "Response lengths"), ("timing", "Stage timings and memory"), ("eval", "Evaluation"),
             ("retention", "Operator retention"), ("config", "Config")]
 
 CSS = """
@@ -471,6 +471,24 @@ def retention_section(run: RunData) -> str:
         series, "Held-out solve rate after the operator", xlabel="steps after the operator", y_range=RATE)]) + table(rows)
 
 
+MEMORY_STAGE = "perf/cpu_memory_peak_gb/"  # + stage: that stage's peak resident memory (lorapop/train/loop.py)
+
+
+def memory_section(run: RunData) -> str:
+    """Peak resident memory per stage (a chart) and, per step, the peak and the stage that reached it (a table);
+    nothing for a run that logged no stage peaks."""
+    keys = sorted(k for k in run.keys() if k.startswith(MEMORY_STAGE))
+    if not keys:
+        return ""
+    chart = line_chart([Series(k[len(MEMORY_STAGE):], run.series(k), color=color(i)) for i, k in enumerate(keys)],
+                       f"Peak resident memory per stage — {run.name}", ylabel="GB")
+    rows = [{"step": m["step"], "peak resident memory (GB)": m.get("perf/cpu_memory_step_peak_gb"),
+             "reached in": m.get("perf/cpu_memory_peak_stage"),
+             "run's peak so far (GB)": m.get("perf/cpu_memory_peak_gb")}
+            for m in run.metrics if "perf/cpu_memory_step_peak_gb" in m]
+    return f"<h3>Memory — {escape(run.name)}</h3>" + _grid([chart]) + table(rows)
+
+
 def _num_or_none(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
@@ -536,7 +554,7 @@ def build_html(runs: list[RunData], notes: list[str]) -> str:
         stages = sorted({k for k in r.keys() if k.startswith("time/")})
         timing.append(line_chart([Series(k[5:], r.series(k), color=color(i)) for i, k in enumerate(stages)],
                                  f"Seconds per stage — {r.name}", ylabel="s", why_empty="no time/* keys"))
-    S["timing"] = _grid(timing)
+    S["timing"] = _grid(timing) + "".join(memory_section(r) for r in runs)
     S["eval"] = eval_comparison(runs) + "".join(f"<h3>{escape(r.name)}</h3>" + (
         json_tables(r.eval) if r.eval is not None else '<p class="muted">no eval.json (run `lorapop eval`)</p>')
         for r in runs)

@@ -74,6 +74,7 @@ LAYERS = {
     "lorapop.config": 3,  # composes every section's config; imports no training, evaluation or reporting
     "lorapop.plan": 4,  # the memory plan: engine code on fake tensors; lorapop train runs it before loading weights
     "lorapop.plan_measure": 4,  # what the plan measures (the fake-tensor phases, the known shapes)
+    "lorapop.plan_cpu": 4,  # the plan of a CPU run (its peak resident memory); lorapop train checks it on CPU
     "lorapop.train": 4, "lorapop.eval": 4, "lorapop.report": 4, "lorapop.report_data": 4, "lorapop.report_svg": 4,
     "lorapop.compare": 5, "lorapop.evolve.retention": 5,  # commands: run training and evaluation themselves
     "lorapop.cli": 6,

@@ -325,3 +325,41 @@ def test_paged_kv_cache_plan_counts_tokens_and_refuses_without_one_full_row(embe
             assert f"or {short} rows of {embedded.prompt_tokens} + 8" in pl.notes["KV cache"]
             # auto where the static cache does not fit: it pages
             assert assemble(dataclasses.replace(embedded, reply_tokens=8), gpu).notes["KV cache"].startswith("paged, ")
+
+
+def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedded, monkeypatch, capsys):
+    """`lorapop plan --cpu` and the check `lorapop train` makes on CPU: the KV cache counts the rows of the largest
+    generate call (not gen_batch_size slots), the update the configured micro-batch, and a memory too small for
+    either gets the setting that lowers it, before step 1."""
+    from lorapop import plan_cpu
+    from lorapop.cli import main
+
+    cfg = _small("cpu_demo", "--engine.gradient_checkpointing=false")
+    assert plan_cpu.generate_rows(cfg) == {"propose": 2 * 3 * 4, "solve": 2 * 3 * 4 * 2}
+    monkeypatch.setattr(plan_cpu, "measured_cached", lambda cfg, prompt_tokens: embedded)
+    proc = GIB // 4
+
+    def at(gib_bytes):
+        return plan_cpu.plan_cpu(cfg, int(gib_bytes), 128, process_bytes=proc)
+
+    big = at(64 * GIB)
+    m = embedded.phases
+    assert big.fits and big.phases["KV cache (largest generate call)"] == 48 * (128 + 64) * m["kv_token"]
+    resident = proc + m["base"] + m["adapters"] + m["copies"]
+    assert big.update_bytes == resident + m["train"] and big.peak_bytes == max(big.update_bytes, big.generation_bytes)
+    tight = at(big.update_bytes - 1)
+    assert not tight.fits and "--engine.gradient_checkpointing=true" in "\n".join(tight.advice)
+    small = at(resident + m["train_ckpt"] * 3 // 4)  # one row of the two per micro-batch, checkpointed
+    advice = "\n".join(small.advice)
+    assert "--engine.gen_batch_size=" in advice
+    assert "--engine.gradient_checkpointing=true and --engine.train_micro_batch_size=1 (now 2)" in advice
+    said: list[str] = []  # the check plans at the config's own prompt length, with this process's memory
+    from lorapop import hostmem
+
+    monkeypatch.setattr(hostmem, "proc_status_kb", lambda field, pid="self": proc // 1024)
+    monkeypatch.setattr(plan_cpu, "machine_bytes", lambda: plan_cpu.plan_cpu(cfg, 64 * GIB).update_bytes - 1)
+    assert plan_cpu.check_on_cpu(cfg, said.append) is not None
+    assert len(said) == 1 and "exceeds" in said[0] and "gradient_checkpointing=true" in said[0]
+    assert main(["plan", "cpu_demo", "--cpu", "--memory", "0.01", *SHORT]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+    assert main(["plan", "cpu_demo", "--cpu", "--memory", "64", *SHORT]) == 0

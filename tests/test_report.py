@@ -123,6 +123,24 @@ def test_truncated_and_corrupt_metrics_lines(runs, tmp_path):
     assert 'class="noplot"' not in html
 
 
+def test_peak_memory_per_stage_and_the_stage_that_reached_it(runs, tmp_path):
+    """A run that logged its stages' peaks (lorapop/train/loop.py) gets their chart and, per step, the peak and its
+    stage; the fixture runs, which logged none, get neither (test_one_run_has_every_section_and_plot)."""
+    run = _copy(runs["pop"], tmp_path / "mem")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        stages = {"start": 0.9, "propose": 1.5, "solve": 1.75 + m["step"] / 100, "update": 1.25}
+        top = max(stages, key=stages.__getitem__)
+        m.update({f"perf/cpu_memory_peak_gb/{k}": v for k, v in stages.items()},
+                 **{"perf/cpu_memory_step_peak_gb": stages[top], "perf/cpu_memory_peak_stage": top,
+                    "perf/cpu_memory_peak_gb": 1.75 + m["step"] / 100})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    html = write_report([run]).read_text()
+    assert "Peak resident memory per stage" in html and "<title>update</title>" in html
+    assert re.search(r'<td class="num">3</td><td class="num">1\.78</td><td>solve</td>', html)
+    assert html.count('<svg class="plot') == 35 and 'class="noplot"' not in html
+
+
 def test_resumed_run_keeps_the_later_copy_of_a_step(runs, tmp_path):
     run = _copy(runs["pop"], tmp_path / "resumed")
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)

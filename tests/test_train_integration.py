@@ -89,6 +89,12 @@ def test_two_population_steps_with_a_pbt_round(tmp_path):
     assert all(f"trueskill/{r}/mu" in metrics[1] for r in replaced)  # logged at its last step, then forgotten
     for m in metrics:  # verl's names; after run.malloc_trim, resident memory is at most the peak
         assert 0 < m["perf/cpu_memory_used_gb"] <= m["perf/cpu_memory_peak_gb"]
+        # each stage's peak; the step's is the largest, named, and never above the run's
+        stages = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("perf/cpu_memory_peak_gb/")}
+        assert {"propose", "solve", "update", "log"} <= set(stages)
+        assert m["perf/cpu_memory_step_peak_gb"] == max(stages.values()) <= m["perf/cpu_memory_peak_gb"]
+        assert stages[m["perf/cpu_memory_peak_stage"]] == m["perf/cpu_memory_step_peak_gb"]
+    assert "start" in {k.rsplit("/", 1)[1] for k in metrics[0] if k.startswith("perf/cpu_memory_peak_gb/")}
     # the update scores what was sampled, at its temperature: on the same weights the mismatch is rounding
     # (float32; a bfloat16 base decodes through another LoRA compute path, so only its presence is checked there)
     dtype = yaml.safe_load((run / "config.yaml").read_text())["engine"]["dtype"]

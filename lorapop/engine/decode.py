@@ -35,6 +35,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+from lorapop.hostmem import lazy_zeros
 
 from .lora import MultiLoRALinear
 
@@ -140,13 +143,23 @@ def kv_capacity(tokens: int, max_model_len: int = 0) -> int:
     return -(-max(int(tokens), int(max_model_len)) // KV_ROUND) * KV_ROUND
 
 
+def cache_zeros(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+    """One layer's K or V cache, zero-filled. On CPU its pages become resident only where rows write (or attention
+    reads) them (:func:`lorapop.hostmem.lazy_zeros`): a cache sized for ``gen_batch_size`` rows of the longest
+    length holds in memory about what the call's rows really reach, not its capacity. Elsewhere, and under a
+    dispatch mode (lorapop plan's fake tensors count what an op allocates), ``torch.zeros``."""
+    if torch.device(device).type == "cpu" and not is_in_torch_dispatch_mode():
+        return lazy_zeros(shape, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class StaticKVCache:
     """``k[l], v[l]: [n_slots, n_kv_heads, max_len + 1, head_dim]``; index ``max_len`` is the trash column."""
 
     def __init__(self, n_layers: int, n_slots: int, n_kv: int, head_dim: int, max_len: int, dtype, device) -> None:
         shape = (n_slots, n_kv, max_len + 1, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.k = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
+        self.v = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
         self.n_slots, self.max_len, self.trash = n_slots, max_len, max_len
         self.index = torch.arange(max_len + 1, device=device)  # cache indices; span() hands out its prefixes
         # Slots and capacity symbolic for a compiled step: a cache of another shape (a row that outgrew the

@@ -50,7 +50,7 @@ from collections import OrderedDict
 import torch
 
 from .batching import ContinuousBatcher
-from .decode import StaticKVCache, kv_capacity
+from .decode import StaticKVCache, cache_zeros, kv_capacity
 
 PAGE = 16  # positions per page (vLLM's default block size); divides KV_ROUND, so a capacity is whole pages
 
@@ -70,8 +70,8 @@ class PagedKVCache:
             raise ValueError(f"a paged cache of {n_pages} pages of {page} cannot hold one row of {max_len} "
                              "positions (a whole number of pages)")
         shape = ((n_pages + 1) * page, n_kv, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.k = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
+        self.v = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
         self.n_slots, self.max_len, self.trash = n_slots, max_len, max_len
         self.page, self.n_pages, self.trash_page = page, n_pages, n_pages
         self.table = torch.full((n_slots, max_len // page + 1), n_pages, dtype=torch.long, device=device)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from lorapop.hostmem import drop_pages
 from lorapop.progress import progress
 
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_generate_args,
@@ -201,6 +202,8 @@ class TorchEngine:
             finally:
                 self._ctx.low_precision = False
                 self._ctx.set(None)
+                if self._cache_per_call():
+                    self._drop_kv_pages()
         self.host_s += batcher.host_s
         self.row_tokens += batcher.row_tokens
         self.decode_steps += batcher.decode_steps
@@ -301,6 +304,19 @@ class TorchEngine:
                 raise ValueError(f"row {k}: a prompt of {len(p)} tokens + {n - len(p)} new tokens is over "
                                  f"engine.max_model_len={limit} (the KV cache is sized once for the run): shorten the "
                                  "prompt or max_new_tokens, or raise engine.max_model_len")
+
+    def _cache_per_call(self) -> bool:
+        """Eager on CPU the KV cache holds memory for one generate call only: its pages are resident only where that
+        call's rows wrote them (decode.cache_zeros) and go back to the OS when it returns (:meth:`_drop_kv_pages`),
+        so neither the update nor the next call holds them. The compiled step keeps its cache's pages (one cache for
+        the run, and on CUDA one address, for its graphs)."""
+        return self.device.type == "cpu" and not self.cfg.compile
+
+    def _drop_kv_pages(self) -> None:
+        """The cache's pages back to the OS, the cache kept (all zeros again, at the same addresses); where the OS
+        cannot do that, the cache itself is dropped (the next call allocates it again)."""
+        if self._cache is not None and not all(drop_pages(t) for t in self._cache.k + self._cache.v):
+            self.release_kv_cache()
 
     def release_kv_cache(self) -> None:
         """Drop the KV cache (the next ``generate`` allocates it again, of the run's shape): for benches and tests

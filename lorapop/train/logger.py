@@ -17,6 +17,12 @@ SHOWN = ("valid_rate", "format_error_rate", "student/matched_solve_rate", "stude
          "teacher/reward", "student/reward", "teacher/zero_adv_group_frac", "student/zero_adv_group_frac")
 
 
+def memory_peak(metrics: dict[str, Any]) -> str:
+    """The step's peak resident memory and the stage that reached it, e.g. ``1.83 GB (update)``; "" without them."""
+    gb, stage = metrics.get("perf/cpu_memory_step_peak_gb"), metrics.get("perf/cpu_memory_peak_stage")
+    return f"{gb:.2f} GB ({stage})" if isinstance(gb, (int, float)) and stage else ""
+
+
 class Progress:
     """Step, stage, valid rate, solve rates, rewards and time per stage: a rich live table on a terminal, plain
     lines elsewhere (CI logs), nothing with mode 'none'."""
@@ -54,6 +60,8 @@ class Progress:
         for key in SHOWN:
             if key in self.last:
                 t.add_row(key, f"{self.last[key]:.3f}")
+        if memory_peak(self.last):
+            t.add_row("peak memory", memory_peak(self.last))
         for stage, sec in self.stage_times.items():
             t.add_row(f"time/{stage}", f"{sec:.1f}s")
         if self.work is not None:
@@ -79,7 +87,8 @@ class Progress:
         elif self.mode == "plain":
             parts = [f"{k}={metrics[k]:.3f}" for k in SHOWN if isinstance(metrics.get(k), (int, float))]
             times = " ".join(f"{k}={v:.1f}s" for k, v in stage_times.items())
-            print(f"[step {step}/{self.total}] {' '.join(parts)} | {times}", file=self.stream, flush=True)
+            mem = f" | peak memory {memory_peak(metrics)}" if memory_peak(metrics) else ""
+            print(f"[step {step}/{self.total}] {' '.join(parts)} | {times}{mem}", file=self.stream, flush=True)
 
     def message(self, text: str) -> None:
         if self.live is not None:

@@ -13,7 +13,7 @@ from lorapop.configlib import ConfigError, to_dict
 from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
 from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
-from lorapop.hostmem import process_memory, release_free_memory
+from lorapop.hostmem import StagePeaks, map_large_allocations, process_memory, release_free_memory
 from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.buffer import TaskBuffer
@@ -60,8 +60,10 @@ def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path,
     created with its resolved config.yaml first, so a kill from here on leaves a directory that ``--resume`` takes.
     """
     from lorapop.plan import check_on_cuda
+    from lorapop.plan_cpu import check_on_cpu
 
     check_on_cuda(cfg)  # on CUDA: refuse, before any weights load, a config whose update cannot fit the GPU
+    check_on_cpu(cfg, note)  # on CPU: warn, before any weights load, when the run's peak exceeds the free memory
     rd = RunDir(Path(cfg.run.output_dir) / cfg.run.name)
     if rd.resumable():
         if not resume:
@@ -104,6 +106,9 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, *, resume: bool = False, engine: Engine | None = None,
                  executor: Executor | None = None):
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        self.stage_peaks = StagePeaks()  # loading the engine and the sandbox count as the stage "start"
+        if cfg.run.malloc_trim:
+            map_large_allocations()  # large buffers go back to the OS when freed, not into a fragmented heap
         self._owned: list[Any] = []  # closed by close(), last opened first
         self.progress: Progress | None = None
         self.logger: MetricsLogger | None = None
@@ -237,6 +242,8 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> None:
         if self.step == 0:
+            if self.probe_log is not None:
+                self.stage_peaks.begin("probe")
             self.probe(0)  # the members as they start: each probe curve's first point
         while self.step < self.cfg.run.steps:
             self.train_step(self.step + 1)
@@ -249,6 +256,7 @@ class Trainer:
 
         def stage(name: str):
             self.progress.begin_stage(step, name)
+            self.stage_peaks.begin(name)
             times[name] = time.perf_counter()
 
         def done(name: str):
@@ -291,6 +299,8 @@ class Trainer:
         # lr 0 (the no-update arm of bench/arms.py): AdamW would leave every weight where it is (its decay is scaled
         # by lr too), so the update is skipped rather than paid for; sampling, rewards and ratings are unchanged
         train_stats = stages.update(self.engine, batch) if cfg.engine.lr > 0 else {}
+        if cfg.run.malloc_trim:  # the update's freed activations go back now, not at the step's end
+            release_free_memory()
         done("update")
 
         stage("rate")
@@ -341,12 +351,21 @@ class Trainer:
         self.progress.end_step(step, metrics, times)
         return metrics
 
-    def memory_metrics(self) -> dict[str, float]:
+    def memory_metrics(self) -> dict[str, Any]:
         """verl's ``perf/`` memory figures after the step's work (and, with ``run.malloc_trim``, the C heap's free
-        pages handed back first, so ``perf/cpu_memory_used_gb`` is what the run holds, not what malloc kept)."""
+        pages handed back first, so ``perf/cpu_memory_used_gb`` is what the run holds, not what malloc kept), and
+        the peak resident memory of each stage since the last step's: ``perf/cpu_memory_peak_gb/<stage>``, their
+        largest ``perf/cpu_memory_step_peak_gb`` and the first stage that reached it ``perf/cpu_memory_peak_stage``.
+        The checkpoint written after a step's metrics counts in the next step's (and loading the run in the first's,
+        as ``start``)."""
+        peaks = self.stage_peaks.take()
         if self.cfg.run.malloc_trim:
             release_free_memory()
-        out = process_memory()
+        out: dict[str, Any] = process_memory()
+        if peaks:
+            top = max(peaks, key=peaks.__getitem__)
+            out["perf/cpu_memory_step_peak_gb"], out["perf/cpu_memory_peak_stage"] = peaks[top], top
+            out.update({f"perf/cpu_memory_peak_gb/{k}": v for k, v in peaks.items()})
         if str(self.cfg.engine.device).startswith("cuda"):
             import torch
 

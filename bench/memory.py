@@ -1,0 +1,225 @@
+"""Peak resident memory of a `cpu_demo` step, per stage and per part of a stage.
+
+    .venv/bin/python bench/memory.py [--config cpu_demo] [--steps 1] [--keep DIR] [-- --engine.gen_batch_size=32 ...]
+
+Runs the shipped `cpu_demo` config (or ``--config``, a shipped name or a YAML file) for ``--steps`` steps (default
+1) in this process and reads Linux's ``VmHWM`` in
+windows (lorapop/hostmem.py, ``PeakWindow``): one per stage of the step (the trainer's own stages, loading the run
+included as ``start``) and one per part inside them, the engine's methods wrapped here: the KV cache's allocation,
+the prefill and decode of generation, the update's forward (``_response_logprobs`` under autograd), its chunked
+log-softmax (``scoring``, also run again inside backward, where each chunk is checkpointed), the backward and the
+optimizer step. Each figure is the whole process's peak resident memory inside that window (everything resident,
+the base model included), not what the part added. Resident memory, not timings: figures stand on a shared machine.
+
+Last line: JSON with ``peak_gb`` (the process's peak over the run), ``stage_peaks_gb`` (stage -> GB),
+``part_peaks_gb`` ("stage/part" -> GB), ``rss_after_load_gb``, ``s_per_step``, ``plan_gb`` (`lorapop plan --cpu`'s
+peak for the same config, its process taken as this one's before the run loaded), ``plan_over_measured``,
+``longest_prompt`` and ``longest_update_row`` (tokens: what the plan's ``--prompt-tokens`` stands for); with
+``--compare-update R`` also the last generate call's and update's seconds and added peak before and after this
+fix, interleaved (``compare_s``, ``generate_after_over_before``, ``update_after_over_before``,
+``step_after_over_before``, ``compare_added_gb``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lorapop import hostmem  # noqa: E402
+from lorapop.config import load_config, resolve_config_path  # noqa: E402
+
+GB = 2**20  # kB per GB (as perf/cpu_memory_peak_gb counts them)
+
+
+class Windows:
+    """Peak resident memory per label: the label is ``stage`` or ``stage/part``; a part's window closes its stage's
+    window for its duration and the stage's reopens after it, so every moment counts under exactly one label."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        self.stage, self.parts, self.closed = "start", [], False
+        self.win = hostmem.PeakWindow(reset=False)
+
+    def label(self) -> str:
+        return "/".join([self.stage, *self.parts[-1:]])
+
+    def _switch(self, change) -> None:
+        kb = self.win.close()
+        if self.win.raised():
+            lab = self.label()
+            self.peaks[lab] = max(self.peaks.get(lab, 0.0), round(kb / GB, 3))
+        change()
+        self.win = hostmem.PeakWindow()
+
+    def begin_stage(self, name: str) -> None:
+        self._switch(lambda: setattr(self, "stage", name))
+
+    @contextmanager
+    def part(self, name: str):
+        self._switch(lambda: self.parts.append(name))
+        try:
+            yield
+        finally:
+            self._switch(self.parts.pop)
+
+    def wrap(self, owner, attr: str, name: str) -> None:
+        inner = getattr(owner, attr)
+
+        def wrapped(*a, **k):
+            if self.closed or (self.parts and self.parts[-1] == name):  # after the run, or re-entered
+                return inner(*a, **k)
+            with self.part(name):
+                return inner(*a, **k)
+
+        setattr(owner, attr, wrapped)
+
+    def close(self) -> None:
+        self._switch(lambda: None)
+        self.closed = True
+
+
+def instrument(w: Windows) -> None:
+    from lorapop.engine import batching, optim, torch_engine
+    from lorapop.train import logger
+
+    begin = logger.Progress.begin_stage
+
+    def begin_stage(self, step, stage):
+        w.begin_stage(stage)
+        return begin(self, step, stage)
+
+    logger.Progress.begin_stage = begin_stage
+    w.wrap(torch_engine.TorchEngine, "_kv_cache", "kv_cache")
+    w.wrap(batching.ContinuousBatcher, "_prefill", "prefill")
+    w.wrap(batching.ContinuousBatcher, "_decode_interval", "decode")
+    w.wrap(torch_engine.TorchEngine, "_response_logprobs", "forward")
+    w.wrap(torch_engine, "chunk_scores", "scoring")
+    w.wrap(torch.Tensor, "backward", "backward")
+    w.wrap(optim.StackedAdamW, "step", "optimizer")
+
+
+def compare_update(engine, samples, gen, times: dict[str, float], rounds: int) -> dict:
+    """The step's last generate call and its update again, as the code ran before this fix ("before": activations
+    kept for backward, the KV cache zeroed at once and kept, glibc's mmap threshold at its 32 MiB ceiling, where its
+    dynamic rule ends) and as it runs now ("after": checkpointing, the lazily resident cache handed back per call, a
+    1 MiB threshold), in turn so the machine's load hits both alike: seconds and the peak each adds to the resident
+    memory it starts from. The step's time ratio is estimated from the step's own stage times, generation and
+    update scaled by their measured ratios."""
+    import statistics
+
+    from lorapop.engine import decode
+
+    lazy, per_call = decode.cache_zeros, engine._cache_per_call
+    secs = {arm: {"generate": [], "update": []} for arm in ("before", "after")}
+    added = {arm: 0.0 for arm in secs}
+    for _ in range(rounds):
+        for arm in ("before", "after"):
+            old = arm == "before"
+            hostmem.map_large_allocations(32 * 2**20 if old else hostmem.MAP_LARGE_BYTES)
+            engine.cfg.gradient_checkpointing = not old
+            decode.cache_zeros = (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype)) if old else lazy
+            engine._cache_per_call = (lambda: False) if old else per_call
+            engine._cache = None
+            hostmem.release_free_memory()
+            before = hostmem.proc_status_kb("VmRSS") or 0
+            win = hostmem.PeakWindow()
+            t0 = time.perf_counter()
+            engine.generate(*gen[0], **gen[1])
+            t1 = time.perf_counter()
+            engine.train_step(samples)
+            secs[arm]["generate"].append(t1 - t0)
+            secs[arm]["update"].append(time.perf_counter() - t1)
+            added[arm] = max(added[arm], round((win.close() - before) / GB, 3))
+    decode.cache_zeros, engine._cache_per_call = lazy, per_call
+    mean = {arm: {k: statistics.fmean(v) for k, v in d.items()} for arm, d in secs.items()}
+    ratio = {k: mean["after"][k] / mean["before"][k] for k in ("generate", "update")}
+    scaled = {"propose": ratio["generate"], "solve": ratio["generate"], "update": ratio["update"]}
+    after = sum(times.values())
+    before = sum(t / scaled.get(k, 1.0) for k, t in times.items())
+    return {"compare_s": {arm: {k: round(v, 2) for k, v in d.items()} for arm, d in mean.items()},
+            "generate_after_over_before": round(ratio["generate"], 3),
+            "update_after_over_before": round(ratio["update"], 3),
+            "step_after_over_before": round(after / before, 3),
+            "compare_added_gb": added}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="cpu_demo", help="shipped config name or YAML file (default cpu_demo)")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keep", default=None, metavar="DIR", help="write the run under DIR (kept) instead of a temporary "
+                                                                "directory, e.g. to compare two runs' results")
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. --engine.gradient_checkpointing=false "
+                                                  "(after --)")
+    ap.add_argument("--compare-update", type=int, default=0, metavar="R",
+                    help="after the run: R rounds of the last step's last generate call and update, as before this "
+                         "fix and as now, alternating (see compare_update)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from lorapop.plan_cpu import plan_cpu
+    from lorapop.train.loop import Trainer
+
+    w = Windows()
+    instrument(w)
+    extra = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = a.keep or tmp
+        cfg = load_config(resolve_config_path(a.config), [*a.overrides, f"--run.output_dir={d}", "--run.name=mem",
+                                                          "--run.report_to=none", "--run.progress=plain",
+                                                          f"--run.steps={a.steps}"])
+        process = (hostmem.proc_status_kb("VmRSS") or 0) * 1024  # torch and transformers imported, nothing loaded
+        t = Trainer(cfg, Path(d) / "mem")
+        batches, prompts, gens, steps = [], [0], [], []
+        t.engine.train_step = lambda samples, inner=t.engine.train_step: batches.append(samples) or inner(samples)
+
+        def generate(p, *x, inner=t.engine.generate, **k):
+            prompts.append(max(map(len, p)))
+            gens.append(((p, *x), k))
+            return inner(p, *x, **k)
+
+        t.engine.generate = generate
+        t.train_step = lambda step, inner=t.train_step: steps.append(inner(step)) or steps[-1]
+        try:
+            loaded = (hostmem.proc_status_kb("VmRSS") or 0) / GB
+            t0 = time.perf_counter()
+            t.run()
+            dt = (time.perf_counter() - t0) / a.steps
+            w.close()
+            peak = hostmem.peak_kb()  # the run's: the comparison below runs the update without checkpointing too
+            if a.compare_update and batches:
+                times = {k[5:]: v for k, v in steps[-1].items() if k.startswith("time/")}
+                extra = compare_update(t.engine, batches[-1], gens[-1], times, a.compare_update)
+        finally:
+            t.close()
+    planned = plan_cpu(cfg, 64 * 2**30, process_bytes=process)
+    stages: dict[str, float] = {}
+    for lab, gb in w.peaks.items():
+        s = lab.split("/")[0]
+        stages[s] = max(stages.get(s, 0.0), gb)
+    res = {"peak_gb": round(peak / GB, 3), "stage_peaks_gb": stages,
+           "part_peaks_gb": {k: v for k, v in w.peaks.items() if "/" in k}, "rss_after_load_gb": round(loaded, 3),
+           "s_per_step": round(dt, 1), "config": a.config, "steps": a.steps, "exact_windows": w.win.exact,
+           "plan_gb": round(planned.peak_bytes / 2**30, 3), "plan_stage": planned.peak_stage,
+           "longest_prompt": max(prompts), "longest_update_row": max((len(s.prompt_ids) + len(s.completion_ids)
+                                                                      for b in batches for s in b), default=0),
+           **extra}
+    res["plan_over_measured"] = round(res["plan_gb"] / res["peak_gb"], 3)
+    width = max(map(len, w.peaks))
+    for lab, gb in w.peaks.items():
+        print(f"{lab:<{width}}  {gb:6.2f} GB")
+    print(f"peak {res['peak_gb']:.2f} GB over {a.steps} step(s), {dt:.0f} s/step")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""`lorapop plan CONFIG --cpu`: the peak resident memory of a run on CPU, measured as `lorapop plan` measures a GPU's
+(the engine's own code on fake tensors, :mod:`lorapop.plan_measure`), and the check `lorapop train` makes before
+step 1 on CPU.
+
+What a CPU run holds differs from a GPU's in three ways, each taken from the engine's own behaviour:
+
+- the process itself: Python, torch, transformers and the run's bookkeeping, measured as this process's resident
+  memory once they are imported (``process``); the trainer's is that plus what is planned here;
+- the KV cache is resident only where rows write (:func:`lorapop.engine.decode.cache_zeros`) and lives for one
+  generate call, so it counts the rows of the largest call (``gen_batch_size`` at most) at their full length, not
+  ``gen_batch_size`` slots of the capacity, and is gone during the update;
+- the update holds the base, the adapters with their optimizer state, and one micro-batch's peak.
+
+The peak is the process plus the larger of generation and the update. It assumes every prompt at the plan's prompt
+length (``--prompt-tokens``; the prompt format's budget by default), so it errs high where prompts are shorter.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 2**30
+
+
+def generate_rows(cfg: Any) -> dict[str, int]:
+    """Rows of each generate call of a step (lorapop/train/stages.py): every teacher's proposals in one call, every
+    student's answers (``n_solve`` per task) in another; the single agent makes both."""
+    sp, pop = cfg.selfplay, cfg.population
+    teachers, students = (1, 1) if pop.mode == "single" else (pop.n_teachers, pop.n_students)
+    per_member = len(sp.task_types) * sp.tasks_per_type
+    return {"propose": teachers * per_member, "solve": students * per_member * sp.n_solve}
+
+
+def machine_bytes() -> int | None:
+    """Memory a new run may take on this machine: ``MemAvailable`` (Linux), else the physical memory; None when
+    neither can be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+@dataclass
+class CpuPlan:
+    model: str
+    memory_bytes: int
+    dtype: str
+    phases: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    generation_bytes: int = 0
+    update_bytes: int = 0
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.generation_bytes, self.update_bytes)
+
+    @property
+    def peak_stage(self) -> str:
+        return "generation" if self.generation_bytes >= self.update_bytes else "update"
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.memory_bytes
+
+    def render(self) -> str:
+        lines = [f"CPU memory plan for {self.model} ({self.dtype}) on {self.memory_bytes / GIB:.1f} GiB"]
+        for name, b in self.phases.items():
+            note = self.notes.get(name, "")
+            lines.append(f"  {name:<44} {b / GIB:8.2f} GiB" + (f"  ({note})" if note else ""))
+        lines.append(f"  {'peak resident memory in generation':<44} {self.generation_bytes / GIB:8.2f} GiB")
+        lines.append(f"  {'peak resident memory in the update':<44} {self.update_bytes / GIB:8.2f} GiB")
+        lines.append(f"peak {self.peak_bytes / GIB:.2f} GiB in the {self.peak_stage}: "
+                     + ("fits" if self.fits else "does NOT fit"))
+        lines += [f"  - {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def measured_cached(cfg: Any, prompt_tokens: int) -> Any:
+    """:func:`lorapop.plan_measure.measure` of ``cfg``, kept on disk (``$LORAPOP_CACHE/plans``) under a hash of all
+    it depends on: the config's model and engine sections, its members, its lengths, the torch and
+    transformers versions and the source of the engine and of the measurement. `lorapop train` plans every CPU run
+    before step 1, and measuring takes seconds of CPU; an unchanged config is measured once."""
+    import dataclasses
+    import hashlib
+    import json
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    from lorapop.configlib import to_dict
+    from lorapop.model import cache_dir
+    from lorapop.plan_measure import Measured, measure
+
+    src = Path(__file__).parent
+    code = b"".join(f.read_bytes() for f in sorted([*(src / "engine").glob("*.py"), src / "plan_measure.py"]))
+    d, sp = to_dict(cfg), cfg.selfplay  # what measure() reads: the model, the engine, the lengths, the adapters
+    key = json.dumps([d["model"], d["engine"], cfg.population.n_members, sp.propose.max_new_tokens,
+                      sp.solve.max_new_tokens, prompt_tokens, torch.__version__, transformers.__version__],
+                     sort_keys=True, default=str).encode()
+    path = cache_dir() / "plans" / f"{hashlib.sha256(key + code).hexdigest()[:32]}.json"
+    try:
+        data = json.loads(path.read_text())
+        return Measured(**{**data, "engine": copy.deepcopy(cfg.engine)})
+    except (OSError, ValueError, TypeError):
+        pass
+    measured = measure(cfg, prompt_tokens)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({k: v for k, v in dataclasses.asdict(measured).items() if k != "engine"}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs the next run the measurement again
+    return measured
+
+
+def plan_cpu(cfg: Any, memory_bytes: int, prompt_tokens: int | None = None,
+             process_bytes: int | None = None) -> CpuPlan:
+    """The peak resident memory of ``cfg``'s run on CPU, against ``memory_bytes``, with advice when it does not fit.
+    ``process_bytes``: the process's own memory (default: this process's, measured)."""
+    from lorapop.engine.dtype import resolve_dtype
+    from lorapop.hostmem import proc_status_kb
+    from lorapop.plan_measure import default_prompt_tokens
+
+    cfg = copy.deepcopy(cfg)
+    cfg.engine.device = "cpu"
+    cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, "cpu")  # what this machine's run will use
+    cfg.engine.kv_cache = "static"  # on CPU every slot is resident only where written: no pool to plan
+    prompt = prompt_tokens or default_prompt_tokens(cfg)
+    import lorapop.engine.torch_engine  # noqa: F401 - torch and transformers, as the trainer imports them
+
+    if process_bytes is None:  # before measuring: the fake tensors' bookkeeping is not the run's
+        process_bytes = (proc_status_kb("VmRSS") or 0) * 1024
+    process = process_bytes
+    measured = measured_cached(cfg, prompt)
+    m, ecfg, sp = measured.phases, measured.engine, cfg.selfplay
+    p = CpuPlan(cfg.model.name, int(memory_bytes), ecfg.dtype)
+    rows = {k: min(n, max(1, ecfg.gen_batch_size)) for k, n in generate_rows(cfg).items()}
+    new = {"propose": sp.propose.max_new_tokens, "solve": sp.solve.max_new_tokens}
+    kv = {k: rows[k] * (prompt + new[k]) * m["kv_token"] for k in rows}
+    call = max(kv, key=kv.__getitem__)
+    ckpt = ecfg.gradient_checkpointing
+    mb = max(1, ecfg.train_micro_batch_size)
+    table = [
+        ("process (Python, torch, transformers)", process, "this process's resident memory, measured"),
+        ("base weights", m["base"], ecfg.dtype),
+        ("adapters + AdamW moments + gradients", m["adapters"], f"{measured.n_adapters} adapters, float32"),
+        ("adapters' inference copies", m["copies"], "base dtype"),
+        ("KV cache (largest generate call)", kv[call], f"{call}: {rows[call]} rows x ({prompt} prompt + {new[call]} "
+                                                       "new), resident where written"),
+        ("prefill chunk / decode step (peak)", max(m["prefill"], m["decode_static"]), ""),
+        ("train micro-batch (peak)", m["train_ckpt"] if ckpt else m["train"],
+         f"{mb} rows x ({prompt} + {measured.new_tokens}), "
+         + ("gradient_checkpointing" if ckpt else "no gradient_checkpointing")),
+    ]
+    for name, b, note in table:
+        p.phases[name], p.notes[name] = int(b), note
+    resident = process + m["base"] + m["adapters"] + m["copies"]
+    p.generation_bytes = resident + kv[call] + max(m["prefill"], m["decode_static"])
+    p.update_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
+    if not p.fits:
+        _advise(p, resident, m, kv[call] // rows[call], rows[call], max(m["prefill"], m["decode_static"]), ecfg)
+    return p
+
+
+def _advise(p: CpuPlan, resident: int, m: dict[str, int], per_row: int, rows: int, transient: int, ecfg: Any) -> None:
+    room = p.memory_bytes - resident
+    if p.generation_bytes > p.memory_bytes:
+        fit = (room - transient) // per_row if per_row else 0
+        p.advice.append(f"generation: set --engine.gen_batch_size={fit} (now {ecfg.gen_batch_size}; {rows} rows "
+                        "decode at once)" if fit >= 1 else
+                        "generation: not one row fits: shorten the prompts or max_new_tokens, or fewer adapters")
+    if p.update_bytes > p.memory_bytes:
+        if not ecfg.gradient_checkpointing and resident + m["train_ckpt"] <= p.memory_bytes:
+            p.advice.append("update: set --engine.gradient_checkpointing=true (update peak "
+                            f"{(resident + m['train_ckpt']) / GIB:.1f} GiB)")
+        else:  # checkpointing (on, or to turn on) and fewer rows per micro-batch: activations grow with the rows
+            mb = max(1, ecfg.train_micro_batch_size)
+            fit = int(room // (m["train_ckpt"] / mb)) if m["train_ckpt"] else 0
+            also = "" if ecfg.gradient_checkpointing else "--engine.gradient_checkpointing=true and "
+            p.advice.append(f"update: set {also}--engine.train_micro_batch_size={min(fit, mb - 1)} (now {mb})"
+                            if fit >= 1 else "update: one row does not fit: shorten max_new_tokens or the prompts")
+
+
+def check_on_cpu(cfg: Any, note: Any = print) -> CpuPlan | None:
+    """Before a CPU run loads its weights: plan its peak and, when it exceeds the memory available now, ``note``
+    what to lower. A warning, not a refusal: with swap a run that does not fit is slow, not impossible. Nothing
+    happens off CPU or where the available memory cannot be read."""
+    import torch
+
+    dev = cfg.engine.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    avail = machine_bytes()
+    if torch.device(dev).type != "cpu" or avail is None or cfg.engine.backend != "torch":
+        return None
+    from lorapop.plan_measure import UnknownShape
+
+    try:
+        p = plan_cpu(cfg, avail)
+    except UnknownShape:
+        return None
+    if not p.fits:
+        note(f"warning: this run's planned peak resident memory ({p.peak_bytes / GIB:.1f} GiB, in the "
+             f"{p.peak_stage}) exceeds the {avail / GIB:.1f} GiB available: "
+             + "; ".join(p.advice) + " (lorapop plan CONFIG --cpu shows the plan)")
+    return p
