@@ -279,7 +279,7 @@ class _Worker:
             if r:
                 break
         try:
-            data = self.ctl.recv(4096)
+            data = self.ctl.recv(1 << 16)  # a datagram: a shorter buffer would cut a long hello (many preloads)
             return json.loads(data) if data else None
         except (OSError, ValueError):
             return None
