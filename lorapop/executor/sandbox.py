@@ -58,7 +58,6 @@ import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -73,7 +72,6 @@ from lorapop.executor.worker import unpack_result
 from lorapop.progress import progress
 from lorapop.tmpdirs import owned_tempdir
 
-_HDR = struct.Struct(">I")
 WORKER_PY = Path(__file__).with_name("worker.py")
 SANDBOX_PREFIX = "lorapop-sbx-"  # + owner pid: each worker's scratch root under the temp directory
 WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
@@ -212,7 +210,6 @@ class _Worker:
         self.ctl: socket.socket | None = None
         self.info: dict = {}
         self.root: str | None = None
-        self.retired: str | None = None  # why the last worker was replaced, if it was
 
     def _command(self, root: str, cfg_json: str, mechanism: str) -> list[str]:
         c = self.ex.config
@@ -320,7 +317,6 @@ class _Worker:
             return ExecResult("timeout" if late else "crashed", None,
                               "worker stopped answering" if late else WORKER_DIED, took)
         if report.get("retire"):
-            self.retired = report["retire"]
             self.kill()  # its tmpfs and namespaces go with it; the next call starts a fresh worker
         return _result(report, raw, overflow, timeout_s, c.max_repr_chars)
 
@@ -430,17 +426,14 @@ def _result(report: dict, raw: bytes, overflow: bool, timeout_s: float, max_repr
     if overflow:
         return ExecResult("output_limit", None, f"result over {max_repr_chars} chars", duration)
     try:
-        n = _HDR.unpack(raw[:4])[0]
-        if len(raw) != 4 + n:
-            raise ValueError("length")
-        status, value, error = unpack_result(raw[4:])
+        status, value, error = unpack_result(raw)
         if status not in RUN_STATUSES or (status == "ok") != (value is not None):
             raise ValueError("status")
         if value is not None and len(value) > max_repr_chars:
             return ExecResult("output_limit", None, f"repr of _result has {len(value)} chars > {max_repr_chars}",
                               duration)
         return ExecResult(status, value, None if error is None else error[:300], duration)
-    except (struct.error, ValueError, UnicodeDecodeError):
+    except ValueError:  # UnicodeDecodeError included
         pass
     st = int(report.get("wstatus") or 0)
     if os.WIFSIGNALED(st):

@@ -113,16 +113,20 @@ def _describe(exc):
 
 
 def pack_result(status, value, error):
-    """NUL-separated fields, built without json or any builtin a program may have rebound."""
+    """A 4-byte big-endian length, then NUL-separated fields, built without json or any builtin a program may have
+    rebound."""
     v = "0" if value is None else "1" + value
     e = "0" if error is None else "1" + error.replace("\x00", "\\x00")
-    return (status + "\x00" + v + "\x00" + e).encode("utf-8", "backslashreplace")
+    body = (status + "\x00" + v + "\x00" + e).encode("utf-8", "backslashreplace")
+    return _HDR.pack(_len(body)) + body
 
 
 def unpack_result(data):
     """(status, value, error) of :func:`pack_result`'s bytes; raises ValueError on anything else (the bytes come from
     the run's own process, which may have written them itself)."""
-    parts = data.decode("utf-8").split("\x00")
+    if _len(data) < _HDR.size or _HDR.unpack(data[:_HDR.size])[0] != _len(data) - _HDR.size:
+        raise ValueError("malformed result length")
+    parts = data[_HDR.size:].decode("utf-8").split("\x00")
     if len(parts) != 3 or not parts[1] or not parts[2] or parts[1][0] not in "01" or parts[2][0] not in "01":
         raise ValueError("malformed result")
     status, v, e = parts
@@ -183,8 +187,7 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
     except BaseException as exc:
         status, error = "crashed", "sandbox setup failed: " + _describe(exc)
     try:
-        data = pack_result(status, value, error)
-        _write_all(res_fd, _HDR.pack(_len(data)) + data)
+        _write_all(res_fd, pack_result(status, value, error))
     except BaseException:
         pass
     os._exit(0)

@@ -42,4 +42,4 @@ class CodeI(ProgramInputTask):
                 return Outcome("wrong", f"input {bad.reason}")
             return [(call_code(task.program, a.text), task.outputs[0])]
 
-        return check_answers(answers, prepare, [(call_code(task.program, task.inputs[0]), task.outputs[0])], executor)
+        return check_answers(answers, prepare, self.control(task), executor)

@@ -8,7 +8,7 @@ from lorapop.tasks.base import Answer, Outcome, ParseError, Task
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.common import ProgramInputTask, check_answers, fence
 from lorapop.tasks.parsing import extract
-from lorapop.tasks.validity import call_code, check_literal
+from lorapop.tasks.validity import check_literal
 from lorapop.tasks.values import same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
@@ -49,4 +49,4 @@ class CodeO(ProgramInputTask):
                 return Outcome("wrong", f"prediction {bad.reason}" if bad else a.text[:80])
             return Outcome("correct", "")
 
-        return check_answers(answers, prepare, [(call_code(task.program, task.inputs[0]), task.outputs[0])], executor)
+        return check_answers(answers, prepare, self.control(task), executor)

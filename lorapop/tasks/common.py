@@ -130,6 +130,11 @@ class ProgramInputTask:
     def check(self, task: Task, answer, executor: Executor) -> bool:
         return self.check_many(task, [answer], executor)[0].correct
 
+    @staticmethod
+    def control(task: Task) -> list[tuple[str, str]]:
+        """The task's own run for :func:`check_answers`: its program on its input, which must give its output."""
+        return [(call_code(task.program, task.inputs[0]), task.outputs[0])]
+
 
 def check_answers(answers: list, prepare, control: list[tuple[str, str]], executor: Executor) -> list[Outcome]:
     """The shared shape of a ``check_many``. Parse errors are format errors. ``prepare(answer)`` either decides an
