@@ -1,4 +1,4 @@
-"""The four arms of the dynamics experiment's second design (issue 38), every seed in one command:
+"""The four arms of the dynamics experiment's second design, every seed in one command:
 
     PYTHONPATH=. .venv/bin/python bench/arms.py [--config cpu_selection] [--seeds 0,1,2]
         [--arms single,1T+1S,2T+2S,null] [--out runs/arms] [--steps N] [--report-only] [--keep-final DIR]
@@ -22,7 +22,7 @@ PBT off means ``evolve.burn_in_period`` one past ``run.steps`` (lorapop/evolve/p
 Every run ends with a checkpoint at ``run.steps`` (``<out>/seed<s>/<arm>/checkpoints/step_<steps>/``, its members'
 PEFT adapters under ``adapters/<id>/``), which ``run.keep_checkpoints`` keeps until the run trains further.
 ``--keep-final DIR`` also copies each finished arm's ``config.yaml`` and final checkpoint to ``DIR/seed<s>/<arm>/``, a
-run directory of its own that nothing prunes, for ``lorapop retention`` (issue 49's parents) and ``RUN_DIR:best``.
+run directory of its own that nothing prunes, for ``lorapop retention`` (retention's parents) and ``RUN_DIR:best``.
 
 Wall clock per arm (summed over invocations, with each invocation's step range) goes to
 ``<out>/seed<s>/<arm>/wall.json`` and is printed. At the end, and alone with ``--report-only``, ``<out>/arms.json``

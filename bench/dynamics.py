@@ -1,4 +1,4 @@
-"""The dynamics experiment of issue 23 (docs/RESULTS.md, "Dynamics: pre-registration"), every seed in one command:
+"""The dynamics experiment (docs/RESULTS.md, "Dynamics: pre-registration"), every seed in one command:
 
     PYTHONPATH=. .venv/bin/python bench/dynamics.py [--seeds 0,1,2] [--out runs/dynamics] [--config cpu_dynamics]
                                                     [--report-only] [--section.key=value ...]

@@ -1,4 +1,4 @@
-"""Step 0 of a self-play config, measured without training (issue 23 item 1): the base model, through the config's
+"""Step 0 of a self-play config, measured without training: the base model, through the config's
 own prompts, prefills, sampling and sandbox, proposes ``--proposals`` tasks; every valid one is answered
 ``n_solve`` times by the base. Prints the valid rate with the reasons proposals failed, the solve rate on valid
 tasks (overall and by AST depth of the program), the share of valid tasks solved sometimes but not always
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
         "config": args.config, "overrides": overrides, "proposals": n,
         "valid_rate": status["valid"] / n if n else 0.0,
         "solve_rate": statistics.fmean(j.solve_rate for j in jobs) if jobs else None,
-        # the tasks a learnability reward can tell apart (AZR's r = 1 - s only for 0 < s < 1; issue 36 item 3)
+        # the tasks a learnability reward can tell apart (AZR's r = 1 - s only for 0 < s < 1)
         "mixed_share": statistics.fmean(0.0 < j.solve_rate < 1.0 for j in jobs) if jobs else None,
         "n_valid": len(jobs), "n_answers": sum(len(j.rollouts) for j in jobs),
         "answer_format_error_rate": (sum(r.status == "format_error" for j in jobs for r in j.rollouts)

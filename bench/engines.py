@@ -1,5 +1,4 @@
-"""The two generation backends, torch and vLLM, measured in one run (issue 37); on CUDA, the vLLM backend's GPU check
-(issue 48).
+"""The two generation backends, torch and vLLM, measured in one run; on CUDA, the vLLM backend's GPU check.
 
     .venv/bin/python bench/engines.py [--rows 32] [--new-tokens 64] [--adapters 4] [--reps 3] [--demo-steps 2]
     .venv/bin/python bench/engines.py                  # on a CUDA machine with the official vllm wheel: the GPU check

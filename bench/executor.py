@@ -3,7 +3,7 @@ determinism included), against a fresh interpreter per run doing the same work; 
 
     python bench/executor.py [SEED_FILE]      (default: the seed file shipped in lorapop/data/seeds/)
 
-Isolation cost (issue 47): runs/s with today's isolation against the sandbox before it, for root (namespaces + uid
+Isolation cost: runs/s with today's isolation against the sandbox before it, for root (namespaces + uid
 drop + seccomp against the same without seccomp) and for an unprivileged user (user namespace + dropped capabilities
 + seccomp against rlimits and fork per run only, which is all an ordinary user had before). As root, the
 unprivileged half runs this script again as uid 65534 (lorapop/executor/unprivileged.py); as anyone else there is

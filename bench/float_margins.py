@@ -1,4 +1,4 @@
-"""How close the suite's float comparisons come to their tolerances on this processor (issue 35).
+"""How close the suite's float comparisons come to their tolerances on this processor.
 
 Runs the test files whose claims are float comparisons with every ``torch.testing.assert_close`` call recorded (the
 tolerances of ``tests/floattol.py`` reach it too): per test, the largest ratio ``max |actual - expected| /

@@ -1,4 +1,4 @@
-"""The engine at GPU scale (issues 11, 46): a run-shaped loop step, compile counts, generation, long rows, training.
+"""The engine at GPU scale: a run-shaped loop step, compile counts, generation, long rows, training.
 
     .venv/bin/python bench/gpu.py --quick         # 7B shape on CUDA (< 7 min on one H100/H200), small elsewhere
     .venv/bin/python bench/gpu.py --shape small --quick   # the embedded shape (random-init on CUDA), CPU too
@@ -25,7 +25,7 @@ Figures (all measured in this one run; the last line is one JSON object):
                          no sandbox and no rewards, so this is the engine's share of the step (paper: 1.31 on 8 GPUs)
   compile_s_total, graphs_total, cuda_graphs_total  the engine's perf/compile_s, perf/graphs, perf/cuda_graphs
                          at the end: everything engine.compile compiled and recorded in the whole run
-  graphs_after_warmup    compiles and CUDA-graph recordings outside a warm-up (issue 46: 0)
+  graphs_after_warmup    compiles and CUDA-graph recordings outside a warm-up (goal 0)
   host_us_per_row_token  host time of the per-row bookkeeping after each interval's sync, per row and token
   mixed_tok_s, base_tok_s  rows x new tokens over --adapters adapters / on the base model, every row full length
   variable_over_equal    tok/s of 4 x --rows requests through --rows slots, lengths spread over [--min-len,
@@ -39,12 +39,12 @@ Figures (all measured in this one run; the last line is one JSON object):
   train_tok_s, train_peak_gib  (not with --quick) one train_step over adapters x --train-rows rows
   decode_capacity_ratio  time of the compiled decode step with a cache 8x longer (static: 8x the positions per
                          slot; paged: 8x the pages), same rows and attention length, over the time with the
-                         shorter cache, for the engine's cache (issue 28: <= 1.2, a step reads what it attends to);
+                         shorter cache, for the engine's cache (goal <= 1.2: a step reads what it attends to);
                          decode_capacity_ratio_static for the static cache
   paged_step_over_static  the compiled step's time over a paged cache over its time over a static one, same rows
                          and attention length: the cost of gathering the attended positions through block tables
   kv_cache_allocations   (not with --quick) caches allocated over 6 generate calls of varied row counts and
-                         prompt lengths under a budget of fewer than --rows slots (issue 28: 1, one cache per run)
+                         prompt lengths under a budget of fewer than --rows slots (goal 1: one cache per run)
   warmups_after_first_step, cuda_graphs_per_step  engine.compile's warm-ups, and CUDA graphs recorded per step,
                          over the 6 loop steps after the first (generate and train_step rounds): 0 and 0, since
                          the run keeps one KV cache at one address
@@ -389,7 +389,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=["7b", "small", "tiny"], default="7b" if cuda else "small",
                     help="tiny: a random-init 2-layer Llama (hidden 64) with the embedded vocabulary, to check the "
                          "bench itself in a few minutes")
-    ap.add_argument("--quick", action="store_true", help="only the issue-46 figures (no transformers baseline, "
+    ap.add_argument("--quick", action="store_true", help="only the compile/cache figures (no transformers baseline, "
                                                          "train_step figure or cache-allocation count)")
     ap.add_argument("--rows", type=int, default=256 if cuda else 8)
     ap.add_argument("--new-tokens", type=int, default=128 if cuda else 16)

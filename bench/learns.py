@@ -1,4 +1,4 @@
-"""Learning evidence (issue 22, item 4): does a student adapter trained through the project's own update path solve
+"""Learning evidence: does a student adapter trained through the project's own update path solve
 more easy tasks from templates it never trained on than an lr-0 control and a shuffled-reward control?
 
     PYTHONPATH=. .venv/bin/python bench/learns.py --out runs/learns [--seeds 0 1 2] [--arms trained shuffled control]

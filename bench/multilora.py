@@ -1,4 +1,4 @@
-"""Multi-LoRA engine benchmark on the embedded model (issue 2).
+"""Multi-LoRA engine benchmark on the embedded model.
 
     .venv/bin/python bench/multilora.py [--rows 32] [--new-tokens 128] [--threads 2] [--gen-reps 3]
 

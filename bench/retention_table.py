@@ -1,4 +1,4 @@
-"""Issue 49's table and figure from `lorapop retention` outputs: one retention.json per parent.
+"""The retention table and figure from `lorapop retention` outputs: one retention.json per parent.
 
     .venv/bin/python bench/retention_table.py docs/results/retention49/seed0-single docs/results/retention49/... \
         [--svg docs/results/retention49/retention.svg]

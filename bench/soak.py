@@ -1,4 +1,4 @@
-"""Long-run memory soak (issue 39): one run's resident memory and in-memory structures after every step.
+"""Long-run memory soak: one run's resident memory and in-memory structures after every step.
 
     PYTHONPATH=. .venv/bin/python bench/soak.py [--config cpu_demo] [--steps 100] [--out runs/soak] [--resume]
                                                  [--section.key=value ...]
@@ -18,7 +18,7 @@ JSON: ``rss_mb_per_step``, its interval, the same for each step's own peak resid
 VmHWM reset before every step), ``rss_start_mb``, ``rss_end_mb``, ``dir_mb_per_step`` and the last step's
 structure sizes.
 
-``--runs N``: N runs of ``--steps`` in one process, resident memory after each (issue 39's 8.9 GB grew in a
+``--runs N``: N runs of ``--steps`` in one process, resident memory after each (8.9 GB once grew in a
 bench/dynamics.py process that ran several).
 
 ``--kills K``: after the uninterrupted run, the same run again in child processes, each SIGKILLed (with its

@@ -59,7 +59,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             cfg = load_run_config(Path(args.resume), args.overrides)
             if args.config:  # a config given beside --resume must describe the same run
                 check_compatible(load_config(resolve_config_path(args.config), []), to_dict(cfg))
-        elif args.resume:  # killed before its config was written (only runs made before 2026-11): start it again
+        elif args.resume:  # killed before its config was written (older versions wrote it late): start it again
             cfg = restart_config(Path(args.resume), resolve_config_path(args.config) if args.config else None,
                                  args.overrides)
         else:

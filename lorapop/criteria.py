@@ -41,7 +41,7 @@ from typing import Any
 
 MIN_STEPS = 15
 BOOTSTRAP = 2000
-# the matched solve-rate key: issue 22 renamed it under student/; older runs logged it at the top level
+# the matched solve-rate key: it now lives under student/; older runs logged it at the top level
 SOLVE_KEYS = ("student/matched_solve_rate", "matched_solve_rate")
 COMPLEXITY_KEY = "complexity/ast_depth"
 
@@ -250,7 +250,7 @@ def across_seeds(per_seed: list[dict[str, Any]], need: int = 2) -> dict[str, dic
     return out
 
 
-# ---- the second design's four arms (issue 38; docs/RESULTS.md, "Dynamics, second design: pre-registration") ----------
+# ---- the second design's four arms (docs/RESULTS.md, "Dynamics, second design: pre-registration") ----------
 
 # Registered from the step-0 gate before any arm ran (cpu_selection, six references, seeds 0-4, 159 valid tasks): the
 # pooled step-0 matched solve rate, and the band's half-width, twice the standard deviation of the five seeds' step-0

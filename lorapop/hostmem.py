@@ -1,4 +1,4 @@
-"""The C heap of this process: what glibc's malloc holds, and handing its free pages back (issue 39).
+"""The C heap of this process: what glibc's malloc holds, and handing its free pages back.
 
 On CPU, torch's activations, gradients and log-prob chunks come from the C allocator. Their sizes change from step to
 step (prompt and reply lengths vary), and glibc keeps what is freed for reuse: its mmap threshold rises to the

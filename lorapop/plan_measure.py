@@ -20,7 +20,7 @@ from lorapop.tasks.formats import AZR, SHORT, prompt_format
 DEFAULT_PROMPT_TOKENS = SHORT.plan_prompt_tokens
 AZR_PROMPT_TOKENS = AZR.plan_prompt_tokens
 # The reply length the paged KV cache's rows are also counted at (besides the full max_new_tokens): an assumption,
-# not a measurement (issue 46's example of AZR's typical reply, far below its 8096-token budget); --reply-tokens.
+# not a measurement (an example of AZR's typical reply, far below its 8096-token budget); --reply-tokens.
 REPLY_TOKENS = 600
 
 # vLLM captures CUDA graphs up to min(2 x max_num_seqs, 512) tokens (lorapop/plan.py says where that comes from);

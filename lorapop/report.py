@@ -416,7 +416,7 @@ def eval_comparison(runs: list[RunData]) -> str:
 
 
 def _recovery_rule(ret: dict, against: str) -> str:
-    """How the file judged recovery: within the noise floor of the continuation (issue 49's files carry the floor),
+    """How the file judged recovery: within the noise floor of the continuation (newer files carry the floor),
     or, in older files, a share (``threshold``) of the reference rate."""
     floor = ret.get("noise_floor")
     if isinstance(floor, dict) and isinstance(floor.get("spread"), (int, float)):
@@ -430,7 +430,7 @@ def retention_section(run: RunData) -> str:
     """retention.json (`lorapop retention`): held-out solve rate per arm over the steps after the operator (one curve
     per operator, the continuation arm, the reference, dashed black; the parent's pre-operator rate dotted; dashed
     grey, the probe family's best trivial yardsticks), and the recovery table. Files written before the continuation
-    became the reference (issue 22) have no ``reference`` key: their recovery was against the parent's pre-operator
+    became the reference have no ``reference`` key: their recovery was against the parent's pre-operator
     rate, and the text says so."""
     ret = run.retention or {}
     arms = ret.get("arms") or {}

@@ -84,7 +84,7 @@ def _read_metrics(run: RunData) -> None:
             run.notes.append(f"metrics.jsonl line {i}: no numeric 'step', skipped")
             continue
         obj["step"] = step
-        if "matched_solve_rate" in obj:  # the name before issue 22 (the same quantity, task-mean of matched tasks)
+        if "matched_solve_rate" in obj:  # its older name (the same quantity, task-mean of matched tasks)
             obj.setdefault("student/matched_solve_rate", obj["matched_solve_rate"])
         if step in by_step:
             dup += 1

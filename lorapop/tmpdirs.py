@@ -1,5 +1,5 @@
 """Scratch directories that outlive a SIGKILL: named after their owner's pid, removed by the next process that starts
-when that pid no longer runs (issue 39: a run killed and resumed over a weekend must not pile them up)."""
+when that pid no longer runs (a run killed and resumed over a weekend must not pile them up)."""
 
 from __future__ import annotations
 

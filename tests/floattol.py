@@ -18,7 +18,7 @@ AVX2 and AVX-512 SGEMM kernels (k = 84), is 9.2, and SAFETY = 16 is above it. Fo
 tolerance is above the proven worst-case bound ``k·eps·S``; for longer reductions it stays SAFETY times the typical
 error.
 
-Identities through the real model run in float64 (issue 35). Through 30 layers, float32's rounding is amplified by
+Identities through the real model run in float64. Through 30 layers, float32's rounding is amplified by
 the nonlinear layers past what SAFETY was measured on: the mixed-batch-vs-alone gradient difference on the embedded
 model reached 1.08x its float32 tolerance on an AVX2-only EPYC (2.89e-5 against 2.68e-5) while passing on AVX-512
 and AMX Xeons, a tolerance fitted to the processor it was written on. So where the claim is algebra (a row's

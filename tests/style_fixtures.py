@@ -1,4 +1,4 @@
-"""What the proposal styles and prompt formats do, recorded per shipped config (issue 50 item 4): the prompts the
+"""What the proposal styles and prompt formats do, recorded per shipped config: the prompts the
 stages render for a fixed seed (teacher prompts per task type, student prompts of fixed tasks, the probe's prompts)
 and the parse, validity and answer verdicts over a fixed sample of the saved ``tasks.jsonl`` files of
 ``docs/results/``. ``tests/test_style_fixtures.py`` compares :func:`record` with ``tests/fixtures/styles/``, which

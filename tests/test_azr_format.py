@@ -1,4 +1,4 @@
-"""selfplay.prompt_format: azr (issue 36 item 1) and selfplay.reward_reading (item 6): AZR's R1 template rendered on
+"""selfplay.prompt_format: azr and selfplay.reward_reading: AZR's R1 template rendered on
 the embedded model's real tokenizer for every task type and role, AZR's anchored format check, a prompt -> reply ->
 parse -> sandbox round trip per task type on hand-written well-formed replies, both readings of AZR's teacher
 penalties, and the configs that use them."""
@@ -254,7 +254,7 @@ def test_the_7b_configs_run_azrs_format_and_the_cpu_configs_the_short_one(name):
     assert sp.reward_reading == ("azr_code" if gpu else "azr_paper")
     if gpu:
         header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
-        assert "paper's setting" not in header  # issue 36: no value is called the paper's that it does not state
+        assert "paper's setting" not in header  # no value is called the paper's that it does not state
         assert all(tag in header for tag in ("[paper]", "[AZR code]", "[chosen]"))
         raw = yaml.safe_load(path.read_text())
         assert raw["run"]["steps"] == 200

@@ -103,7 +103,7 @@ def test_shipped_configs_sample_trained_rollouts_on_policy_and_the_7b_ones_use_a
     cfg = load_config(str(path))
     assert cfg.selfplay.propose.top_p == cfg.selfplay.solve.top_p == 1.0
     azr = not path.stem.startswith("cpu_")  # the 7B configs: AZR's entropy bonus and AdamW weight decay
-    # cpu_selection (issue 38's second dynamics design) takes AZR's entropy bonus, not its weight decay
+    # cpu_selection (the second dynamics design) takes AZR's entropy bonus, not its weight decay
     entropy = 0.001 if azr or path.stem == "cpu_selection" else 0.0
     assert (cfg.engine.entropy_coeff, cfg.engine.weight_decay) == (entropy, 0.01 if azr else 0.0)
 

@@ -1,4 +1,4 @@
-"""Attention the fused CUDA kernels accept (issue 28.3): each query group folded into the query length, so K/V
+"""Attention the fused CUDA kernels accept: each query group folded into the query length, so K/V
 keep their KV heads, no ``enable_gqa``, and a mask the memory-efficient kernel takes."""
 
 from __future__ import annotations

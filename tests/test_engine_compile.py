@@ -1,4 +1,4 @@
-"""The compiled decode step (issues 24, 28 and 46): compiled once, over a declared set of shapes, before the first
+"""The compiled decode step: compiled once, over a declared set of shapes, before the first
 decode step, then never again whatever the rows, lengths, caps, sampling settings and adapters of a run; compiled
 tokens equal eager ones; and the step's memory traffic follows what it reads, not the cache's capacity."""
 
@@ -32,7 +32,7 @@ def _run_shaped_calls(seed: int = 0, n_slots: int = 8):
 
 @pytest.mark.slow
 def test_compiled_once_before_the_first_step_then_never_again():
-    """Issue 46: the first generate warms the compiled step over its declared set (batch buckets up to the cache's
+    """The first generate warms the compiled step over its declared set (batch buckets up to the cache's
     slots, attention lengths up to its capacity, both sampling branches with ``engine.compile_nucleus``) and
     compiles exactly the set's graphs
     (dynamo's count and the engine's perf/graphs agree); the rest of a run-shaped sequence of calls compiles nothing,
@@ -175,7 +175,7 @@ def test_recompile_limit_warning_names_engine_compile():
 
 @pytest.mark.slow
 def test_compiled_step_writes_only_the_new_positions():
-    """Issue 28.1: inductor's code for the decode step has no loop over the cache's capacity. A K/V write into a
+    """Inductor's code for the decode step has no loop over the cache's capacity. A K/V write into a
     slice of the cache (``kc[:b].scatter_``) compiled to a copy of the whole slice and a copy back, loops of
     ``b x n_kv x capacity x head_dim``; an ``index_put_`` on the whole tensor writes ``b`` positions, and the reads
     cover the symbolic attention length. The capacity, 1009 positions, is prime, so a loop whose extent it divides

@@ -1,4 +1,4 @@
-"""The static-cache decode path (issue 11): chunked prefill, continuous batching, prefix sharing, per-seed sampling,
+"""The static-cache decode path: chunked prefill, continuous batching, prefix sharing, per-seed sampling,
 the KV budget, activation checkpointing, the compiled step, and the operators on CUDA tensors."""
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_operators_on_cuda_adapters_in_the_thread_pool():
 
 
 def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size(monkeypatch):
-    """Issue 28.2: six calls of varied row counts and prompt lengths under a budget of 3 slots (gen_batch_size 8)
+    """Six calls of varied row counts and prompt lengths under a budget of 3 slots (gen_batch_size 8)
     allocate one cache, whose shape (a compiled step's guard) never changes."""
     from lorapop.engine import torch_engine
 

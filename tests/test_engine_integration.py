@@ -117,9 +117,9 @@ def test_real_train_step_moves_only_its_adapter(eng):
 
 
 def test_real_compiled_greedy_decode_equals_eager():
-    """Issue 24: the compiled step (inductor, dense LoRA path) on the embedded model gives the eager step's greedy
+    """The compiled step (inductor, dense LoRA path) on the embedded model gives the eager step's greedy
     tokens, for an adapted row and a base row (the first generate compiles the declared set: 1 graph, since
-    ``engine.compile_nucleus`` is off; issue 46), and a sampled call that cuts a nucleus decodes eagerly on the
+    ``engine.compile_nucleus`` is off), and a sampled call that cuts a nucleus decodes eagerly on the
     compiled engine (the eager engine's tokens), compiling nothing.
     Kept to 8 tokens, and to the embedded model's
     first 4 of 30 layers (its weights, hidden size, 9 query / 3 KV heads and vocabulary): inductor lowers every layer

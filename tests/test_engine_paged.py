@@ -1,4 +1,4 @@
-"""The paged KV cache (issue 46.5): the static cache's tokens, capacity that follows the rows' real lengths, recompute
+"""The paged KV cache: the static cache's tokens, capacity that follows the rows' real lengths, recompute
 preemption when the pages run out, shared prefix pages, and the fit rule."""
 
 from __future__ import annotations

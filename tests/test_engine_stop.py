@@ -1,4 +1,4 @@
-"""Stop strings checked once per interval (issue 46 item 3): StopChecker.first_hit finds the token the per-token rule
+"""Stop strings checked once per interval: StopChecker.first_hit finds the token the per-token rule
 (vLLM's check_stop_strings, StopChecker.hit after every token) finds, at one decode per row and interval when no stop
 string is in the new text."""
 

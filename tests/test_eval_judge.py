@@ -1,4 +1,4 @@
-"""Code judging against EvalPlus's behaviour (issue 13): special oracles, per-input time limits, sanitize, and
+"""Code judging against EvalPlus's behaviour: special oracles, per-input time limits, sanitize, and
 forgeries that must not pass. Real MBPP+ data, the real sandbox; no model."""
 
 from __future__ import annotations

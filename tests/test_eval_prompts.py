@@ -1,4 +1,4 @@
-"""Prompt templates, problem ids and offline benchmark selection (issues 13 and 12): the real tokenizer of the
+"""Prompt templates, problem ids and offline benchmark selection: the real tokenizer of the
 embedded model, the shipped data files."""
 
 from __future__ import annotations

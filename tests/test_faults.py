@@ -1,4 +1,4 @@
-"""Faults a long run meets (issue 39 item 4): a full disk at checkpoint time, a sandbox worker killed mid-run. (A
+"""Faults a long run meets: a full disk at checkpoint time, a sandbox worker killed mid-run. (A
 tracker whose store fails mid-run: tests/test_trackers.py, "reported once and the run goes on".)"""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 ``lorapop train cpu_demo`` shrunk to 1T+1S, rank 1 on v_proj, 2 steps, one checkpoint) still resumes, reports and
 evaluates with today's code. If this fails, the run-directory format changed in a way old runs cannot follow.
 Its config.yaml's ``tasks_per_type`` was raised from 1 to 2 when configs with one-sample TRR++ groups became refused
-at load (issue 22; such a run learns nothing), and its sampling top_p from 0.95 to 1.0 when trained rollouts sampled
-in a nucleus became refused (issue 36: the update scores the whole vocabulary, so they trained off-policy); the
+at load (such a run learns nothing), and its sampling top_p from 0.95 to 1.0 when trained rollouts sampled
+in a nucleus became refused (the update scores the whole vocabulary, so they trained off-policy); the
 checkpoint and logs are as written."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPU path's memory and stop-token checks that a CPU can run (issue 28 items 4 and 6)."""
+"""The GPU path's memory and stop-token checks that a CPU can run."""
 
 from __future__ import annotations
 

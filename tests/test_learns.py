@@ -1,4 +1,4 @@
-"""The easy-task family, its held-out template split and the learning evidence (issues 15 and 22)."""
+"""The easy-task family, its held-out template split and the learning evidence."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.easy import TEMPLATES, easy_tasks, split_tasks
 
 # bench/learns.py's seed 0, smaller: 3 steps at lr 2e-3 where the bench takes 8 at 1e-3 (docs/RESULTS.md, "Evidence
-# that it learns, issue 22 version": the sweep of steps and rates this was chosen from, every outcome listed; at 2
-# steps the rate 4e-3 already breaks the trained arm, so the test stays in the sweep's quiet middle)
+# that it learns, held-out templates version": the sweep of steps and rates this was chosen from, every outcome
+# listed; at 2 steps the rate 4e-3 already breaks the trained arm, so the test stays in the sweep's quiet middle)
 LEARN_STEPS, LEARN_LR, LEARN_TASKS, LEARN_HELDOUT = 3, 2e-3, 8, 24
 
 
@@ -136,8 +136,8 @@ def test_trained_arm_beats_both_controls_on_heldout_templates(executor, tmp_path
     answers instead of 96 x 4, from template families never trained on. The trained arm solves more held-out tasks
     than the lr-0 control (the base) and than the shuffled-reward control (same updates, rewards permuted), every
     answer is saved with its status, and no held-out program appears in training. With LORAPOP_LEARNS_FLIP=1 the
-    trained arm's advantages are negated (learning broken on purpose): this test must then fail, and did (report of
-    issue 22; again at this size, docs/RESULTS.md)."""
+    trained arm's advantages are negated (learning broken on purpose): this test must then fail, and did (again at this
+    size, docs/RESULTS.md)."""
     import json
 
     import torch

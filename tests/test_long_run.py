@@ -1,4 +1,4 @@
-"""What keeps a long run's memory flat (issue 39): bounded task buffers, forgotten replaced members, the C heap's free
+"""What keeps a long run's memory flat: bounded task buffers, forgotten replaced members, the C heap's free
 pages handed back (lorapop/hostmem.py)."""
 
 from __future__ import annotations

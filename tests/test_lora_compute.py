@@ -1,4 +1,4 @@
-"""LoRA compute dtype (issue 28.5): bf16 matmuls over float32 master weights, float32 gradients."""
+"""LoRA compute dtype: bf16 matmuls over float32 master weights, float32 gradients."""
 
 from __future__ import annotations
 

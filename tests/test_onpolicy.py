@@ -1,4 +1,4 @@
-"""On-policy updates and AZR's regularizers (issue 36, items 3 and 5; docs/METHOD.md, "On-policy updates").
+"""On-policy updates and AZR's regularizers (docs/METHOD.md, "On-policy updates").
 
 The sampler reports the log-probability of each token it drew under the distribution it drew it from
 (Completion.logprobs); the update scores every trained token at its sample's temperature, so the two agree up to
@@ -80,8 +80,8 @@ def test_completion_logprobs_are_the_tempered_distribution_the_tokens_were_drawn
 
 def test_the_update_scores_each_sample_at_its_sampling_temperature_through_the_production_path():
     """stages.update builds the TrainSamples (temperature and sampler log-probs from each Completion); the mismatch
-    it reports, per adapter and pooled as train/logprob_mismatch, is rounding. Scored at temperature 1 as before
-    issue 36, or sampled inside a nucleus, the same tokens are far off: the statistic sees an off-policy update."""
+    it reports, per adapter and pooled as train/logprob_mismatch, is rounding. Scored at temperature 1 (as the update
+    once did), or sampled inside a nucleus, the same tokens are far off: the statistic sees an off-policy update."""
     eng = _peaked_engine(n_adapters=2)  # far from uniform, so the temperature changes every log-prob
     prompts = _prompts(eng)
     comps = eng.generate(prompts * 2, [0, 0, 0, 1, 1, 1], SamplingParams(max_new_tokens=8, temperature=T),

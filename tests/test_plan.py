@@ -1,4 +1,4 @@
-"""`lorapop plan` (issue 24 item 2): phase memory measured under fake tensors on the engine's own code.
+"""`lorapop plan`: phase memory measured under fake tensors on the engine's own code.
 
 A fake-tensor run costs per op, not per byte (a few seconds per probe on a loaded CPU whatever the model's size),
 so each config is measured once per module and the assertions read that measurement."""

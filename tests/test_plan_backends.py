@@ -1,4 +1,4 @@
-"""`lorapop plan CONFIG --backends torch,vllm` (issue 48 item 1): one plan per backend, each the plan that
+"""`lorapop plan CONFIG --backends torch,vllm`: one plan per backend, each the plan that
 `--engine.backend=B` alone gives, and an exit status that is 0 only when every one fits."""
 
 from __future__ import annotations

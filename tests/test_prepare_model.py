@@ -1,4 +1,4 @@
-"""`lorapop prepare-model` (issue 51 item 2): a local directory is checked and described; a hub id comes from the
+"""`lorapop prepare-model`: a local directory is checked and described; a hub id comes from the
 Hugging Face cache when it is there and, with the hub unreachable (tests/conftest.py forces HF_HUB_OFFLINE=1), fails
 at once with an error naming HF_HUB_OFFLINE and the local-path alternative. The download itself needs the network,
 which no test has; it is `huggingface_hub.snapshot_download`, called as the cached case calls it."""

@@ -69,7 +69,7 @@ def test_the_readme_shows_the_two_commands_and_stays_short():
     readme = (REPO / "README.md").read_text()
     cmds = shell_commands(readme)
     assert ["bash", "scripts/demo.sh"] in cmds and ["bash", "scripts/test.sh"] in cmds
-    # issue 25: about 200 lines; measurements live in docs/RESULTS.md (230: issue 51's configs table columns, the
+    # About 200 lines; measurements live in docs/RESULTS.md (230: the configs table's columns, the
     # baseline run and the extra's install that the commands need)
     assert len(readme.splitlines()) <= 230
     for link in re.findall(r"\]\(([^)#]+)\)", readme):  # every linked file and picture exists

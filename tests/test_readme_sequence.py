@@ -1,4 +1,4 @@
-"""The README's CPU commands, run for real and in the README's order (issue 51 item 4), in a fresh directory: each
+"""The README's CPU commands, run for real and in the README's order, in a fresh directory: each
 command that reads a run reads one an earlier command made. Small overrides keep it to minutes: every training is
 one step of 2 `code_o` tasks with short replies (the resume continues to step 2), evaluations take 1 problem of one
 benchmark, retention trains one step per arm of two operators on a parent 2 steps in (`--min-parent-steps=2`

@@ -19,7 +19,7 @@ def test_a_two_step_chart_labels_only_whole_steps():
 
 
 def test_a_long_legend_wraps_inside_the_figure_and_above_the_plots():
-    """Twenty labels on a one-panel figure (issue 49's retention figure): every entry starts inside the width and no
+    """Twenty labels on a one-panel figure (the retention figure): every entry starts inside the width and no
     entry's estimated extent (the layout's own 7 px a character) passes the right edge, and the panels start below
     the last legend line."""
     from lorapop.report_svg import figure_svg, plot_svg

@@ -1,4 +1,4 @@
-"""`lorapop retention` (issue 49): arms scored on the run's own probe family with a noise floor from replicates of the
+"""`lorapop retention`: arms scored on the run's own probe family with a noise floor from replicates of the
 parent (continuation, clone, extra scorings). End to end at a tiny size on the real embedded model, a real PEFT
 checkpoint, real operators and sandbox; then `lorapop report` renders the retention section. The pure parts (floor,
 verdicts, strength knobs, task split) are tested without a model."""

@@ -1,4 +1,4 @@
-"""selfplay.proposal_style: selection (the cpu_selection config, issue 38): the shipped seed file, the prompts and
+"""selfplay.proposal_style: selection (the cpu_selection config): the shipped seed file, the prompts and
 prefills of code_o and code_i, the parse of a reply that starts inside the list, the style's validity checks (one
 return line, output not None, the answer within the solve budget), the config's refusal without response_prefill,
 and the probe's held-out selection tasks."""
@@ -120,7 +120,7 @@ def test_selection_style_needs_prefill_and_config_loads():
     sp = cfg.selfplay
     assert sp.proposal_style == "selection" and sp.task_types == ["code_o", "code_i"]
     assert sp.seed_files == [SEED_FILE] and sp.propose.top_p == sp.solve.top_p == 1.0
-    # the answer temperature stays in the range issue 38 leaves to the gate (0.3-0.7)
+    # the answer temperature stays in the range the design leaves to the gate (0.3-0.7)
     assert 0.3 <= sp.solve.temperature <= 0.7 and cfg.engine.entropy_coeff > 0 and cfg.run.probe_interval > 0
     # one block, so the proposal may stop at its closing fence (refused for the two-block styles)
     with pytest.raises(ConfigError, match="propose.stop"):

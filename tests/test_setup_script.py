@@ -1,4 +1,4 @@
-"""scripts/setup.sh picks torch's build (issue 51 item 1) and vLLM's (issue 48 item 7) from the machine, and replaces a
+"""scripts/setup.sh picks torch's build and vLLM's from the machine, and replaces a
 build of the wrong kind: checked through its --dry-run, which runs the same detection and decisions as a real setup
 and stops before changing anything (a real install takes minutes and GBs). The NVIDIA driver is detected through
 /proc/driver/nvidia/version or `nvidia-smi -L`; a directory on PATH with an `nvidia-smi` that lists a GPU stands in for

@@ -1,4 +1,4 @@
-"""Behaviour unchanged (issue 50 item 4): for every shipped config (and the defaults), the prompts the stages render
+"""Behaviour unchanged: for every shipped config (and the defaults), the prompts the stages render
 for a fixed seed and the parse, validity and answer verdicts over the saved tasks of docs/results/ are the ones
 recorded in tests/fixtures/styles/ before proposal styles and prompt formats became registered values
 (tests/style_fixtures.py says what is recorded and how)."""

@@ -1,4 +1,4 @@
-"""A style is one registered value (issue 50 items 1-3): a style written here, inside the test, with its own one-line
+"""A style is one registered value: a style written here, inside the test, with its own one-line
 program family, prefill, prompts, parser and validity check, is registered and plays one real self-play step on the
 tiny engine; everything the step asked and read is the toy style's. And the registries refuse unknown names at load,
 listing the registered ones."""

@@ -1,4 +1,4 @@
-"""Scratch directories of processes killed with -9 are removed by the next process that makes one (issue 39)."""
+"""Scratch directories of processes killed with -9 are removed by the next process that makes one."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""engine.backend vllm against the torch engine on the embedded model (issue 37): greedy tokens, the sampler's
-log-probs, versioned adapter-only sync after a train step, a PBT replacement and a kill -9 + --resume; issue 48: the
+"""engine.backend vllm against the torch engine on the embedded model: greedy tokens, the sampler's
+log-probs, versioned adapter-only sync after a train step, a PBT replacement and a kill -9 + --resume; the
 adapter files' dtype and their fallback when /dev/shm is short, one vLLM engine per process (eval over two (model,
 rank) groups), the trainer's float32 matmul precision kept.
 

@@ -1,4 +1,4 @@
-"""Multi-LoRA engine (issue 2). ``TorchEngine`` is imported lazily so that ``lorapop.engine.base`` stays torch-free."""
+"""Multi-LoRA engine. ``TorchEngine`` is imported lazily so that ``lorapop.engine.base`` stays torch-free."""
 
 from .base import DEFAULT_TARGET_MODULES, Completion, Engine, EngineConfig, SamplingParams, TrainSample
 

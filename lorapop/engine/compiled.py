@@ -1,8 +1,8 @@
 """``engine.compile``: the decode step compiled once, over a declared set of shapes, before the first decode step.
 
 A run meets new decode shapes in its first steps: the number of rows changes with the valid tasks, the lengths with
-EOS, the sampling settings with the role. Compiling each on first meeting (issue 24's one graph per batch bucket)
-scattered tens of seconds of inductor per bucket at 7B over the first steps (issue 46). Here the engine declares,
+EOS, the sampling settings with the role. Compiling each on first meeting (one graph per batch bucket)
+scattered tens of seconds of inductor per bucket at 7B over the first steps. Here the engine declares,
 from its cache, every shape the step can meet and makes it ready at once, as vLLM does before it serves:
 
 - the batch size and the attention length are *symbolic* (``maybe_mark_dynamic``), so dynamo and inductor compile

@@ -19,7 +19,7 @@ Sampling is whole-batch and counter-based: each row's Gumbel noise is a hash of 
 so a row's sample depends only on its seed and how many tokens it has produced, never on the batch around it or
 its slot, and costs no per-row kernel launch.
 
-The compiled step (issues 24, 46) is one graph per sampling branch for a whole run, made ready before the first
+The compiled step is one graph per sampling branch for a whole run, made ready before the first
 decode step (:mod:`.compiled`), as in gpt-fast (one compiled decode over a fixed-size cache) and vLLM (symbolic
 shapes, then a CUDA graph per batch size): the cache keeps one shape for the run, the batch size and the number of
 positions attention reads (the length of ``cache.span(kv_len)``) are dimensions dynamo treats as symbolic (so a
@@ -279,7 +279,7 @@ class LlamaFamilyDecoder:
 
         The new K/V are written with one ``index_put_`` on the whole cache tensor, touching ``b x T`` positions: a
         write into a slice of it (``kc[:b].scatter_``) is functionalised under inductor into a copy of the whole
-        slice and a copy back, every step (issue 28)."""
+        slice and a copy back, every step."""
         b, t = tokens.shape
         span = cache.span(kv) if isinstance(kv, int) else kv
         kv_len = span.shape[0]

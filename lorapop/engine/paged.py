@@ -1,4 +1,4 @@
-"""``engine.kv_cache: paged``: a KV cache whose capacity follows the rows' real lengths (issue 46.5).
+"""``engine.kv_cache: paged``: a KV cache whose capacity follows the rows' real lengths.
 
 ``engine.kv_cache: auto`` (the default) picks it when the budget cannot hold ``gen_batch_size`` rows at the full
 length; when it can, the static cache holds them all and reads them in place, and paging would only add its gather.
@@ -15,7 +15,7 @@ it has written: a row takes pages as it grows, and a budget holds as many rows a
   physical one; unallocated entries and the last column (the static cache's trash position ``max_len``) point at
   the trash page, so padding, free slots and the steps a row takes past its end write there, as before.
 - The forward computes each row's physical addresses once per call (``locate``): K/V writes are one ``index_put_``
-  on the whole pool, as in the static cache (no functionalised copy of a slice, issue 28). A step reads only what
+  on the whole pool, as in the static cache (no functionalised copy of a slice). A step reads only what
   it attends: the addresses of positions ``0..kv_len-1`` (the same symbolic span as the static cache) are gathered
   into ``[b, n_kv, kv_len, head_dim]`` for SDPA. That gather is the cost of paging in plain PyTorch: it copies the
   attended history once per layer and step (about twice the static cache's attention bytes; the weights' bytes are

@@ -1,4 +1,4 @@
-"""Benchmarks and ``lorapop eval`` (issue 7). Heavy modules (torch, the engine, the sandbox) load lazily.
+"""Benchmarks and ``lorapop eval``. Heavy modules (torch, the engine, the sandbox) load lazily.
 
 Public API: :class:`~lorapop.eval.runner.EvalConfig`, :func:`~lorapop.eval.runner.run_eval`,
 :func:`~lorapop.eval.runner.cli_main` (``lorapop eval``), :func:`~lorapop.eval.runs.find_checkpoint`,

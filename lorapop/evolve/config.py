@@ -88,7 +88,7 @@ class EvolveConfig:
             raise ValueError(f"evolve.quantile_fraction: must be in (0, 0.5], got {q!r}")
 
 
-# The strength knob of each operator that has one (issue 49's "stronger setting"): the parameters that set how far a
+# The strength knob of each operator that has one (retention's "stronger setting"): the parameters that set how far a
 # child moves from its parent, and how a factor k strengthens them. "mul": the value times k; "mul_cap1": times k, at
 # most 1 (a share of components); "keep": a drop probability p whose kept share 1 - p is divided by k; "past1": an
 # extrapolation coefficient eta whose step past the better parent, eta - 1, is multiplied by k. layer_wise,

@@ -1,5 +1,5 @@
 """`lorapop retention RUN_DIR`: how fast does a PBT child get back to where its parent would have been (the paper's
-Appendix J protocol; issue 49)?
+Appendix J protocol)?
 
 From a parent trained in self-play (a member of the run's latest checkpoint, at least ``min_parent_steps`` = 20
 self-play steps in by default; by default the student, or single mode's agent, with the best TrueSkill expose

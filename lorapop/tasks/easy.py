@@ -1,8 +1,8 @@
 """A family of easy tasks in the AZR format, built deterministically from a seed: one-line programs on small literal
 inputs (``def f(x): return x + 3`` called on ``4``, ``s.upper()`` on a short word, ``nums[1]`` on a short list...).
 
-Why it exists: the embedded SmolLM2-135M-Instruct almost never answers an AZR seed task correctly (0 of 288 in
-issue 15), so a reward that is never positive gives TRR++ nothing to learn from and no experiment can tell a working
+Why it exists: the embedded SmolLM2-135M-Instruct almost never answers an AZR seed task correctly (0 of 288
+measured), so a reward that is never positive gives TRR++ nothing to learn from and no experiment can tell a working
 update path from a broken one. These tasks are easy enough that the base model is rewarded some of the time, which is
 what the RL sanity experiment (lorapop/train/student.py, bench/learns.py) needs.
 
@@ -18,7 +18,7 @@ What the base measured on it (code_o, 6 tasks per template, 4 answers each, 16 t
 the ```output fence): 69/312 = 22% correct at temperature 0.3 (the student prompt without an example value; with
 the old example ``[1, 'a']`` the base copied it and solved 4-8%). Per template at 0.3: ``first`` 15/24, ``identity``
 and ``const`` 12/24, ``index`` 10/24, ``mul`` 7/24, ``max`` 6/24, ``add`` 3/24, ``last``/``length`` 2/24, ``sub``,
-``upper``, ``concat``, ``append`` 0/24. So the family as a whole sits in the 10-60% band issue 15 asks for, with
+``upper``, ``concat``, ``append`` 0/24. So the family as a whole sits in a 10-60% band (learnable), with
 templates the base already gets and templates it does not.
 """
 
@@ -93,7 +93,7 @@ def split_tasks(n_train: int, n_heldout: int, seed: int, task_type: str = "code_
     return train, held
 
 
-# Held-out templates (bench/learns.py, issue 22): a skeptic's held-out set shares no template with training. Two
+# Held-out templates (bench/learns.py): a skeptic's held-out set shares no template with training. Two
 # templates that can render the same program text (``first`` is ``index`` with i = 0) form one family and are held
 # out together, so no held-out program can appear word for word in training.
 BASE_SOLVES = ("identity", "const", "first", "index", "mul", "max")  # the base solves >= 25% of these (docstring)
@@ -151,7 +151,7 @@ SEED_FILE_TASKS, SEED_FILE_SEED = 64, 7  # the shipped file is easy_tasks(64, se
 
 def seed_rows(n: int = SEED_FILE_TASKS, seed: int = SEED_FILE_SEED) -> list[dict]:
     """Easy tasks in AZR's seed-file layout (``snippet, input, output, imports``), for ``selfplay.seed_files``:
-    one-line references a small base can imitate, so its proposals can reach valid tasks (issue 15 item 2)."""
+    one-line references a small base can imitate, so its proposals can reach valid tasks."""
     return [{"snippet": t.program, "input": t.inputs[0], "output": t.outputs[0], "imports": []}
             for t in easy_tasks(n, seed)]
 

@@ -1,4 +1,4 @@
-"""``selfplay.proposal_style: selection`` (the cpu_selection config, issue 38): tasks the embedded 135M model can
+"""``selfplay.proposal_style: selection`` (the cpu_selection config): tasks the embedded 135M model can
 partly answer and learn. One ```python block opens with the input line ``nums = [<small ints>]`` and defines
 ``f(nums)`` as one ``return <expr>`` line whose expression copies or selects: ``nums``, a constant, ``nums[k]``,
 ``max``/``min``/``len``, ``sorted(nums)[k]``, ``nums[i] if nums[j] > k else nums[l]``, or two of these composed.

@@ -308,8 +308,8 @@ class Trainer:
             self.ratings.record(match)
         done("rate")
 
-        # before evolve: the probe of step N scores the members that trained at step N, never a child made this step
-        # (issue 36). Its rows reach disk before this step's checkpoint, so a kill in between leaves them past the
+        # before evolve: the probe of step N scores the members that trained at step N, never a child made this step.
+        # Its rows reach disk before this step's checkpoint, so a kill in between leaves them past the
         # last checkpoint, where a resume drops them and writes them again.
         if cfg.run.probe_interval and step % cfg.run.probe_interval == 0:
             stage("probe")
@@ -477,7 +477,7 @@ class Trainer:
         for k, b in self.buffers.items():
             b.load_state_dict(state["buffers"][k])
         self.coverage.load_state_dict(state["coverage"])
-        # checkpoints made before 2026-11 also hold the global `random` state ("rng"); nothing draws from it
+        # older versions' checkpoints also hold the global `random` state ("rng"); nothing draws from it
         self.engine.load_state_dict(torch.load(latest / ENGINE_STATE, weights_only=True))
         for m in self.population.members:  # the PEFT files are the source of truth for the weights
             self.engine.load_adapter(m.slot, latest / ADAPTERS / m.id)

@@ -1,4 +1,4 @@
-"""``selfplay.proposal_style: selection`` (the cpu_selection config, issue 38): the one-block layout of
+"""``selfplay.proposal_style: selection`` (the cpu_selection config): the one-block layout of
 proposal_style expression over a list, the line ``nums = [<small ints>]`` then an f(nums) whose body is one return
 line that copies or selects; the reply starts after ``nums = [``. Why this family, its references and its
 validity rules: lorapop/tasks/selections.py. What the style changes beyond the layout:
