@@ -194,10 +194,58 @@ def _advise(p: CpuPlan, resident: int, m: dict[str, int], per_row: int, rows: in
                             if fit >= 1 else "update: one row does not fit: shorten max_new_tokens or the prompts")
 
 
+# Floats per token and decoder layer, per unit of (hidden + intermediate) size, that the upper bound below allows
+# for one layer's activations kept for backward (and for a forward's transients): the fake-tensor measurement finds
+# 4.6 on the embedded model (float32, 8 rows x 1184 tokens, no checkpointing: 11.1 GB), so 16 leaves 3.5x.
+ACT_FLOATS = 16
+
+
+def upper_bound_bytes(cfg: Any, process_bytes: int, prompt_tokens: int | None = None) -> int:
+    """A closed-form upper bound on :func:`plan_cpu`'s peak for ``cfg`` (the same rows and prompt length), from the
+    model's config alone (no fake tensors): every parameter in the base's dtype (float32 counted for auto); every
+    Linear inside the decoder adapted, each adapter with float32 weights, gradients, two AdamW moments and a
+    base-dtype copy; the KV cache of the largest generate call at the full length; activations at
+    :data:`ACT_FLOATS` float32 per token, layer and unit of hidden + intermediate size, for every layer without
+    checkpointing (one layer's plus every layer's input with it), and attention scores of every head over the whole
+    row (eager attention's, which memory-efficient attention does not keep); the log-prob chunk's logits eight times
+    over (softmax, entropy and their gradients). Milliseconds, where the measurement takes seconds: the check before a
+    run measures only when this bound reaches the memory available."""
+    import torch
+
+    from lorapop.model import import_transformers
+    from lorapop.plan_measure import default_prompt_tokens, model_config
+
+    mcfg, e, sp = model_config(cfg.model.name), cfg.engine, cfg.selfplay
+    elt = 8 if e.dtype == "float64" else 4
+    with torch.device("meta"):
+        model = import_transformers().AutoModelForCausalLM.from_config(mcfg)
+    params = sum(t.numel() for t in model.parameters())
+    lin = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"]
+    lora = sum(e.rank * (m.in_features + m.out_features) for m in lin) * cfg.population.n_members * (4 * 4 + elt)
+    layers, hidden = mcfg.num_hidden_layers, mcfg.hidden_size
+    heads = mcfg.num_attention_heads
+    head_dim = getattr(mcfg, "head_dim", None) or hidden // heads
+    kv_token = 2 * layers * getattr(mcfg, "num_key_value_heads", heads) * head_dim * elt
+    prompt = prompt_tokens or default_prompt_tokens(cfg)
+    new = max(sp.propose.max_new_tokens, sp.solve.max_new_tokens)
+    rows = max(min(n, max(1, e.gen_batch_size)) for n in generate_rows(cfg).values())
+    unit = ACT_FLOATS * (hidden + getattr(mcfg, "intermediate_size", 4 * hidden)) * 4
+    vocab = mcfg.vocab_size * 4
+    gen_tokens = max(rows, min(prompt, max(1, e.prefill_chunk_tokens)) * rows)
+    generation = rows * (prompt + new) * kv_token + gen_tokens * (unit + 4 * vocab)
+    mb, row = max(1, e.train_micro_batch_size), prompt + new
+    kept = (hidden * 4 * layers + unit) if e.gradient_checkpointing else unit * layers
+    scores = heads * row * 4 * (1 if e.gradient_checkpointing else layers)
+    update = mb * row * (kept + scores) + 8 * mb * max(1, e.logprob_chunk_size) * vocab
+    return process_bytes + params * elt + lora + max(generation, update)
+
+
 def check_on_cpu(cfg: Any, note: Any = print) -> CpuPlan | None:
     """Before a CPU run loads its weights: plan its peak and, when it exceeds the memory available now, ``note``
-    what to lower. A warning, not a refusal: with swap a run that does not fit is slow, not impossible. Nothing
-    happens off CPU or where the available memory cannot be read."""
+    what to lower. A warning, not a refusal: with swap a run that does not fit is slow, not impossible. The plan is
+    measured (seconds, on fake tensors) only where :func:`upper_bound_bytes` reaches the available memory; below it
+    the run fits whatever the measurement would say, and None is returned. Nothing happens off CPU or where the
+    available memory cannot be read."""
     import torch
 
     dev = cfg.engine.device
@@ -208,7 +256,12 @@ def check_on_cpu(cfg: Any, note: Any = print) -> CpuPlan | None:
         return None
     from lorapop.plan_measure import UnknownShape
 
+    import lorapop.engine.torch_engine  # noqa: F401 - the process as plan_cpu measures it
+    from lorapop.hostmem import proc_status_kb
+
     try:
+        if upper_bound_bytes(cfg, (proc_status_kb("VmRSS") or 0) * 1024) < avail:
+            return None
         p = plan_cpu(cfg, avail)
     except UnknownShape:
         return None

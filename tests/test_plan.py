@@ -363,3 +363,22 @@ def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedde
     assert main(["plan", "cpu_demo", "--cpu", "--memory", "0.01", *SHORT]) == 1
     assert "does NOT fit" in capsys.readouterr().out
     assert main(["plan", "cpu_demo", "--cpu", "--memory", "64", *SHORT]) == 0
+
+
+@pytest.mark.parametrize("ckpt", [True, False])
+def test_cpu_upper_bound_is_above_the_measured_plan_and_skips_it_when_far_below(embedded, ckpt, monkeypatch):
+    """The closed-form bound the check before a CPU run tries first is at least the fake-tensor plan's peak (so
+    skipping the measurement below it never hides a warning), and where the machine's memory is above the bound
+    nothing is measured."""
+    from lorapop import plan_cpu
+
+    cfg = _small("cpu_demo", f"--engine.gradient_checkpointing={str(ckpt).lower()}")
+    ecfg = dataclasses.replace(embedded.engine, gradient_checkpointing=ckpt)
+    monkeypatch.setattr(plan_cpu, "measured_cached", lambda c, p: dataclasses.replace(embedded, engine=ecfg))
+    proc = GIB // 4
+    planned = plan_cpu.plan_cpu(cfg, 64 * GIB, embedded.prompt_tokens, process_bytes=proc).peak_bytes
+    bound = plan_cpu.upper_bound_bytes(cfg, proc, embedded.prompt_tokens)
+    assert planned <= bound < 20 * planned
+    monkeypatch.setattr(plan_cpu, "machine_bytes", lambda: 10**15)
+    monkeypatch.setattr(plan_cpu, "plan_cpu", lambda *a, **k: pytest.fail("measured below the bound"))
+    assert plan_cpu.check_on_cpu(cfg, pytest.fail) is None
