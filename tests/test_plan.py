@@ -353,6 +353,14 @@ def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedde
     advice = "\n".join(small.advice)
     assert "--engine.gen_batch_size=" in advice
     assert "--engine.gradient_checkpointing=true and --engine.train_micro_batch_size=1 (now 2)" in advice
+    # without a prompt length: the cache's rows at the mean of the prompts built from the seed files, each reply at
+    # its budget; the update's rows at the prompt format's budget
+    seeded = plan_cpu.seed_prompt_tokens(cfg)
+    assert seeded is not None and all(50 < seeded[k] < 1024 for k in ("propose", "solve"))
+    own = plan_cpu.plan_cpu(cfg, 64 * GIB, process_bytes=proc)
+    assert own.phases["KV cache (largest generate call)"] == max(
+        n * (round(seeded[k]) + 64) * m["kv_token"] for k, n in plan_cpu.generate_rows(cfg).items())
+    assert own.update_bytes == big.update_bytes and "seed-built mean" in own.notes["KV cache (largest generate call)"]
     said: list[str] = []  # the check plans at the config's own prompt length, with this process's memory
     from lorapop import hostmem
 
