@@ -48,6 +48,7 @@ def test_stage_peaks_add_up_to_the_whole_window():
     whole = outer.close()
     assert list(peaks)[-3:] == ["generate", "big", "update"]
     assert peaks["big"] * 2**20 >= rss0 + 190 * MB  # the stage's own peak, despite the part's reset
+    assert peaks["update"] * 2**20 < rss0 + 150 * MB  # and not the next stage's: it opened after "big" was freed
     # every stage, the one open before the first begin() included: memory resident when the window opened and freed
     # before "generate" began (a collection, a trim) is the window's peak and that first stage's, no later one's
     assert max(peaks.values()) == pytest.approx(whole / 2**20, abs=0.002)
