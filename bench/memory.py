@@ -15,9 +15,10 @@ Last line: JSON with ``peak_gb`` (the process's peak over the run), ``stage_peak
 ``part_peaks_gb`` ("stage/part" -> GB), ``rss_after_load_gb``, ``s_per_step``, ``plan_gb`` (`lorapop plan --cpu`'s
 peak for the same config, its process taken as this one's before the run loaded), ``plan_over_measured``,
 ``longest_prompt`` and ``longest_update_row`` (tokens: what the plan's ``--prompt-tokens`` stands for); with
-``--compare-update R`` also the last generate call's and update's seconds and added peak before and after this
-fix, interleaved (``compare_s``, ``generate_after_over_before``, ``update_after_over_before``,
-``step_after_over_before``, ``compare_added_gb``).
+``--compare-update R`` also the last generate call's and update's seconds and added peak under each of ``--arms``
+(checkpointing one layer in N, glibc's mmap threshold, or the code before the memory fix), interleaved, with each
+arm's generate, update and estimated step time over the first arm's (``compare_s``, ``compare_over_ref``,
+``compare_added_gb``, ``compare_same_update``).
 """
 
 from __future__ import annotations
@@ -107,28 +108,51 @@ def instrument(w: Windows) -> None:
     w.wrap(optim.StackedAdamW, "step", "optimizer")
 
 
-def compare_update(engine, samples, gen, times: dict[str, float], rounds: int) -> dict:
-    """The step's last generate call and its update again, as the code ran before this fix ("before": activations
-    kept for backward, the KV cache zeroed at once and kept, glibc's mmap threshold at its 32 MiB ceiling, where its
-    dynamic rule ends) and as it runs now ("after": checkpointing, the lazily resident cache handed back per call, a
-    1 MiB threshold), in turn so the machine's load hits both alike: seconds and the peak each adds to the resident
-    memory it starts from. The step's time ratio is estimated from the step's own stage times, generation and
-    update scaled by their measured ratios."""
+ARM_BEFORE = "before"  # the code before the memory fix: activations kept, the KV cache zeroed at once and kept, a
+# 32 MiB mmap threshold (where glibc's dynamic rule ends)
+
+
+def parse_arm(arm: str) -> tuple[int, int]:
+    """``cNtM``: checkpoint one decoder layer in N (0: none), glibc's mmap threshold at M MiB; ``before``: see
+    :data:`ARM_BEFORE`. Returns (N, threshold bytes)."""
+    if arm == ARM_BEFORE:
+        return 0, 32 * 2**20
+    try:
+        n, m = arm[1:].split("t")
+        assert arm[0] == "c"
+        return int(n), int(float(m) * 2**20)
+    except (ValueError, AssertionError, IndexError):
+        raise SystemExit(f"--arms: {arm!r} is not 'before' or cNtM (N layers per checkpoint, 0 none; M MiB)")
+
+
+def compare_update(engine, samples, gen, times: dict[str, float], rounds: int, arms: list[str], run_arm: str) -> dict:
+    """The step's last generate call and its update again under each of ``arms`` (see :func:`parse_arm`), in turn,
+    ``rounds`` times, so the machine's load hits all alike: seconds and the peak each adds to the resident memory it
+    starts from. Every arm but ``before`` uses the lazily resident KV cache handed back per call. Each arm's step
+    time is estimated from the run's own stage times (measured under ``run_arm``'s settings, one of ``arms``),
+    generation and the update scaled by the arm's seconds over ``run_arm``'s, and reported over the first arm's. In
+    the first round each arm's updated adapters are compared with the first arm's (``compare_same_update``: equal
+    bit for bit), the engine's state put back after each."""
     import statistics
 
     from lorapop.engine import decode
 
     lazy, per_call = decode.cache_zeros, engine._cache_per_call
-    secs = {arm: {"generate": [], "update": []} for arm in ("before", "after")}
-    added = {arm: 0.0 for arm in secs}
-    for _ in range(rounds):
-        for arm in ("before", "after"):
-            old = arm == "before"
-            hostmem.map_large_allocations(32 * 2**20 if old else hostmem.MAP_LARGE_BYTES)
-            engine.cfg.gradient_checkpointing = not old
+    secs = {arm: {"generate": [], "update": []} for arm in arms}
+    added = {arm: 0.0 for arm in arms}
+    same: dict[str, bool] = {}
+    first: list = []
+    for r in range(rounds):
+        for arm in arms:
+            old = arm == ARM_BEFORE
+            every, threshold = parse_arm(arm)
+            hostmem.map_large_allocations(threshold)
+            engine.cfg.gradient_checkpointing = every > 0
+            engine.cfg.gradient_checkpointing_every = max(1, every)
             decode.cache_zeros = (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype)) if old else lazy
             engine._cache_per_call = (lambda: False) if old else per_call
             engine._cache = None
+            state = engine.state_dict() if r == 0 else None
             hostmem.release_free_memory()
             before = hostmem.proc_status_kb("VmRSS") or 0
             win = hostmem.PeakWindow()
@@ -139,17 +163,28 @@ def compare_update(engine, samples, gen, times: dict[str, float], rounds: int) -
             secs[arm]["generate"].append(t1 - t0)
             secs[arm]["update"].append(time.perf_counter() - t1)
             added[arm] = max(added[arm], round((win.close() - before) / GB, 3))
+            if state is not None:
+                after = engine.state_dict()
+                now = [*after["lora_A"], *after["lora_B"]]
+                first = first or now
+                same[arm] = all(torch.equal(a, b) for a, b in zip(first, now))
+                engine.load_state_dict(state)
     decode.cache_zeros, engine._cache_per_call = lazy, per_call
     mean = {arm: {k: statistics.fmean(v) for k, v in d.items()} for arm, d in secs.items()}
-    ratio = {k: mean["after"][k] / mean["before"][k] for k in ("generate", "update")}
-    scaled = {"propose": ratio["generate"], "solve": ratio["generate"], "update": ratio["update"]}
-    after = sum(times.values())
-    before = sum(t / scaled.get(k, 1.0) for k, t in times.items())
+    gen_s = times.get("propose", 0.0) + times.get("solve", 0.0)
+    upd_s = times.get("update", 0.0)
+    rest = sum(t for k, t in times.items() if k not in ("propose", "solve", "update"))
+
+    def step(arm: str) -> float:
+        return (gen_s * mean[arm]["generate"] / mean[run_arm]["generate"]
+                + upd_s * mean[arm]["update"] / mean[run_arm]["update"] + rest)
+
+    ref = arms[0]
     return {"compare_s": {arm: {k: round(v, 2) for k, v in d.items()} for arm, d in mean.items()},
-            "generate_after_over_before": round(ratio["generate"], 3),
-            "update_after_over_before": round(ratio["update"], 3),
-            "step_after_over_before": round(after / before, 3),
-            "compare_added_gb": added}
+            "compare_added_gb": added, "compare_same_update": same, "compare_ref": ref,
+            "compare_over_ref": {arm: {"generate": round(mean[arm]["generate"] / mean[ref]["generate"], 3),
+                                       "update": round(mean[arm]["update"] / mean[ref]["update"], 3),
+                                       "step": round(step(arm) / step(ref), 3)} for arm in arms[1:]}}
 
 
 def main() -> None:
@@ -162,8 +197,12 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. --engine.gradient_checkpointing=false "
                                                   "(after --)")
     ap.add_argument("--compare-update", type=int, default=0, metavar="R",
-                    help="after the run: R rounds of the last step's last generate call and update, as before this "
-                         "fix and as now, alternating (see compare_update)")
+                    help="after the run: R rounds of the last step's last generate call and update under each of "
+                         "--arms, alternating (see compare_update)")
+    ap.add_argument("--arms", default=None, metavar="before,c1t1,...",
+                    help="the settings --compare-update alternates, the first the reference: 'before' (the code "
+                         "before the memory fix) or cNtM (checkpoint one decoder layer in N, 0 none; glibc's mmap "
+                         "threshold at M MiB); default: before and the run's own settings")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from lorapop.plan_cpu import plan_cpu
@@ -198,7 +237,12 @@ def main() -> None:
             peak = hostmem.peak_kb()  # the run's: the comparison below runs the update without checkpointing too
             if a.compare_update and batches:
                 times = {k[5:]: v for k, v in steps[-1].items() if k.startswith("time/")}
-                extra = compare_update(t.engine, batches[-1], gens[-1], times, a.compare_update)
+                e = cfg.engine
+                run_arm = f"c{e.gradient_checkpointing_every if e.gradient_checkpointing else 0}" \
+                          f"t{hostmem.MAP_LARGE_BYTES / 2**20:g}" if cfg.run.malloc_trim else ARM_BEFORE
+                arms = a.arms.split(",") if a.arms else [ARM_BEFORE, run_arm]
+                arms += [] if run_arm in arms else [run_arm]
+                extra = compare_update(t.engine, batches[-1], gens[-1], times, a.compare_update, arms, run_arm)
         finally:
             t.close()
     planned = plan_cpu(cfg, 64 * 2**30, process_bytes=process)

@@ -178,8 +178,9 @@ class PeakWindow:
         """``reset`` False: the window starts at the last reset (or the process's start) instead of now."""
         self._kb = 0
         self._before = peak_kb() if reset else 0
-        _open_windows.add(self)
+        # reset before joining the open windows: the peak before the reset is theirs to keep, not this window's
         self.exact = reset_peak() if reset else proc_status_kb("VmHWM") is not None
+        _open_windows.add(self)
 
     def fold(self, hwm_kb: int) -> None:
         self._kb = max(self._kb, hwm_kb)

@@ -127,17 +127,22 @@ def test_kv_budget_bounds_the_slots_and_says_when_a_row_cannot_fit():
 
 
 def test_activation_checkpointing_gives_the_same_gradients(monkeypatch):
+    """Checkpointing every layer, or one in two, recomputes those layers' forwards in backward and leaves the
+    gradients as they are without it."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     from lorapop.engine.lora import MultiLoRALinear
 
     samples = [TrainSample(PROMPTS[k % 4], [5, 6, 7, 8, 9][: 2 + k % 3], k % 3, 1.0 - 0.5 * k) for k in range(6)]
     grads, calls = [], {}
     forward = MultiLoRALinear.forward
-    for on in (False, True):
-        eng = tiny_engine(gradient_checkpointing=on, train_micro_batch_size=3)
-        calls[on] = 0
+    arms = ((False, 1), (True, 1), (True, 2))
+    for on, every in arms:
+        eng = tiny_engine(gradient_checkpointing=on, gradient_checkpointing_every=every, train_micro_batch_size=3)
+        calls[on, every] = 0
 
-        def counting(self, x, on=on):
-            calls[on] += 1
+        def counting(self, x, arm=(on, every)):
+            calls[arm] += 1
             return forward(self, x)
 
         monkeypatch.setattr(MultiLoRALinear, "forward", counting)
@@ -146,9 +151,13 @@ def test_activation_checkpointing_gives_the_same_gradients(monkeypatch):
         monkeypatch.setattr(MultiLoRALinear, "forward", forward)
         grads.append([p.grad.clone() for p in eng._params])
         assert not any(m.training for m in eng.model.modules())  # flags restored
-    for a, b in zip(*grads):
-        assert_close_sums(a, b, K_TINY_GRAD, scale=float(b.abs().max()))
-    assert calls[True] == 2 * calls[False]  # every layer recomputed in backward: checkpointing really ran
+    for g in grads[1:]:
+        for a, b in zip(grads[0], g):
+            assert_close_sums(a, b, K_TINY_GRAD, scale=float(b.abs().max()))
+    n = sum(isinstance(m, GradientCheckpointingLayer) for m in eng.model.modules())
+    assert n >= 2
+    assert calls[True, 1] == 2 * calls[False, 1]  # every layer recomputed in backward: checkpointing really ran
+    assert calls[True, 2] * n == calls[False, 1] * (n + -(-n // 2))  # layers 0, 2, ... recomputed
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -41,13 +41,16 @@ def test_stage_peaks_add_up_to_the_whole_window():
     y = _touch(16)
     inner.close()
     del y
+    stages.begin("idle")  # opened after "big" was freed: holds nothing of it
+    rss_idle = hostmem.proc_status_kb("VmRSS")
     stages.begin("update")
     p = eng.chat_prompt("a")
     eng.train_step([TrainSample(p, [5, 6, 7], 0, 1.0), TrainSample(p, [8, 9], 1, -1.0)])
     peaks = stages.take()
     whole = outer.close()
-    assert list(peaks)[-3:] == ["generate", "big", "update"]
+    assert list(peaks)[-4:] == ["generate", "big", "idle", "update"]
     assert peaks["big"] * 2**20 >= rss0 + 190 * MB  # the stage's own peak, despite the part's reset
+    assert peaks["idle"] * 2**20 < rss_idle + 100 * MB  # and not the next stage's
     # every stage, the one open before the first begin() included: memory resident when the window opened and freed
     # before "generate" began (a collection, a trim) is the window's peak and that first stage's, no later one's
     assert max(peaks.values()) == pytest.approx(whole / 2**20, abs=0.002)

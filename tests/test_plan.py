@@ -353,6 +353,14 @@ def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedde
     advice = "\n".join(small.advice)
     assert "--engine.gen_batch_size=" in advice
     assert "--engine.gradient_checkpointing=true and --engine.train_micro_batch_size=1 (now 2)" in advice
+    # without a prompt length: the cache's rows at the mean of the prompts built from the seed files, each reply at
+    # its budget; the update's rows at the prompt format's budget
+    seeded = plan_cpu.seed_prompt_tokens(cfg)
+    assert seeded is not None and all(50 < seeded[k] < 1024 for k in ("propose", "solve"))
+    own = plan_cpu.plan_cpu(cfg, 64 * GIB, process_bytes=proc)
+    assert own.phases["KV cache (largest generate call)"] == max(
+        n * (round(seeded[k]) + 64) * m["kv_token"] for k, n in plan_cpu.generate_rows(cfg).items())
+    assert own.update_bytes == big.update_bytes and "seed-built mean" in own.notes["KV cache (largest generate call)"]
     said: list[str] = []  # the check plans at the config's own prompt length, with this process's memory
     from lorapop import hostmem
 
@@ -363,3 +371,22 @@ def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedde
     assert main(["plan", "cpu_demo", "--cpu", "--memory", "0.01", *SHORT]) == 1
     assert "does NOT fit" in capsys.readouterr().out
     assert main(["plan", "cpu_demo", "--cpu", "--memory", "64", *SHORT]) == 0
+
+
+@pytest.mark.parametrize("ckpt", [True, False])
+def test_cpu_upper_bound_is_above_the_measured_plan_and_skips_it_when_far_below(embedded, ckpt, monkeypatch):
+    """The closed-form bound the check before a CPU run tries first is at least the fake-tensor plan's peak (so
+    skipping the measurement below it never hides a warning), and where the machine's memory is above the bound
+    nothing is measured."""
+    from lorapop import plan_cpu
+
+    cfg = _small("cpu_demo", f"--engine.gradient_checkpointing={str(ckpt).lower()}")
+    ecfg = dataclasses.replace(embedded.engine, gradient_checkpointing=ckpt)
+    monkeypatch.setattr(plan_cpu, "measured_cached", lambda c, p: dataclasses.replace(embedded, engine=ecfg))
+    proc = GIB // 4
+    planned = plan_cpu.plan_cpu(cfg, 64 * GIB, embedded.prompt_tokens, process_bytes=proc).peak_bytes
+    bound = plan_cpu.upper_bound_bytes(cfg, proc, embedded.prompt_tokens)
+    assert planned <= bound < 20 * planned
+    monkeypatch.setattr(plan_cpu, "machine_bytes", lambda: 10**15)
+    monkeypatch.setattr(plan_cpu, "plan_cpu", lambda *a, **k: pytest.fail("measured below the bound"))
+    assert plan_cpu.check_on_cpu(cfg, pytest.fail) is None

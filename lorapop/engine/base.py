@@ -175,6 +175,10 @@ class EngineConfig:
         "help": "Activation checkpointing of every decoder layer in train_step: keeps only each layer's input and "
                 "recomputes the rest in backward (~1/3 more compute, far less memory). Needed for the paper's "
                 "1024 + 1024-token rows on an 80 GB GPU; gradients are unchanged."})
+    gradient_checkpointing_every: int = field(default=1, metadata={
+        "help": "With gradient_checkpointing: checkpoint one decoder layer in every this many (1: every layer; 2: "
+                "every other, keeping the others' activations for backward: about half the recomputation for about "
+                "half the saved memory). Gradients are unchanged either way."})
     logprob_chunk_size: int = field(default=512, metadata={
         "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
                 "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
@@ -247,6 +251,9 @@ class EngineConfig:
         if self.entropy_coeff < 0:
             raise ValueError(f"engine.entropy_coeff: must be >= 0 (a negative bonus lowers entropy), got "
                              f"{self.entropy_coeff}")
+        if self.gradient_checkpointing_every < 1:
+            raise ValueError(f"engine.gradient_checkpointing_every: must be >= 1 (1: every layer), got "
+                             f"{self.gradient_checkpointing_every}")
         if self.collective_timeout_s <= 0:
             raise ValueError(f"engine.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
 

@@ -499,7 +499,8 @@ class TorchEngine:
 
     @contextmanager
     def _checkpointing(self):
-        """While training: activation checkpointing of each decoder layer when ``cfg.gradient_checkpointing``.
+        """While training: activation checkpointing of each decoder layer when ``cfg.gradient_checkpointing`` (one
+        layer in ``cfg.gradient_checkpointing_every``, the first included).
 
         Uses transformers' per-layer hook (``GradientCheckpointingLayer``), which checkpoints only a layer whose own
         ``training`` flag is set; only that flag is flipped (not ``model.train()``), so dropout and every other
@@ -508,19 +509,20 @@ class TorchEngine:
 
         layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
         on = bool(self.cfg.gradient_checkpointing)
+        every = self.cfg.gradient_checkpointing_every
         if on and not layers:
             raise NotImplementedError(f"engine.gradient_checkpointing: {type(self.model).__name__} has no "
                                       "transformers GradientCheckpointingLayer to checkpoint")
         saved = [(m.gradient_checkpointing, m.training, getattr(m, "_gradient_checkpointing_func", None))
-                 for m in layers] if on else []
+                 for m in layers[::every]] if on else []
         try:
             if on:
-                for m in layers:
+                for m in layers[::every]:
                     m.gradient_checkpointing, m.training = True, True
                     m._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
             yield
         finally:
-            for m, (gc, tr, fn) in zip(layers, saved):
+            for m, (gc, tr, fn) in zip(layers[::every], saved):
                 m.gradient_checkpointing, m.training = gc, tr
                 if fn is None:
                     del m._gradient_checkpointing_func
