@@ -51,6 +51,7 @@ import torch
 
 from .batching import ContinuousBatcher
 from .decode import StaticKVCache, cache_zeros, kv_capacity
+from .splitkv import attend_pairs, chunk_pairs, locate_pairs, pad_pairs
 
 PAGE = 16  # positions per page (vLLM's default block size); divides KV_ROUND, so a capacity is whole pages
 
@@ -63,6 +64,8 @@ def token_bytes(n_layers: int, n_kv: int, head_dim: int, dtype) -> int:
 class PagedKVCache:
     """``k[l], v[l]: [(n_pages + 1) * page, n_kv, head_dim]`` and ``table [n_slots, max_len / page + 1]`` (see the
     module docstring); ``n_slots`` rows of at most ``max_len`` positions each, ``n_pages`` pages between them."""
+
+    split_kv = True  # a decode step reads each row's own chunks (reads(), :mod:`.splitkv`)
 
     def __init__(self, n_layers: int, n_slots: int, n_kv: int, head_dim: int, max_len: int, n_pages: int, dtype,
                  device, page: int = PAGE) -> None:
@@ -93,8 +96,20 @@ class PagedKVCache:
         """Physical addresses ``[b, T]`` of the positions the rows write and ``[b, kv_len]`` of those they read."""
         rows = (torch.arange(b, device=write.device) if slots is None else slots)[:, None]
         table, page = self.table, self.page
-        return (table[rows, write // page] * page + write % page,
-                table[rows, span[None, :] // page] * page + span[None, :] % page)
+        w_at = table[rows, write // page] * page + write % page
+        if span.dim() == 2:  # decode over (row, chunk) pairs: a decode step writes at its rows' positions
+            return w_at, locate_pairs(table, page, span, write[:, -1])
+        return w_at, table[rows, span[None, :] // page] * page + span[None, :] % page
+
+    def attend_pairs(self, li: int, q: torch.Tensor, at, scale: float | None) -> torch.Tensor:
+        return attend_pairs(q, self.k[li], self.v[li], at, scale)
+
+    def reads(self, nb: int, needs: list[int], cuda_graphs: bool) -> torch.Tensor:
+        """What a decode step of rows ``0..nb-1`` reads when they attend to ``needs`` positions: their chunks."""
+        return chunk_pairs(needs, nb, self.n_slots, self.max_len, cuda_graphs, self.table.device)
+
+    def warm_reads(self, nb: int, n: int) -> torch.Tensor:
+        return pad_pairs(n, nb, self.table.device)
 
     def store(self, li: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         kc, vc = self.k[li], self.v[li]
