@@ -38,8 +38,9 @@ def _budget(eng, pages: int) -> float:
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_paged_cache_gives_the_static_caches_rows(greedy):
-    """Without preemption the paged cache runs the static cache's computation on the same values: same tokens, same
-    finish reasons, log-probs within float32 rounding; rows refill slots (24 requests, 5 slots), stop at EOS and at
+    """Without preemption the paged cache attends over the static cache's keys (chunk by chunk in a decode step,
+    lorapop/engine/splitkv.py: equal within float32 rounding): same tokens, same finish reasons, log-probs within
+    float32 rounding; rows refill slots (24 requests, 5 slots), stop at EOS and at
     their caps, and share prompt pages (two of every three requests share their prompt)."""
     prompts, ids, caps = _rows(0, 24)
     p = SamplingParams(max_new_tokens=60, greedy=greedy, temperature=1.0, min_new_tokens=1)
