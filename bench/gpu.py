@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gpu.py --quick         # 7B shape on CUDA (< 7 min on one H100/H200), small elsewhere
     .venv/bin/python bench/gpu.py --shape small --quick   # the embedded shape (random-init on CUDA), CPU too
+    .venv/bin/python bench/gpu.py --shape small --step-ratios-only   # decode_capacity_ratio, long_tail_step_ratio
 
 ``--shape 7b`` builds a random-init model of Qwen2.5-Coder-7B's shapes (hidden 3584, MLP 18944, 28 layers, 28
 heads, 4 KV heads, vocabulary 152064: lorapop's own shape table, lorapop/plan_measure.py) in bf16, with seeded
@@ -50,7 +51,9 @@ Figures (all measured in this one run; the last line is one JSON object):
                          the run keeps one KV cache at one address
   long_tail_step_ratio   the compiled decode step's time for --long-tail ROWS rows (default the 7B config's 48)
                          with one at 8096 positions and the rest at 512, over its time with all at 512 (goal <= 1.5:
-                         a step should read what its rows attend, not the longest row's span for every row)
+                         a step should read what its rows attend, not the longest row's span for every row);
+                         long_tail_step_ratio_dense: the same over the same paged caches read as before split-KV
+                         (every row up to the longest row's length), timed in alternation with it
   trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
                          ``lorapop train cpu_demo`` on this device through the real trainer (sandbox, rewards,
                          PBT), random-init weights on CUDA, after one warm-up step
@@ -228,7 +231,8 @@ def decode_capacity_ratio(eng, args) -> dict[str, float]:
         ids, seeds = torch.arange(rows, device=dev) % eng.n_adapters, torch.arange(rows, device=dev)
         for t in (ids, seeds):
             torch._dynamo.maybe_mark_dynamic(t, 0)
-        return (cache, col(0), col(kv - 1), ids, seeds, col(0), cache.span(kv), eng._vocab_key, eng._eos_mask(),
+        reads = cache.reads(rows, [kv] * rows, dev.type == "cuda" and eng.decode_compile is not None)
+        return (cache, col(0), col(kv - 1), ids, seeds, col(0), reads, eng._vocab_key, eng._eos_mask(),
                 col(0), col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False))
 
     times = {}
@@ -248,11 +252,13 @@ def decode_capacity_ratio(eng, args) -> dict[str, float]:
             "paged_over_static": times["paged", small] / times["static", small]}
 
 
-def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> float:
+def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> dict[str, float]:
     """The compiled decode step's time for ``rows`` rows of which one is at ``long_len`` positions and the rest at
     ``short_len``, over its time with every row at ``short_len``: what one long reply among short ones costs a step
-    (1.0 when a step reads what each row attends). Each arm's rows sit in a paged cache holding just their pages,
-    and the step attends as the batcher sets it (the longest live row's length, bucketed)."""
+    (1.0 when a step reads what each row attends). Each arm's rows sit in a paged cache holding just their pages.
+    ``split``: the step reads as the batcher sets it (each row its own chunks, lorapop/engine/splitkv.py);
+    ``dense``: the same cache read as a static cache is, every row up to the longest row's length (bucketed), the
+    engine's paged decode before split-KV; both timed in alternation in this one call."""
     from lorapop.engine.compiled import kv_bucket
     from lorapop.engine.decode import kv_capacity
     from lorapop.engine.paged import PAGE, PagedKVCache
@@ -278,22 +284,37 @@ def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> float
 
         ids, seeds = col(torch.arange(rows) % eng.n_adapters), col(torch.arange(rows))
         pos = col(torch.tensor([m - 1 for m in lengths]))
-        span = cache.span(kv_bucket(max(lengths), capacity, dev.type == "cuda" and eng.decode_compile is not None))
-        return (cache, col(0), pos, ids, seeds, col(0), span, eng._vocab_key, eng._eos_mask(), col(0),
-                col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False))
+        graphs = dev.type == "cuda" and eng.decode_compile is not None
+        split = cache.reads(rows, lengths, graphs)
+        dense = cache.span(kv_bucket(max(lengths), capacity, graphs))
+        return [(cache, col(0), pos, ids, seeds, col(0), reads, eng._vocab_key, eng._eos_mask(), col(0),
+                 col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False)) for reads in (split, dense)]
 
-    arms = {"long": [long_len] + [short_len] * (rows - 1), "short": [short_len] * rows}
+    arms = {}
+    for name, lengths in {"long": [long_len] + [short_len] * (rows - 1), "short": [short_len] * rows}.items():
+        for kind, args_ in zip(("split", "dense"), inputs(lengths)):
+            for _ in range(2):  # a cache of its own: its CUDA graph (on CUDA) is recorded here, outside the timing
+                step(*args_)
+            arms[kind, name] = args_
     times = {}
-    for name, lengths in arms.items():
-        args_ = inputs(lengths)
-        for _ in range(2):  # a cache of its own: its CUDA graph (on CUDA) is recorded here, outside the timing
-            step(*args_)
-        arms[name] = args_
     for _ in range(3):  # alternated rounds, the fastest of each: a shared machine's load drifts
-        for name, args_ in arms.items():
+        for key, args_ in arms.items():
             t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
-            times[name] = min(times.get(name, t), t)
-    return times["long"] / times["short"]
+            times[key] = min(times.get(key, t), t)
+    return {kind: times[kind, "long"] / times[kind, "short"] for kind in ("split", "dense")}
+
+
+def step_ratios(eng, args, say) -> tuple[dict[str, float], int, dict[str, float]]:
+    """decode_capacity_ratio's times per cache kind, and long_tail_step_ratio's rows and ratios."""
+    say("decode_capacity_ratio")
+    capacity = decode_capacity_ratio(eng, args)
+    tail_rows, tail_long, tail_short = args.long_tail or (
+        eng.cfg.gen_batch_size if args.shape == "7b" else 48, 8096, 512)
+    say(f"long_tail_step_ratio: {tail_rows} rows, one at {tail_long} positions and the rest at {tail_short}")
+    tails = long_tail_step_ratio(eng, tail_rows, tail_long, tail_short)
+    say(f"long_tail_step_ratio = {tails['split']:.2f} (each row its own length; {tails['dense']:.2f} reading the "
+        "longest row's span for every row)")
+    return capacity, tail_rows, tails
 
 
 def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
@@ -417,6 +438,8 @@ def main() -> None:
                     help="long_tail_step_ratio's rows and lengths (default: the engine's slots (48 at 7B), 8096, 512)")
     ap.add_argument("--trainer-steps", type=int, default=None, help="--shape small: steps of the real trainer "
                                                                     "(default 3 on CUDA, 0 elsewhere)")
+    ap.add_argument("--step-ratios-only", action="store_true", help="only decode_capacity_ratio and "
+                    "long_tail_step_ratio (the compiled step's times, seconds to minutes), then the JSON line")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--stop-check-interval", type=int, default=None, help="engine.stop_check_interval (default 8 "
                                                                           "on CUDA, 1 elsewhere)")
@@ -459,6 +482,16 @@ def main() -> None:
                             eng.get_adapter(i).items()})
     print(f"device {dev}, shape {args.shape}, dtype {eng.cfg.dtype}, compile {eng.cfg.compile}, "
           f"{rows} rows x {new} tokens, prompt {len(prompt)} tokens", file=sys.stderr)
+    if args.step_ratios_only:
+        capacity, tail_rows, tails = step_ratios(eng, args, say)
+        print(json.dumps({
+            "device": str(dev), "torch": torch.__version__, "shape": args.shape, "dtype": eng.cfg.dtype,
+            "kv_cache": eng.cfg.kv_cache, "decode_capacity_ratio": round(capacity[eng.cfg.kv_cache], 3),
+            "decode_capacity_ratio_static": round(capacity["static"], 3),
+            "paged_step_over_static": round(capacity["paged_over_static"], 3),
+            "long_tail_step_ratio": round(tails["split"], 3), "long_tail_step_ratio_dense": round(tails["dense"], 3),
+            "long_tail_rows": tail_rows, "wall_s": round(time.perf_counter() - t_start)}))
+        return
 
     # The loop step as a run sees it: the first step of the process (the warm-up every arm shares), then 3 steps of
     # each arm, rows of EOS-like long-tailed lengths.
@@ -624,13 +657,8 @@ def main() -> None:
             eng._kv_shape = None
         print(f"long rows: {eng.cfg.kv_cache} over static {long_tok_s / long_static[0]:.2f}x tok/s, "
               f"{long_live / long_static[1]:.2f}x rows per step", file=sys.stderr)
-    say("decode_capacity_ratio")
-    capacity = decode_capacity_ratio(eng, args)
-    capacity_ratio = capacity[run_kind]
-    tail_rows, tail_long, tail_short = args.long_tail or (eng.cfg.gen_batch_size if seven_b else 48, 8096, 512)
-    say(f"long_tail_step_ratio: {tail_rows} rows, one at {tail_long} positions and the rest at {tail_short}")
-    tail_ratio = long_tail_step_ratio(eng, tail_rows, tail_long, tail_short)
-    say(f"long_tail_step_ratio = {tail_ratio:.2f}")
+    capacity, tail_rows, tails = step_ratios(eng, args, say)
+    capacity_ratio, tail_ratio = capacity[run_kind], tails["split"]
     allocations = None if args.quick else kv_cache_allocations(eng, prompt, rows)
     trainer_s = None
     n_trainer = args.trainer_steps if args.trainer_steps is not None else (3 if cuda and args.shape == "small" else 0)
@@ -664,6 +692,7 @@ def main() -> None:
         "paged_step_over_static": r(capacity["paged_over_static"]), "kv_cache_allocations": allocations,
         "trainer_step_s": r(trainer_s, 2), "warmups_after_first_step": warmups_after_first,
         "cuda_graphs_per_step": r(cuda_graphs_per_step), "long_tail_step_ratio": r(tail_ratio),
+        "long_tail_step_ratio_dense": r(tails["dense"]),
         "long_tail_rows": tail_rows, "kv_cache_slots": run_slots, "max_model_len": run_len,
         "vocab": int(eng._vocab_key.shape[0]),
         "wall_s": round(time.perf_counter() - t_start),

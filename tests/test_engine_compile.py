@@ -159,6 +159,35 @@ def test_declared_set_covers_every_bucket_the_batcher_can_pick():
                     assert need <= kv_bucket(need, max_len, cuda) <= max(2 * need, 128 if cuda else 64)
 
 
+def test_declared_set_covers_every_pair_count_a_paged_step_can_read():
+    """Over a paged cache the third size is the (row, chunk) pairs a step reads (lorapop/engine/splitkv.py): every
+    count the batcher can pad to lies in the declared set, for any live rows and lengths, on CPU and under CUDA
+    graphs; under CUDA graphs one graph per doubling, and never fewer pairs than the rows' chunks."""
+    from lorapop.engine.compiled import DecodeShapes, batch_bucket
+    from lorapop.engine.splitkv import CHUNK, PAIR_STEP, chunk_pairs
+
+    rng = random.Random(0)
+    for n_slots in (1, 3, 8, 48):
+        for max_len in (64, 320, 14336):
+            for cuda in (False, True):
+                shapes = DecodeShapes(n_slots, max_len, cuda, split_kv=True)
+                counts = {n for _, _, n in shapes.shapes}
+                assert len(counts) <= (10 if cuda else 2)  # one CUDA graph per doubling, not per count
+                for _ in range(30):
+                    live = rng.randint(1, n_slots)
+                    nb = batch_bucket(live, n_slots)
+                    needs = [rng.randint(1, max_len + 8) for _ in range(live)] + [0] * (nb - live)
+                    pairs = chunk_pairs(needs, nb, n_slots, max_len, cuda, "cpu")
+                    real = sum(min(-(-n // CHUNK), max_len // CHUNK) for n in needs)
+                    n = pairs.shape[0]
+                    if cuda:  # each count a recorded graph
+                        assert n in counts
+                    else:  # symbolic: the warm-up's smallest and largest stand for every multiple between
+                        assert (n % PAIR_STEP == 0 or n == max(counts)) and min(counts) <= n <= max(counts)
+                    assert n >= max(real, 2)
+                    assert (pairs[:real, 0] < live).all() and (pairs[real:, 0] == nb).all()
+
+
 def test_recompile_limit_warning_names_engine_compile():
     """Torch's recompile limit, if ever reached, is a warning that names engine.compile (a real dynamo compile with
     the eager backend: a function recompiled for static shapes past a limit of 1)."""

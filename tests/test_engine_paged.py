@@ -38,8 +38,9 @@ def _budget(eng, pages: int) -> float:
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_paged_cache_gives_the_static_caches_rows(greedy):
-    """Without preemption the paged cache runs the static cache's computation on the same values: same tokens, same
-    finish reasons, log-probs within float32 rounding; rows refill slots (24 requests, 5 slots), stop at EOS and at
+    """Without preemption the paged cache attends over the static cache's keys (chunk by chunk in a decode step,
+    lorapop/engine/splitkv.py: equal within float32 rounding): same tokens, same finish reasons, log-probs within
+    float32 rounding; rows refill slots (24 requests, 5 slots), stop at EOS and at
     their caps, and share prompt pages (two of every three requests share their prompt)."""
     prompts, ids, caps = _rows(0, 24)
     p = SamplingParams(max_new_tokens=60, greedy=greedy, temperature=1.0, min_new_tokens=1)
@@ -152,3 +153,43 @@ def test_auto_pages_only_when_the_budget_cannot_hold_every_row_at_full_length():
     tight.cfg.kv_cache_gib, tight.cfg.max_model_len = 4.0, 0
     tight.generate([[1] * 300], [0], p)  # without max_model_len a longer row: a longer cache, of the run's kind
     assert isinstance(tight._cache, PagedKVCache) and tight._cache.max_len == 512
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dtype):
+    """A decode step over a paged cache reads each row's own chunks (lorapop/engine/splitkv.py): on seeded K/V in
+    shuffled pages, rows of ragged lengths (1 position, a chunk's edge on both sides, many chunks), grouped queries,
+    a free slot and padding pairs, the merged partial softmaxes equal SDPA over the longest row's span with each row
+    masked at its length, within float32 rounding of the reordered sums (plus one rounding to ``dtype``)."""
+    from lorapop.engine.decode import attend
+    from lorapop.engine.splitkv import CHUNK
+
+    g = torch.Generator().manual_seed(0)
+    h, n_kv, d, max_len = 6, 2, 16, 512
+    lens = [1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 7, 0]  # the last slot is free
+    b = len(lens)
+    per = [-(-n // PAGE) for n in lens]
+    cache = PagedKVCache(1, b, n_kv, d, max_len, max_len // PAGE, dtype, torch.device("cpu"))
+    pages = torch.randperm(max_len // PAGE, generator=g).tolist()
+    starts = [sum(per[:k]) for k in range(b)]
+    cache.set_rows(list(range(b)), [pages[a:a + m] for a, m in zip(starts, per)])
+    for t in (cache.k[0], cache.v[0]):
+        t.copy_(torch.randn(t.shape, generator=g).to(dtype))
+    pos = torch.tensor([max(n - 1, 0) for n in lens[:-1]] + [cache.trash])
+    q = torch.randn((b, h, 1, d), generator=g).to(dtype)
+    pairs = cache.reads(b, lens, False)
+    n_real = sum(-(-n // CHUNK) for n in lens)
+    assert pairs.shape[0] > n_real and (pairs[n_real:, 0] == b).all()  # padded to the bucket with dump pairs
+    _, at = cache.locate(None, b, pos[:, None], pairs)
+    got = cache.attend_pairs(0, q, at, None)
+    assert got.dtype == dtype
+    span = cache.span(max(lens))
+    _, r_at = cache.locate(None, b, pos[:, None], span)
+    keys, vals = cache.load(0, r_at, b, span.shape[0])
+    allowed = span[None, None, None, :] <= pos[:, None, None, None]
+    want = attend(q.float(), keys.float(), vals.float(), allowed, None)
+    live = b - 1
+    atol = sum_tol(torch.float32, d + max(lens), float(vals.abs().max())) + torch.finfo(dtype).eps * float(
+        want.abs().max())
+    torch.testing.assert_close(got[:live].float(), want[:live], atol=atol, rtol=0)
+    assert torch.isfinite(got).all() and (got[live] == 0).all()  # a free slot reads nothing

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from .compiled import batch_bucket, kv_bucket
+from .compiled import batch_bucket
 from .decode import LlamaFamilyDecoder, StaticKVCache
 
 
@@ -246,11 +246,13 @@ class ContinuousBatcher:
                                  slots, None)
 
     # ------------------------------------------------------------------ decode
-    def _buckets(self, k: int) -> tuple[int, int]:
+    def _reads(self, k: int) -> tuple[int, torch.Tensor]:
+        """The batch bucket of the next ``k`` steps and what they read (``cache.reads``: the longest row's span
+        for every row in a static cache, each row's own chunks in a paged one)."""
         live = [s for s in range(self.cache.n_slots) if self.req[s] >= 0]
-        need = max(self.hpos[s] for s in live) + k
-        return (batch_bucket(max(live) + 1, self.cache.n_slots, self.compiled),
-                kv_bucket(need, self.cache.max_len, self.compiled and self.dev.type == "cuda"))
+        nb = batch_bucket(max(live) + 1, self.cache.n_slots, self.compiled)
+        needs = [self.hpos[s] + k if self.req[s] >= 0 else 0 for s in range(nb)]
+        return nb, self.cache.reads(nb, needs, self.compiled and self.dev.type == "cuda")
 
     def _views(self, nb: int) -> tuple[torch.Tensor, ...]:
         """The per-slot state of slots ``0..nb-1`` as views, made once per bucket; on the compiled path their batch
@@ -277,7 +279,7 @@ class ContinuousBatcher:
         if any(r >= 0 for r in self.req):
             raise RuntimeError("warm_up runs before any row is admitted")
         for nucleus, nb, kv in shapes:
-            span = self.cache.span(kv)
+            span = self.cache.warm_reads(nb, kv)
             for _ in range(calls):
                 self._step(nb, span, (True, nucleus))
 
@@ -288,8 +290,7 @@ class ContinuousBatcher:
             return
         k = min(self.interval, max(self.row_max[self.req[s]] - len(self.tokens[self.req[s]]) for s in live))
         live = self._reserve(live, k)
-        nb, kv = self._buckets(k)
-        span = self.cache.span(kv)
+        nb, span = self._reads(k)
         if not self.dense and self._ctx_for != (nb, self._ids_version):
             self.ctx.set(self.ids[:nb])
             self._ctx_for = (nb, self._ids_version)

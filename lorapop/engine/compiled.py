@@ -71,13 +71,19 @@ def kv_bucket(need: int, max_len: int, cuda_graphs: bool) -> int:
 def kv_buckets(max_len: int, cuda_graphs: bool) -> list[int]:
     """Attention lengths a warm-up must meet: every CUDA-graph bucket; off CUDA graphs the length is symbolic and
     the shortest and longest stand for all."""
+    return size_buckets(kv_bucket(1, max_len, False), KV_GRAPH_MIN, max_len, cuda_graphs)
+
+
+def size_buckets(least: int, lo: int, most: int, cuda_graphs: bool) -> list[int]:
+    """A symbolic size's declared values up to ``most``: under CUDA graphs the powers of two from ``lo`` and
+    ``most``; otherwise the smallest (``least``) and the largest stand for every value between."""
     if not cuda_graphs:
-        return sorted({kv_bucket(1, max_len, False), max_len})
-    out, p = [], KV_GRAPH_MIN
-    while p < max_len:
+        return sorted({least, most})
+    out, p = [], lo
+    while p < most:
         out.append(p)
         p *= 2
-    return out + [max_len]
+    return out + [most]
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class DecodeShapes:
     max_len: int
     cuda_graphs: bool
     nucleus: bool = False
+    split_kv: bool = False  # a paged cache: the third size is the (row, chunk) pairs a step reads (splitkv)
 
     @property
     def branches(self) -> tuple[bool, ...]:
@@ -96,8 +103,14 @@ class DecodeShapes:
 
     @property
     def shapes(self) -> list[tuple[bool, int, int]]:
+        if self.split_kv:
+            from .splitkv import pair_buckets
+
+            reads = pair_buckets(self.n_slots, self.max_len, self.cuda_graphs)
+        else:
+            reads = kv_buckets(self.max_len, self.cuda_graphs)
         return [(nucleus, nb, kv) for nucleus in self.branches for nb in batch_buckets(self.n_slots)
-                for kv in kv_buckets(self.max_len, self.cuda_graphs)]
+                for kv in reads]
 
     @property
     def graphs(self) -> int:
@@ -209,7 +222,8 @@ class CompiledDecode:
         cache was allocated again: its graphs read it at its address), then the call, counting any compile."""
         before = compile_stats().snapshot()
         try:
-            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda", self.nucleus)
+            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda", self.nucleus,
+                                  cache.split_kv)
             if self.warm != (shapes, allocation if shapes.cuda_graphs else 0):
                 before = self._warm_up(batcher, shapes, before)
                 self.warm = (shapes, allocation if shapes.cuda_graphs else 0)

@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from lorapop.hostmem import lazy_zeros
 
+from .compiled import kv_bucket
 from .lora import MultiLoRALinear
 
 M32 = 0xFFFFFFFF
@@ -156,6 +157,8 @@ def cache_zeros(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
 class StaticKVCache:
     """``k[l], v[l]: [n_slots, n_kv_heads, max_len + 1, head_dim]``; index ``max_len`` is the trash column."""
 
+    split_kv = False  # a decode step reads the longest row's span for every row (reads())
+
     def __init__(self, n_layers: int, n_slots: int, n_kv: int, head_dim: int, max_len: int, dtype, device) -> None:
         shape = (n_slots, n_kv, max_len + 1, head_dim)
         self.k = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
@@ -182,6 +185,14 @@ class StaticKVCache:
         out = self.index[:kv_len]
         torch._dynamo.maybe_mark_dynamic(out, 0)
         return out
+
+    def reads(self, nb: int, needs: list[int], cuda_graphs: bool) -> torch.Tensor:
+        """What a decode step of rows ``0..nb-1`` reads when they attend to ``needs`` positions: the longest one's
+        span, bucketed (:func:`.compiled.kv_bucket`), for every row."""
+        return self.span(kv_bucket(max(needs), self.max_len, cuda_graphs))
+
+    def warm_reads(self, nb: int, kv: int) -> torch.Tensor:
+        return self.span(kv)
 
     def copy_slot(self, src: int, dst: int, n: int | None = None) -> None:
         """Copy the first ``n`` cache positions (all when None) of slot ``src`` into slot ``dst``."""
@@ -273,7 +284,8 @@ class LlamaFamilyDecoder:
         (= pos, or ``cache.trash`` for padding), and return the final hidden states ``[b, T, d]``.
 
         ``kv``: the cache positions attention reads, as a length or as ``cache.span(length)``; queries attend to
-        cache indices ``<= pos`` below it. ``slots``: the cache slot of each row (prefill), or None when the rows
+        cache indices ``<= pos`` below it. A decode step over a paged cache is given ``[N, 2]`` (row, chunk) pairs
+        instead, each row reading only its own chunks (:mod:`.splitkv`). ``slots``: the cache slot of each row (prefill), or None when the rows
         are slots ``0..b-1`` (decode: the cache is then read through views, no copy). ``mask``: the dense LoRA row
         mask (compiled path), else the layers' own LoRA path (LoRAContext).
 
@@ -282,11 +294,12 @@ class LlamaFamilyDecoder:
         slice and a copy back, every step."""
         b, t = tokens.shape
         span = cache.span(kv) if isinstance(kv, int) else kv
+        split = span.dim() == 2  # a paged cache's (row, chunk) pairs: each row reads its own length (splitkv)
         kv_len = span.shape[0]
         w_at, r_at = cache.locate(slots, b, write, span)
         x = self.inner.embed_tokens(tokens)
         cos, sin = self.inner.rotary_emb(x, pos)
-        allowed = span[None, None, None, :] <= pos[:, None, :, None]
+        allowed = None if split else span[None, None, None, :] <= pos[:, None, :, None]
         for li, layer in enumerate(self.inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = layer.input_layernorm(x)
@@ -295,8 +308,11 @@ class LlamaFamilyDecoder:
             v = self._proj(attn.v_proj, h, mask).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
             q, k = self.apply_rope(q, k, cos, sin)
             cache.store(li, w_at, k, v)
-            keys, vals = cache.load(li, r_at, b, kv_len)
-            o = attend(q, keys, vals, allowed, attn.scaling)
+            if split:
+                o = cache.attend_pairs(li, q, r_at, attn.scaling)
+            else:
+                keys, vals = cache.load(li, r_at, b, kv_len)
+                o = attend(q, keys, vals, allowed, attn.scaling)
             x = x + self._proj(attn.o_proj, o.transpose(1, 2).reshape(b, t, -1), mask)
             h = layer.post_attention_layernorm(x)
             gate = mlp.act_fn(self._proj(mlp.gate_proj, h, mask)) * self._proj(mlp.up_proj, h, mask)

@@ -15,13 +15,13 @@ it has written: a row takes pages as it grows, and a budget holds as many rows a
   physical one; unallocated entries and the last column (the static cache's trash position ``max_len``) point at
   the trash page, so padding, free slots and the steps a row takes past its end write there, as before.
 - The forward computes each row's physical addresses once per call (``locate``): K/V writes are one ``index_put_``
-  on the whole pool, as in the static cache (no functionalised copy of a slice). A step reads only what
-  it attends: the addresses of positions ``0..kv_len-1`` (the same symbolic span as the static cache) are gathered
-  into ``[b, n_kv, kv_len, head_dim]`` for SDPA. That gather is the cost of paging in plain PyTorch: it copies the
-  attended history once per layer and step (about twice the static cache's attention bytes; the weights' bytes are
-  unchanged), and nothing else scales with the pool. A paged kernel reads the pages in place (vLLM's
-  paged-attention, FlashAttention's ``block_table``, torch's flex-attention ``PagedAttention``); flex-attention
-  would need a block mask rebuilt every step under symbolic shapes and CUDA graphs, and is not used here yet.
+  on the whole pool, as in the static cache (no functionalised copy of a slice). A decode step reads each
+  row's own length: it is given the (row, chunk) pairs its rows' lengths need and attends chunk by chunk, merging
+  the partial softmaxes (split-KV, :mod:`.splitkv`), so one long row no longer makes every row read its span. A
+  prefill chunk reads the positions ``0..kv_len-1`` of its rows (the same symbolic span as the static cache),
+  gathered into ``[b, n_kv, kv_len, head_dim]`` for SDPA. Either way the attended history is copied once per layer
+  (a gather in plain PyTorch; a paged kernel, vLLM's paged-attention or FlashAttention's ``block_table``, would
+  read the pages in place), and nothing else scales with the pool.
 - Admission (:class:`PagedBatcher`), as nano-vllm's scheduler: a waiting request takes a free slot when the pool
   has pages for its prompt plus a reserve (one page per live row, so they can grow through the next interval,
   and at least 1% of the pool, vLLM's watermark); before each decode interval every live row is given the pages
@@ -37,10 +37,11 @@ it has written: a row takes pages as it grows, and a budget holds as many rows a
   preempted).
 
 Same tokens: sampling is counter-based on (seed, tokens made), so a row's tokens depend only on its prompt, adapter
-and seed, whichever cache holds it. Without preemption the paged and static caches run the same computation on the
-same values (attention over the same keys in the same order). A preempted row's history is recomputed by a
-prefill: its K/V match the decode-made ones within float rounding (chunked vs one-token matmuls), so its later
-tokens are equal unless two logits tie within that rounding (tests/test_engine_paged.py).
+and seed, whichever cache holds it. Without preemption the paged and static caches attend over the same keys; a
+paged decode step sums them chunk by chunk (split-KV), so its attention equals the static cache's within float
+rounding, as a preempted row's history, recomputed by a prefill, matches the decode-made K/V within float rounding
+(chunked vs one-token matmuls): the tokens are equal unless two logits tie within that rounding
+(tests/test_engine_paged.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import torch
 
 from .batching import ContinuousBatcher
 from .decode import StaticKVCache, cache_zeros, kv_capacity
+from .splitkv import attend_pairs, chunk_pairs, locate_pairs, pad_pairs
 
 PAGE = 16  # positions per page (vLLM's default block size); divides KV_ROUND, so a capacity is whole pages
 
@@ -63,6 +65,8 @@ def token_bytes(n_layers: int, n_kv: int, head_dim: int, dtype) -> int:
 class PagedKVCache:
     """``k[l], v[l]: [(n_pages + 1) * page, n_kv, head_dim]`` and ``table [n_slots, max_len / page + 1]`` (see the
     module docstring); ``n_slots`` rows of at most ``max_len`` positions each, ``n_pages`` pages between them."""
+
+    split_kv = True  # a decode step reads each row's own chunks (reads(), :mod:`.splitkv`)
 
     def __init__(self, n_layers: int, n_slots: int, n_kv: int, head_dim: int, max_len: int, n_pages: int, dtype,
                  device, page: int = PAGE) -> None:
@@ -93,8 +97,20 @@ class PagedKVCache:
         """Physical addresses ``[b, T]`` of the positions the rows write and ``[b, kv_len]`` of those they read."""
         rows = (torch.arange(b, device=write.device) if slots is None else slots)[:, None]
         table, page = self.table, self.page
-        return (table[rows, write // page] * page + write % page,
-                table[rows, span[None, :] // page] * page + span[None, :] % page)
+        w_at = table[rows, write // page] * page + write % page
+        if span.dim() == 2:  # decode over (row, chunk) pairs: a decode step writes at its rows' positions
+            return w_at, locate_pairs(table, page, span, write[:, -1])
+        return w_at, table[rows, span[None, :] // page] * page + span[None, :] % page
+
+    def attend_pairs(self, li: int, q: torch.Tensor, at, scale: float | None) -> torch.Tensor:
+        return attend_pairs(q, self.k[li], self.v[li], at, scale)
+
+    def reads(self, nb: int, needs: list[int], cuda_graphs: bool) -> torch.Tensor:
+        """What a decode step of rows ``0..nb-1`` reads when they attend to ``needs`` positions: their chunks."""
+        return chunk_pairs(needs, nb, self.n_slots, self.max_len, cuda_graphs, self.table.device)
+
+    def warm_reads(self, nb: int, n: int) -> torch.Tensor:
+        return pad_pairs(n, nb, self.table.device)
 
     def store(self, li: int, at: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         kc, vc = self.k[li], self.v[li]

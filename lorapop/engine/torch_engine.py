@@ -244,7 +244,8 @@ class TorchEngine:
         """The declared set of the compiled decode step over the run's cache (None before the first generate)."""
         if self._kv_shape is None:
             return None
-        return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda", bool(self.cfg.compile_nucleus))
+        return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda", bool(self.cfg.compile_nucleus),
+                            self._kv_shape[3] == "paged")
 
     def kv_budget_bytes(self) -> int:
         """Bytes the KV cache (static or paged) may take now: on CUDA a fraction of what a new allocation can use (the

@@ -1,0 +1,118 @@
+"""Decode attention over a paged cache in which each row reads its own length: split-KV over (row, chunk) pairs.
+
+A dense decode step attends every row up to the longest live row's position: one 8k-token row among 47 short ones
+makes every row read 8k positions, so the step's cost follows rows x longest. Here, as in flash-decoding's split-KV
+(FlashAttention's ``num_splits``, vLLM's paged-attention v2 partitions), a row's history is cut into *chunks* of
+:data:`CHUNK` positions (whole pages), and the step is given the list of live (row, chunk) pairs, as many as the
+rows' real lengths need (``sum(ceil(len / CHUNK))``). Each pair gathers its chunk's K/V through the block table and
+computes a partial softmax against it (running max, sum of exponentials, weighted sum of values), masked past its
+row's position; the partials of a row are then merged by log-sum-exp (a scatter max and two ``index_add``). The
+cost follows the sum of the rows' lengths, not rows x longest.
+
+The pair list is built on the host (the batcher knows each row's length) and padded to a bucket, so a compiled step
+sees one symbolic length (and under CUDA graphs one graph per power of two of pairs, as the dense path per
+attention length); padding pairs name row ``b`` (one past the batch), which no query reads: their partials go to a
+dump row that is dropped. The scores are computed in float32 (SDPA's CPU and CUDA kernels accumulate in float32
+too), so the merged result matches the dense one within float32 rounding of the reordered sums.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compiled import pow2_at_least, size_buckets
+
+CHUNK = 64  # positions per chunk: 4 pages; a row reads at most CHUNK - 1 positions past its own length
+PAIR_STEP = 16  # pair counts off CUDA graphs are multiples of this (symbolic: no graph per count)
+PAIR_GRAPH_MIN = 64  # under CUDA graphs pair counts are powers of two from this
+
+
+def pair_bucket(n: int, most: int, cuda_graphs: bool) -> int:
+    """The pairs a step computes when its rows need ``n``: powers of two under CUDA graphs (each count a recorded
+    graph), else multiples of :data:`PAIR_STEP`; at most ``most`` (every slot at the cache's capacity)."""
+    if cuda_graphs:
+        return min(pow2_at_least(n, PAIR_GRAPH_MIN), most)
+    return min(-(-max(n, 1) // PAIR_STEP) * PAIR_STEP, most)
+
+
+def pair_buckets(n_slots: int, max_len: int, cuda_graphs: bool) -> list[int]:
+    """Pair counts a warm-up must meet: every CUDA-graph bucket; off CUDA graphs the count is symbolic and the
+    smallest and largest stand for all."""
+    most = max_pairs(n_slots, max_len)
+    return size_buckets(pair_bucket(1, most, False), PAIR_GRAPH_MIN, most, cuda_graphs)
+
+
+def max_pairs(n_slots: int, max_len: int) -> int:
+    """Pairs of every slot at the cache's capacity, at least :data:`PAIR_STEP` (a count of 1 would be specialised)."""
+    return max(n_slots * (max_len // CHUNK), PAIR_STEP)
+
+
+def chunk_pairs(needs: list[int], b: int, n_slots: int, max_len: int, cuda_graphs: bool, device) -> torch.Tensor:
+    """``[N, 2]`` (row, chunk) pairs for rows ``0..len(needs)-1`` attending to ``needs[r]`` positions each (their
+    last step's position plus one), padded with pairs of row ``b`` (the dump row) to the bucket, in a cache of
+    ``n_slots`` x ``max_len``."""
+    rows, chunks = [], []
+    for r, need in enumerate(needs):
+        n = min(-(-need // CHUNK), max_len // CHUNK)
+        rows += [r] * n
+        chunks += range(n)
+    n_bucket = pair_bucket(len(rows), max_pairs(n_slots, max_len), cuda_graphs)
+    pad = n_bucket - len(rows)
+    out = torch.tensor([rows + [b] * pad, chunks + [0] * pad], dtype=torch.long).T.contiguous()
+    out = out.to(device)
+    torch._dynamo.maybe_mark_dynamic(out, 0)
+    return out
+
+
+def pad_pairs(n: int, b: int, device) -> torch.Tensor:
+    """``n`` padding pairs for a batch of ``b`` rows (a warm-up step)."""
+    out = torch.zeros((n, 2), dtype=torch.long, device=device)
+    out[:, 0] = b
+    torch._dynamo.maybe_mark_dynamic(out, 0)
+    return out
+
+
+def locate_pairs(table: torch.Tensor, page: int, pairs: torch.Tensor, pos: torch.Tensor):
+    """Per pair, the physical addresses ``[N, CHUNK]`` of its chunk, the row ``[N]`` its partial merges into and the
+    positions it may read ``[N, CHUNK]`` (``<= pos`` of its row, none for a padding pair). Once per forward."""
+    b = pos.shape[0]
+    row, chunk = pairs[:, 0], pairs[:, 1]
+    row_c = row.clamp(max=b - 1)
+    per = CHUNK // page
+    logical = chunk[:, None] * per + torch.arange(per, device=pairs.device)[None, :]  # [N, per] logical pages
+    phys = table[row_c[:, None], logical]
+    addr = (phys[:, :, None] * page + torch.arange(page, device=pairs.device)).reshape(-1, CHUNK)
+    posn = chunk[:, None] * CHUNK + torch.arange(CHUNK, device=pairs.device)[None, :]
+    allowed = (posn <= pos[row_c][:, None]) & (row < b)[:, None]
+    return addr, row, row_c, allowed
+
+
+def attend_pairs(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, at, scale: float | None) -> torch.Tensor:
+    """Decode attention ``q [b, H, 1, d]`` over the pool ``kc, vc [P, n_kv, d]`` through the pairs ``at`` (see
+    :func:`locate_pairs`), returning ``[b, H, 1, d]`` in ``q``'s dtype."""
+    addr, row, row_c, allowed = at
+    b, h, _, d = q.shape
+    n_kv = kc.shape[1]
+    g = h // n_kv
+    n = addr.shape[0]
+    scale = d ** -0.5 if scale is None else scale
+    flat = addr.reshape(-1)
+    dt = torch.promote_types(q.dtype, torch.float32)  # bf16 up to float32; float64 kept
+    keys = kc.index_select(0, flat).view(n, CHUNK, n_kv, d).to(dt)
+    vals = vc.index_select(0, flat).view(n, CHUNK, n_kv, d).to(dt)
+    qp = q.reshape(b, n_kv, g, d).to(dt)[row_c]  # [N, n_kv, g, d]
+    s = torch.einsum("nkgd,nckd->nkgc", qp, keys) * scale
+    s = s.masked_fill(~allowed[:, None, None, :], float("-inf"))
+    m = s.amax(-1)  # [N, n_kv, g]; -inf where the pair reads nothing
+    empty = torch.isinf(m)
+    p = torch.exp(s - torch.where(empty, torch.zeros_like(m), m)[..., None])
+    part_sum = p.sum(-1)
+    part_out = torch.einsum("nkgc,nckd->nkgd", p, vals)
+    # merge: each pair's partial weighed by exp(its max - its row's max)
+    top = torch.full((b + 1, n_kv, g), float("-inf"), device=q.device, dtype=m.dtype)
+    top = top.scatter_reduce(0, row[:, None, None].expand_as(m), m, "amax")
+    w = torch.where(empty, torch.zeros_like(m), torch.exp(m - top[row]))
+    num = torch.zeros((b + 1, n_kv, g, d), device=q.device, dtype=m.dtype).index_add(0, row, part_out * w[..., None])
+    den = torch.zeros((b + 1, n_kv, g), device=q.device, dtype=m.dtype).index_add(0, row, part_sum * w)
+    out = num[:b] / den[:b].clamp_min(torch.finfo(den.dtype).tiny)[..., None]  # a free slot (no pair) gets 0
+    return out.reshape(b, h, 1, d).to(q.dtype)
