@@ -202,7 +202,7 @@ def decode_capacity_ratio(eng, args) -> dict[str, float]:
     from lorapop.engine.decode import StaticKVCache
     from lorapop.engine.paged import PAGE, PagedKVCache
 
-    dev, dec = eng.device, eng._decoder()
+    dev, dec = eng.device, eng.decoder()
     eng.release_kv_cache()
     dec.refresh_dense()
     rows = min(args.rows, 64)
@@ -263,7 +263,7 @@ def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> dict[
     from lorapop.engine.decode import kv_capacity
     from lorapop.engine.paged import PAGE, PagedKVCache
 
-    dev, dec = eng.device, eng._decoder()
+    dev, dec = eng.device, eng.decoder()
     dec.refresh_dense()
     eng._decode_step()
     step = eng.decode_compile.step if eng.decode_compile else dec.decode_step
@@ -324,7 +324,7 @@ def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
     from lorapop.engine import SamplingParams
     from lorapop.engine.decode import StaticKVCache
 
-    dec = eng._decoder()
+    dec = eng.decoder()
     saved = eng.cfg.compile, eng.cfg.max_model_len
     eng.release_kv_cache()
     eng._kv_shape, before = None, eng.kv_cache_allocations
@@ -609,7 +609,7 @@ def main() -> None:
             eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
             eng.cfg.gen_batch_size = args.long_rows
             eng._kv_shape = None  # a new cache shape: this arm's declared set
-            dec = eng._decoder()
+            dec = eng.decoder()
             dtype = next(iter(eng.layers.values())).base.weight.dtype
             dims, cap = (dec.n_layers, dec.n_kv, dec.head_dim), kv_capacity(eng.cfg.max_model_len)
             # what either cache kind needs for long_budget_rows full-length rows (paged: their pages and the trash

@@ -6,7 +6,7 @@ Runs the shipped `cpu_demo` config (or ``--config``, a shipped name or a YAML fi
 1) in this process and reads Linux's ``VmHWM`` in
 windows (lorapop/hostmem.py, ``PeakWindow``): one per stage of the step (the trainer's own stages, loading the run
 included as ``start``) and one per part inside them, the engine's methods wrapped here: the KV cache's allocation,
-the prefill and decode of generation, the update's forward (``_response_logprobs`` under autograd), its chunked
+the prefill and decode of generation, the update's forward (``response_logprobs`` under autograd), its chunked
 log-softmax (``scoring``, also run again inside backward, where each chunk is checkpointed), the backward and the
 optimizer step. Each figure is the whole process's peak resident memory inside that window (everything resident,
 the base model included), not what the part added. Resident memory, not timings: figures stand on a shared machine.
@@ -89,7 +89,7 @@ class Windows:
 
 
 def instrument(w: Windows) -> None:
-    from lorapop.engine import batching, optim, torch_engine
+    from lorapop.engine import batching, optim, torch_engine, update
     from lorapop.train import logger
 
     begin = logger.Progress.begin_stage
@@ -102,8 +102,8 @@ def instrument(w: Windows) -> None:
     w.wrap(torch_engine.TorchEngine, "_kv_cache", "kv_cache")
     w.wrap(batching.ContinuousBatcher, "_prefill", "prefill")
     w.wrap(batching.ContinuousBatcher, "_decode_interval", "decode")
-    w.wrap(torch_engine.TorchEngine, "_response_logprobs", "forward")
-    w.wrap(torch_engine, "chunk_scores", "scoring")
+    w.wrap(torch_engine.TorchEngine, "response_logprobs", "forward")
+    w.wrap(update, "chunk_scores", "scoring")
     w.wrap(torch.Tensor, "backward", "backward")
     w.wrap(optim.StackedAdamW, "step", "optimizer")
 

@@ -279,48 +279,59 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
       rounded up, or engine.max_model_len, vLLM's max_model_len).
     """
     ecfg, m = measured.engine, measured.phases
-    frac, asleep_ok = ecfg.vllm_gpu_memory_utilization, ecfg.vllm_enable_sleep_mode
-    share = int(frac * p.gpu_bytes)
-    weights, lora, act, per_token = m["base"], m["vllm_lora"], m["vllm_forward"], m["vllm_kv_token"]
-    measured_graph = m.get("vllm_graph", 0)
-    graph = 0 if ecfg.vllm_enforce_eager else VLLM_GRAPH_CAPTURES_WITH_LORA * max(measured_graph,
+    asleep_ok = ecfg.vllm_enable_sleep_mode
+    graph = 0 if ecfg.vllm_enforce_eager else VLLM_GRAPH_CAPTURES_WITH_LORA * max(m.get("vllm_graph", 0),
                                                                                 VLLM_GRAPH_SET_MIN_BYTES)
-    row = per_token * capacity
-    p.vllm_bytes, p.vllm_graph_bytes = share, graph
-    p.vllm_sleep_host_bytes = weights + lora if asleep_ok else 0  # the "weights" tag sleep offloads
-    p.vllm_kv_bytes = share - weights - lora - act - graph
-    p.kv_slots_fit = max(0, p.vllm_kv_bytes // row)
+    share = int(ecfg.vllm_gpu_memory_utilization * p.gpu_bytes)
     torch_resident = sum(b for _, b, _ in torch_state)
-    ckpt = ecfg.gradient_checkpointing
-    train_peak = m["train_ckpt"] if ckpt else m["train"]
-    in_update = graph if asleep_ok else share
+    train_peak = m["train_ckpt"] if ecfg.gradient_checkpointing else m["train"]
+    in_update = graph if asleep_ok else share  # what vLLM keeps on the GPU while the update runs
+    p.vllm_bytes, p.vllm_graph_bytes = share, graph
+    p.vllm_sleep_host_bytes = m["base"] + m["vllm_lora"] if asleep_ok else 0  # the "weights" tag sleep offloads
+    p.vllm_kv_bytes = share - m["base"] - m["vllm_lora"] - m["vllm_forward"] - graph
+    p.kv_slots_fit = max(0, p.vllm_kv_bytes // (m["vllm_kv_token"] * capacity))
     p.generation_bytes = torch_resident + share
     p.train_bytes = torch_resident + train_peak + in_update
-    need = weights + lora + act + graph + row
+    need = m["base"] + m["vllm_lora"] + m["vllm_forward"] + graph + m["vllm_kv_token"] * capacity
     p.vllm_fraction_min = need / p.gpu_bytes
     p.vllm_fraction_max = (p.limit - torch_resident - (0 if asleep_ok else train_peak)) / p.gpu_bytes
-    n = measured.n_adapters
-    kv_tokens = max(0, p.vllm_kv_bytes) // per_token
-    table = [
-        *torch_state,
+    table = [*torch_state, *_vllm_rows(p, measured, capacity, share, graph), *update]
+    for name, b, note in table:
+        p.phases[name], p.notes[name] = int(b), note
+    _advise_vllm(p, measured, capacity, need, torch_resident, train_peak)
+    _advise_update(p, ecfg, torch_resident + in_update, m["train_ckpt"], m["train"],
+                   max(1, ecfg.train_micro_batch_size))
+
+
+def _vllm_rows(p: MemoryPlan, measured: Measured, capacity: int, share: int, graph: int) -> list:
+    """The plan's rows for vLLM's share and what it holds, as :func:`_assemble_vllm` sized them."""
+    ecfg, m = measured.engine, measured.phases
+    frac, asleep_ok = ecfg.vllm_gpu_memory_utilization, ecfg.vllm_enable_sleep_mode
+    kv_tokens = max(0, p.vllm_kv_bytes) // m["vllm_kv_token"]
+    return [
         ("vLLM (vllm_gpu_memory_utilization)", share,
          f"{frac:g} x {p.gpu_bytes / GIB:.1f} GiB; " + ("asleep in the update" if asleep_ok
                                                         else "resident in the update: sleep mode off")),
-        ("  vLLM base weights", weights, f"its own copy, {ecfg.dtype}"),
-        ("  vLLM LoRA slots", lora, f"max_loras {n}, rank {ecfg.rank}, {ecfg.dtype}"),
-        ("  vLLM activations (allowance)", act, f"one {ecfg.prefill_chunk_tokens}-token forward: "
-                                                "max_num_batched_tokens = prefill_chunk_tokens"),
+        ("  vLLM base weights", m["base"], f"its own copy, {ecfg.dtype}"),
+        ("  vLLM LoRA slots", m["vllm_lora"], f"max_loras {measured.n_adapters}, rank {ecfg.rank}, {ecfg.dtype}"),
+        ("  vLLM activations (allowance)", m["vllm_forward"], f"one {ecfg.prefill_chunk_tokens}-token forward: "
+                                                              "max_num_batched_tokens = prefill_chunk_tokens"),
         ("  vLLM CUDA-graph pool", graph,
          f"{VLLM_GRAPH_CAPTURES_WITH_LORA} captures (with and without LoRA) of up to "
          f"{vllm_graph_capture_tokens(ecfg)} rows, at least {VLLM_GRAPH_SET_MIN_BYTES / GIB:g} GiB each; kept "
          "through sleep" if graph else "engine.vllm_enforce_eager"),
         ("  vLLM KV cache (the rest of its share)", max(0, p.vllm_kv_bytes),
          f"{kv_tokens} tokens: {p.kv_slots_fit} rows of {capacity}"),
-        *update,
     ]
-    for name, b, note in table:
-        p.phases[name], p.notes[name] = int(b), note
-    total = p.gpu_bytes / GIB
+
+
+def _advise_vllm(p: MemoryPlan, measured: Measured, capacity: int, need: int, torch_resident: int,
+                 train_peak: int) -> None:
+    """What to change when vLLM's share holds no row, does not fit beside the TorchEngine, or crowds the update."""
+    ecfg, m = measured.engine, measured.phases
+    frac, asleep_ok = ecfg.vllm_gpu_memory_utilization, ecfg.vllm_enable_sleep_mode
+    share, graph, total = p.vllm_bytes, p.vllm_graph_bytes, p.gpu_bytes / GIB
+    weights, lora, act, row = m["base"], m["vllm_lora"], m["vllm_forward"], m["vllm_kv_token"] * capacity
     if p.kv_slots_fit < 1:
         lo = _ceil2(p.vllm_fraction_min)
         p.advice.append(
@@ -348,8 +359,6 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
         if _ceil2(p.vllm_fraction_min) <= hi < frac:
             p.advice.append(f"update: {'or ' if alone <= p.limit else ''}lower --engine.vllm_gpu_memory_utilization="
                             f"{hi:.2f} (now {frac:g}) to keep vLLM awake beside the update")
-    _advise_update(p, ecfg, torch_resident + in_update, m["train_ckpt"], m["train"],
-                   max(1, ecfg.train_micro_batch_size))
 
 
 def _advise_update(p: MemoryPlan, ecfg: Any, resident: int, with_ckpt: int, without: int, rows: int) -> None:

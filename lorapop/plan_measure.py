@@ -9,7 +9,6 @@ import gc
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from lorapop.configlib import ConfigError
@@ -127,50 +126,11 @@ class LiveBytes:
 
 
 
-def _fake_engine(mcfg: Any, n_adapters: int, fake_mode: Any, ecfg: Any):
-    """The project's TorchEngine on a fake-tensor base model of config ``mcfg`` (no weights read)."""
-    import torch
-
-    from lorapop.engine.torch_engine import TorchEngine
-    from lorapop.model import import_transformers
-
-    with torch.device("meta"):
-        model = import_transformers().AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, ecfg.dtype))
-    with fake_mode:
-        model = model.to_empty(device="cpu")
-    # Already on the plan's device and dtype; the engine's model.to() would try to swap the fake parameters, which
-    # the fake-tensor mode forbids (it holds weak references to them).
-    model.to = lambda *a, **k: model
-    # The engine needs only the stop and pad ids from a tokenizer; memory does not depend on them.
-    tok = SimpleNamespace(eos_token_id=0, pad_token_id=0, chat_template=None)
-    return TorchEngine(model, tok, n_adapters, ecfg, seed=0)
-
-
 def _measure(fn) -> int:
     """Peak bytes allocated while ``fn`` runs, beyond what was live before it."""
     with LiveBytes() as t:
         fn()
     return t.peak
-
-
-def _train_peak(eng, rows: int, prompt: int, completion: int, checkpointing: bool) -> int:
-    """One train micro-batch (forward, backward into the LoRA gradients) as accumulate_gradients runs it: rows in
-    equal runs per adapter, as engine/scoring.py's train_micro_batches makes them."""
-    import torch
-
-    ids = sorted(k % eng.n_adapters for k in range(rows))
-
-    def step():
-        eng.cfg.gradient_checkpointing = checkpointing
-        with eng._checkpointing():
-            bonus = eng.cfg.entropy_coeff > 0  # the entropy term's [chunk, vocab] softmax is backpropagated too
-            (logp, ent), _ = eng._response_logprobs([[1] * prompt] * rows, [[2] * completion] * rows, ids,
-                                                    entropy=True, entropy_grad=bonus)
-            (logp.sum() + ent.sum() if bonus else logp.sum()).backward()
-
-    eng.optimizer.zero_grad()
-    with torch.enable_grad():
-        return _measure(step)
 
 
 # Layers measured; every figure is affine in the number of identical decoder layers (weights, KV cache and saved
@@ -180,117 +140,100 @@ PROBE_LAYERS = (2, 3)
 
 def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, new_tokens: int,
                    resident_only: bool = False) -> dict[str, int]:
-    """Bytes of each phase for the model of config ``mcfg`` at its depth, measured on the engine's own code;
-    ``resident_only``: only what the KV cache's size depends on (the resident state and the cache's dimensions)."""
-    import torch
+    """Bytes of each phase for the model of config ``mcfg`` at its depth, measured on the engine's own code
+    (:class:`lorapop.engine.probe.PhaseProbe`); ``resident_only``: only what the KV cache's size depends on (the
+    resident state and the cache's dimensions)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lorapop.engine.decode import StaticKVCache, kv_capacity
-    from lorapop.engine.paged import PAGE, PagedKVCache, token_bytes
+    from lorapop.engine.probe import PhaseProbe
 
-    dtype = getattr(torch, ecfg.dtype)
     # Earlier garbage is destroyed now, not inside the counting modes below: in a whole test-suite run an earlier
     # in-process vLLM engine's objects were collected in the middle of this measurement (their destructors' ops ran
     # under the fake mode and failed), and that run's plan came out wrong; not reproduced in isolation.
     gc.collect()
-    eng = _fake_engine(mcfg, n_adapters, FakeTensorMode(allow_non_fake_inputs=True), ecfg)
-    n = eng.n_adapters
-    out: dict[str, int] = {"base": eng.base_bytes()}
-    lora = sum(t.numel() * t.element_size() for t in eng._params)
-    moments = sum(t.numel() * t.element_size() for t in eng.optimizer.exp_avg + eng.optimizer.exp_avg_sq)
-    out["adapters"] = 2 * lora + moments  # float32 gradients are the size of the master weights
-
-    def inference_copies():
-        for layer in eng.layers.values():
-            layer.refresh_low_precision()
-        if ecfg.compile:
-            eng._decoder().refresh_dense()
-
-    out["copies"] = _measure(inference_copies)
-    dec = eng._decoder()
-    # the cache's dimensions, for kvsize.kv_cache_plan (the layer count extrapolates with the depth like the bytes)
-    out["kv_layers"], out["kv_heads"], out["kv_head_dim"] = dec.n_layers, dec.n_kv, dec.head_dim
+    probe = PhaseProbe(mcfg, n_adapters, ecfg, FakeTensorMode(allow_non_fake_inputs=True))
+    out = _resident(probe)
     if resident_only:
         return out
+    out.update(_generation(probe, ecfg, prompt_tokens, new_tokens))
+    if ecfg.backend == "vllm":
+        out.update(_vllm_share(probe, ecfg))
+    out.update(_update(probe, ecfg, prompt_tokens, new_tokens))
+    return out
+
+
+def _resident(probe: Any) -> dict[str, int]:
+    """The resident state (base weights, the adapters' training state, their inference copies) and the KV cache's
+    dimensions, for kvsize.kv_cache_plan (the layer count extrapolates with the depth like the bytes)."""
+    out = {"base": probe.base_bytes(), "adapters": probe.adapter_state_bytes(),
+           "copies": _measure(probe.inference_copies)}
+    out["kv_layers"], out["kv_heads"], out["kv_head_dim"] = probe.cache_dims()
+    return out
+
+
+def _generation(probe: Any, ecfg: Any, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
+    """Each cache kind's bytes and a decode step over it at full length, and one prefill chunk. One kind at a time:
+    the caches are real tensors (their bytes counted as allocated); the paged block table is made fake, so the
+    gather a decode step makes is counted without being computed."""
+    import torch
+
+    from lorapop.engine.decode import StaticKVCache, kv_capacity
+    from lorapop.engine.paged import token_bytes
+
+    dims, dtype = probe.cache_dims(), getattr(torch, ecfg.dtype)
     capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
-    out["per_slot"] = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, capacity, dtype)
-    out["kv_token"] = token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype)
+    out = {"per_slot": StaticKVCache.slot_bytes(*dims, capacity, dtype), "kv_token": token_bytes(*dims, dtype)}
     n_rows = max(1, ecfg.gen_batch_size)
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
     width = min(prompt_tokens, ecfg.prefill_chunk_tokens)
-
-    def prefill(cache, rows: int, width: int):
-        """One chunk as ContinuousBatcher._prefill runs it: rows into their slots, positions 0..width-1."""
-        pos = torch.arange(width)[None].expand(rows, width)
-        eng._ctx.set(torch.tensor(sorted(k % n for k in range(rows))))
-        eng._ctx.low_precision = True  # as generate() runs it: the adapters' base-dtype copies
-        try:
-            with torch.no_grad():
-                dec.forward(cache, torch.ones(rows, width, dtype=torch.long), pos, pos, width, torch.arange(rows),
-                            None)
-        finally:
-            eng._ctx.low_precision = False
-            eng._ctx.set(None)
-
-    def decode(cache, rows: int, kv: int):
-        """One decode step's forward with every row attending ``kv`` positions (the paged cache gathers them)."""
-        pos = torch.full((rows, 1), kv - 1)
-        eng._ctx.set(torch.tensor(sorted(k % n for k in range(rows))))
-        eng._ctx.low_precision = True
-        try:
-            with torch.no_grad():
-                dec.forward(cache, torch.ones(rows, 1, dtype=torch.long), pos, pos, kv, None, None)
-        finally:
-            eng._ctx.low_precision = False
-            eng._ctx.set(None)
-
-    # One kind at a time: the caches are real tensors (their bytes counted as allocated); the paged block table is
-    # made fake, so the gather a decode step makes is counted without being computed.
-    fake = next(eng.model.parameters()).fake_mode
     holder: list = []
     kinds = ("static", "paged") if ecfg.kv_cache == "auto" else (ecfg.kv_cache,)
     for i, kind in enumerate(kinds if ecfg.backend == "torch" else ("static",)):  # vllm: its own cache
         if kind == "paged":  # the pool at its largest: every row at the full length
-            out[f"kv_{kind}"] = _measure(lambda: holder.append(PagedKVCache(
-                dec.n_layers, n_rows, dec.n_kv, dec.head_dim, capacity, n_rows * capacity // PAGE, dtype,
-                torch.device("cpu"))))
-            holder[0].table = fake.from_tensor(holder[0].table)
+            out[f"kv_{kind}"] = _measure(lambda: holder.append(probe.paged_cache(n_rows, capacity)))
+            probe.fake_table(holder[0])
         else:
-            out[f"kv_{kind}"] = _measure(lambda: holder.append(StaticKVCache(
-                dec.n_layers, n_rows, dec.n_kv, dec.head_dim, capacity, dtype, torch.device("cpu"))))
+            out[f"kv_{kind}"] = _measure(lambda: holder.append(probe.static_cache(n_rows, capacity)))
         cache = holder.pop()
         if i == 0:
-            out["prefill"] = _measure(lambda: prefill(cache, chunk_rows, width))
-        out[f"decode_{kind}"] = _measure(lambda: decode(cache, n_rows, capacity))
+            out["prefill"] = _measure(lambda: probe.prefill(cache, chunk_rows, width))
+        out[f"decode_{kind}"] = _measure(lambda: probe.decode(cache, n_rows, capacity))
         del cache
-    if ecfg.backend == "vllm":  # the figures the plan sizes vLLM's share with (see _assemble_vllm)
-        cap = vllm_graph_capture_tokens(ecfg)
-        if cap:  # the largest graph vLLM captures: one decode token for each of `cap` rows
-            graphs = StaticKVCache(dec.n_layers, cap, dec.n_kv, dec.head_dim, kv_capacity(1), dtype,
-                                   torch.device("cpu"))
-            out["vllm_graph"] = _measure(lambda: prefill(graphs, cap, 1))
-            del graphs
-        else:
-            out["vllm_graph"] = 0
-        out["vllm_lora"] = sum(t.numel() for t in eng._params) * torch.empty((), dtype=dtype).element_size()
-        out["vllm_kv_token"] = (StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 1, dtype)
-                                - StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 0, dtype))
-        tokens = max(1, ecfg.prefill_chunk_tokens)
-        one = StaticKVCache(dec.n_layers, 1, dec.n_kv, dec.head_dim, kv_capacity(tokens), dtype, torch.device("cpu"))
-        out["vllm_forward"] = _measure(lambda: prefill(one, 1, tokens))
-        del one
+    return out
+
+
+def _vllm_share(probe: Any, ecfg: Any) -> dict[str, int]:
+    """The figures the plan sizes vLLM's share with (see plan._assemble_vllm): its largest CUDA graph, its LoRA
+    weights in the model dtype, a KV token, one prefill forward."""
+    import torch
+
+    from lorapop.engine.decode import StaticKVCache, kv_capacity
+
+    dims, dtype = probe.cache_dims(), getattr(torch, ecfg.dtype)
+    out = {"vllm_graph": 0}
+    cap = vllm_graph_capture_tokens(ecfg)
+    if cap:  # the largest graph vLLM captures: one decode token for each of `cap` rows
+        graphs = probe.static_cache(cap, kv_capacity(1))
+        out["vllm_graph"] = _measure(lambda: probe.prefill(graphs, cap, 1))
+        del graphs
+    out["vllm_lora"] = probe.lora_elements() * torch.empty((), dtype=dtype).element_size()
+    out["vllm_kv_token"] = StaticKVCache.slot_bytes(*dims, 1, dtype) - StaticKVCache.slot_bytes(*dims, 0, dtype)
+    tokens = max(1, ecfg.prefill_chunk_tokens)
+    one = probe.static_cache(1, kv_capacity(tokens))
+    out["vllm_forward"] = _measure(lambda: probe.prefill(one, 1, tokens))
+    del one
+    return out
+
+
+def _update(probe: Any, ecfg: Any, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
+    """One train micro-batch with and without activation checkpointing, and one scoring batch."""
     rows = max(1, ecfg.train_micro_batch_size)
-    out["train_ckpt"] = _train_peak(eng, rows, prompt_tokens, new_tokens, True)
-    out["train"] = _train_peak(eng, rows, prompt_tokens, new_tokens, False)
-    eng.optimizer.zero_grad()
-
-    def logprobs():
-        with torch.no_grad():
-            eng._response_logprobs([[1] * prompt_tokens] * rows, [[2] * new_tokens] * rows,
-                                   sorted(k % n for k in range(rows)))
-
-    out["logprobs"] = _measure(logprobs)
-    eng._ctx.set(None)
+    out = {}
+    for key, ckpt in (("train_ckpt", True), ("train", False)):
+        probe.zero_grad()
+        out[key] = _measure(lambda: probe.train_micro_batch(rows, prompt_tokens, new_tokens, ckpt))
+    probe.zero_grad()
+    out["logprobs"] = _measure(lambda: probe.logprobs(rows, prompt_tokens, new_tokens))
     return out
 
 

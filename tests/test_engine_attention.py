@@ -53,7 +53,7 @@ def test_the_engine_calls_attention_in_the_form_the_efficient_kernel_accepts(mon
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     eng = tiny_engine()  # 4 query heads over 2 KV heads
-    assert eng._decoder().n_heads != eng._dec.n_kv
+    assert eng.decoder().n_heads != eng._dec.n_kv
     eng.generate([[1, 5, 9, 13, 17], [1, 7]], [0, -1], SamplingParams(max_new_tokens=3, greedy=True))
     assert any(q.shape[2] > 2 for q, *_ in calls) and any(q.shape[2] == 2 for q, *_ in calls)  # prefill, decode
     for q, k, v, mask, kw in calls:

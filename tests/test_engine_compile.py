@@ -98,7 +98,7 @@ def test_compiled_once_before_the_first_step_then_never_again():
     # step, over a pool of another size, compiles nothing; the rows are the static cache's
     from lorapop.engine.paged import PAGE, token_bytes
 
-    dec = compiled._decoder()
+    dec = compiled.decoder()
     compiled.release_kv_cache()
     compiled._kv_shape = None
     compiled.cfg.kv_cache_gib = 41 * PAGE * token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, torch.float32) / 2**30
@@ -218,7 +218,7 @@ def test_compiled_step_writes_only_the_new_positions():
     from lorapop.engine.decode import StaticKVCache
 
     eng = tiny_engine(compile=True)
-    dec = eng._decoder()
+    dec = eng.decoder()
     dec.refresh_dense()
     b, kv = 4, 32
     cache = StaticKVCache(dec.n_layers, b, dec.n_kv, dec.head_dim, 1008, torch.float32, eng.device)

@@ -16,7 +16,7 @@ PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41], [1, 7, 8], [1, 40, 41, 42,
 
 def _hidden(eng, prompt, chunk):
     """Final hidden states of ``prompt`` prefilled into slot 0 of a fresh cache, ``chunk`` positions at a time."""
-    dec = eng._decoder()
+    dec = eng.decoder()
     cache = StaticKVCache(dec.n_layers, 2, dec.n_kv, dec.head_dim, 64, torch.float32, eng.device)
     eng._ctx.set(torch.tensor([1]))
     outs = []
@@ -90,7 +90,7 @@ def test_refilled_slots_give_the_tokens_of_a_fresh_batch(interval):
 
 def test_answers_to_one_prompt_share_one_prefill():
     eng = tiny_engine(gen_batch_size=4)
-    dec = eng._decoder()
+    dec = eng.decoder()
     calls = []
     orig = dec.forward
 
@@ -113,7 +113,7 @@ def test_answers_to_one_prompt_share_one_prefill():
 
 def test_kv_budget_bounds_the_slots_and_says_when_a_row_cannot_fit():
     eng = tiny_engine(gen_batch_size=64, kv_cache="static")
-    dec = eng._decoder()
+    dec = eng.decoder()
     per = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256, torch.float32)
     eng.cfg.kv_cache_gib = 2.5 * per / 2**30
     p = SamplingParams(max_new_tokens=4, greedy=True)
@@ -177,7 +177,7 @@ def test_operators_on_cuda_adapters_in_the_thread_pool():
 def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size(monkeypatch):
     """Six calls of varied row counts and prompt lengths under a budget of 3 slots (gen_batch_size 8)
     allocate one cache, whose shape (a compiled step's guard) never changes."""
-    from lorapop.engine import torch_engine
+    from lorapop.engine import kvcache
 
     made = []
 
@@ -186,9 +186,9 @@ def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size(
             made.append(a)
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(torch_engine, "StaticKVCache", Counting)
+    monkeypatch.setattr(kvcache, "StaticKVCache", Counting)
     eng = tiny_engine(gen_batch_size=8, max_model_len=200, kv_cache="static")
-    dec = eng._decoder()
+    dec = eng.decoder()
     eng.cfg.kv_cache_gib = 3.5 * StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256,
                                                           torch.float32) / 2**30
     p = SamplingParams(max_new_tokens=5, temperature=1.0)

@@ -32,7 +32,7 @@ def _rows(seed: int, n: int, shared: int = 3):
 
 def _budget(eng, pages: int) -> float:
     """``engine.kv_cache_gib`` that holds ``pages`` pages (the trash page on top)."""
-    dec, dtype = eng._decoder(), getattr(torch, eng.cfg.dtype)
+    dec, dtype = eng.decoder(), getattr(torch, eng.cfg.dtype)
     return (pages + 1) * PAGE * token_bytes(dec.n_layers, dec.n_kv, dec.head_dim, dtype) / 2**30
 
 
@@ -96,7 +96,7 @@ def test_answers_to_one_task_share_their_prompt_pages():
     and are prefilled once; their tokens are those of each answer alone."""
     prompt = [1] + list(range(3, 42))
     eng = tiny_engine(gen_batch_size=6, max_model_len=128, kv_cache="paged")
-    dec = eng._decoder()
+    dec = eng.decoder()
     calls, tables = [], []
     orig = dec.forward
 

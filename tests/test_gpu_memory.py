@@ -45,7 +45,7 @@ def test_kv_budget_leaves_out_cuda_graph_pool_memory(monkeypatch):
 def test_kv_budget_counts_the_current_cache_as_free(monkeypatch):
     eng = tiny_engine()
     eng.cfg.kv_cache_memory_fraction = 1.0
-    dec = eng._decoder()
+    dec = eng.decoder()
     eng._kv_cache(40)
     held = sum(t.numel() * t.element_size() for t in eng._cache.k + eng._cache.v)
     segments = [{"device": 0, "segment_pool_id": (0, 0), "total_size": 4 * GIB, "allocated_size": 4 * GIB}]
@@ -71,7 +71,7 @@ def test_plan_and_engine_size_the_kv_cache_with_one_function(monkeypatch):
     from lorapop.plan_measure import Measured, measure_phases
 
     eng = tiny_engine(gen_batch_size=6, max_model_len=200, kv_cache_memory_fraction=0.5)
-    dec = eng._decoder()
+    dec = eng.decoder()
     m = measure_phases(eng.model.config, eng.n_adapters, copy.deepcopy(eng.cfg), 64, 64, resident_only=True)
     measured = Measured("tiny", copy.deepcopy(eng.cfg), m, 64, 64, eng.n_adapters)
     row = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256, getattr(torch, eng.cfg.dtype))

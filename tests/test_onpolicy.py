@@ -177,8 +177,8 @@ def _entropy_gradient(eng, samples):
     """Gradient of each adapter's token-mean entropy at the samples' temperatures, straight from autograd."""
     eng.optimizer.zero_grad()
     n = {a: sum(len(s.completion_ids) for s in samples if s.adapter_id == a) for a in {s.adapter_id for s in samples}}
-    with eng._checkpointing():
-        (_, ent), row_t = eng._response_logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
+    with eng.checkpointing():
+        (_, ent), row_t = eng.response_logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples],
                                                  [s.adapter_id for s in samples], [s.temperature for s in samples],
                                                  entropy=True)
         inv = torch.tensor([1.0 / n[s.adapter_id] for s in samples])[row_t]

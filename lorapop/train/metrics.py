@@ -49,9 +49,34 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     """One metrics.jsonl line (without ``step``/``time``). ``result.players`` are the members who played this step
     (before evolve), so a member replaced at this step still gets its last numbers; children born at this step only
     get their starting rating. ``coverage`` must already hold this step's tasks (:func:`update_coverage`)."""
-    step, players, proposals, jobs = result.step, result.players, list(result.proposals), result.jobs
-    batch, train_stats, lineage = result.batch, result.train_stats, result.lineage
-    answers = result.answers
+    # The arms-race curve: the matched students' rate on this step's valid tasks of their teachers (the single
+    # agent's own). Top-ups from the buffer train the student but are another distribution (old tasks, mostly the
+    # seeds and what was easy enough to be valid early): their rate is logged apart, and both are absent on a step
+    # without such tasks rather than 0. student/solve_rate is every answer of the step, both kinds mixed.
+    matched = [r for j in result.jobs if j.teacher is not None for r in j.rollouts]
+    topups = [r for j in result.jobs if j.teacher is None for r in j.rollouts]
+    m = _step_rates(result, matched, topups, task_types)
+    m.update(train_means(result.train_stats))
+    for mem in result.players:
+        m.update(_member_metrics(result, mem, matched, ratings))
+    for rec in result.lineage:
+        cid = rec["child"]
+        m[f"trueskill/{cid}/mu"] = ratings.mu(cid)
+        m[f"trueskill/{cid}/sigma"] = ratings.sigma(cid)
+        m[f"trueskill/{cid}/expose"] = ratings.expose(cid)
+    m["evolve/replacements"] = len(result.lineage)
+    m["evolve/too_few_matches"] = len(result.evolve_skipped)
+    m.update(_complexity(task_rows))
+    # this step's players only, so a replaced member's coverage series ends where it was replaced
+    m.update(coverage.metrics(members=[mem.id for mem in result.players]))
+    m.update({f"time/{k}": v for k, v in result.times.items()})
+    return m
+
+
+def _step_rates(result: StepResult, matched: list[Rollout], topups: list[Rollout],
+                task_types: Sequence[str]) -> dict[str, Any]:
+    """The step's rewards, lengths and rates over every rollout, then per task type."""
+    proposals, answers = list(result.proposals), result.answers
     m: dict[str, Any] = {}
     student_rewards = [r.reward for r in answers]
     m["reward"] = _mean(student_rewards)
@@ -60,12 +85,6 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     m["completions/mean_length"] = _mean(lengths)
     m["teacher/reward"] = _mean([r.reward for r in proposals])
     m["student/reward"] = m["reward"]
-    # The arms-race curve: the matched students' rate on this step's valid tasks of their teachers (the single
-    # agent's own). Top-ups from the buffer train the student but are another distribution (old tasks, mostly the
-    # seeds and what was easy enough to be valid early): their rate is logged apart, and both are absent on a step
-    # without such tasks rather than 0. student/solve_rate is every answer of the step, both kinds mixed.
-    matched = [r for j in jobs if j.teacher is not None for r in j.rollouts]
-    topups = [r for j in jobs if j.teacher is None for r in j.rollouts]
     m["student/solve_rate"] = _mean([r.status == "correct" for r in answers])
     if matched:
         m["student/matched_solve_rate"] = _mean([r.status == "correct" for r in matched])
@@ -77,7 +96,7 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
     m["teacher/format_error_rate"] = _mean([r.status == "format_error" for r in proposals])
     m["student/format_error_rate"] = _mean([r.status == "format_error" for r in answers])
     # TRL-style name: the share of TRR++ groups in the update whose rewards all tie (advantage 0, nothing learnt)
-    for role, (n_tied, n) in sorted(zero_advantage_groups(batch).items()):
+    for role, (n_tied, n) in sorted(zero_advantage_groups(result.batch).items()):
         m[f"{role}/zero_adv_group_frac"] = n_tied / n
     m["n_valid_tasks"] = sum(r.status == "valid" for r in proposals)
     for tt in task_types:
@@ -87,69 +106,59 @@ def step_metrics(result: StepResult, task_rows: Sequence[dict[str, Any]], rating
         mine = [r.status == "correct" for r in matched if r.task_type == tt]
         if mine:
             m[f"{tt}/matched_solve_rate"] = _mean(mine)
+    return m
 
-    m.update(train_means(train_stats))
 
-    # per member: a teacher's numbers come from its proposals, a student's from its answers, the agent has both
-    by_member: dict[str, list[Rollout]] = defaultdict(list)
-    for r in proposals + answers:
-        by_member[r.member.id].append(r)
-    batch_by_member: dict[str, list[Rollout]] = defaultdict(list)
-    for r in batch:
-        batch_by_member[r.member.id].append(r)
-    for mem in players:
-        rs = by_member.get(mem.id, [])
-        props = [r for r in rs if r.role == "teacher"]
-        ans = [r for r in rs if r.role == "student"]
-        key = f"member/{mem.id}"
-        m[f"{key}/reward"] = _mean([r.reward for r in rs])
-        m[f"{key}/mean_length"] = _mean([len(r.completion.token_ids) for r in rs])
-        m[f"{key}/format_error_rate"] = _mean([r.status == "format_error" for r in rs])
-        if props:
-            m[f"{key}/valid_rate"] = _mean([r.status == "valid" for r in props])
-            m[f"{key}/teacher_reward"] = _mean([r.reward for r in props])
-        if ans:
-            m[f"{key}/solve_rate"] = _mean([r.status == "correct" for r in ans])
-            mine = [r.status == "correct" for r in matched if r.member.id == mem.id]
-            if mine:
-                m[f"{key}/matched_solve_rate"] = _mean(mine)
-            m[f"{key}/student_reward"] = _mean([r.reward for r in ans])
-        trained = batch_by_member.get(mem.id, [])
-        m[f"{key}/n_samples"] = len(trained)
-        m[f"{key}/n_tokens"] = sum(len(r.completion.token_ids) for r in trained)
-        m[f"{key}/n_generated_tokens"] = sum(len(r.completion.token_ids) for r in rs)
-        stats = train_stats.get(mem.slot, {})
-        for k in ("loss", "grad_norm"):
-            if k in stats:
-                m[f"{key}/{k}"] = float(stats[k])
-        for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared"), ("is_capped_frac", "n_compared")):
-            if stats.get(n) and k in stats:  # a member whose update scored (compared) no token has no figure, not 0
-                m[f"{key}/{k}"] = float(stats[k])
-        m[f"{key}/age"] = mem.age(step)
-        m[f"{key}/rated_matches"] = ratings.matches(mem.id)
-        m[f"trueskill/{mem.id}/mu"] = ratings.mu(mem.id)
-        m[f"trueskill/{mem.id}/sigma"] = ratings.sigma(mem.id)
-        m[f"trueskill/{mem.id}/expose"] = ratings.expose(mem.id)
-    for rec in lineage:
-        cid = rec["child"]
-        m[f"trueskill/{cid}/mu"] = ratings.mu(cid)
-        m[f"trueskill/{cid}/sigma"] = ratings.sigma(cid)
-        m[f"trueskill/{cid}/expose"] = ratings.expose(cid)
-    m["evolve/replacements"] = len(lineage)
-    m["evolve/too_few_matches"] = len(result.evolve_skipped)
+def _member_metrics(result: StepResult, mem: Any, matched: list[Rollout], ratings: Ratings) -> dict[str, Any]:
+    """One player's numbers: a teacher's from its proposals, a student's from its answers, the agent has both; its
+    share of the update and its rating."""
+    rs = [r for r in list(result.proposals) + result.answers if r.member.id == mem.id]
+    props = [r for r in rs if r.role == "teacher"]
+    ans = [r for r in rs if r.role == "student"]
+    key = f"member/{mem.id}"
+    m: dict[str, Any] = {}
+    m[f"{key}/reward"] = _mean([r.reward for r in rs])
+    m[f"{key}/mean_length"] = _mean([len(r.completion.token_ids) for r in rs])
+    m[f"{key}/format_error_rate"] = _mean([r.status == "format_error" for r in rs])
+    if props:
+        m[f"{key}/valid_rate"] = _mean([r.status == "valid" for r in props])
+        m[f"{key}/teacher_reward"] = _mean([r.reward for r in props])
+    if ans:
+        m[f"{key}/solve_rate"] = _mean([r.status == "correct" for r in ans])
+        mine = [r.status == "correct" for r in matched if r.member.id == mem.id]
+        if mine:
+            m[f"{key}/matched_solve_rate"] = _mean(mine)
+        m[f"{key}/student_reward"] = _mean([r.reward for r in ans])
+    trained = [r for r in result.batch if r.member.id == mem.id]
+    m[f"{key}/n_samples"] = len(trained)
+    m[f"{key}/n_tokens"] = sum(len(r.completion.token_ids) for r in trained)
+    m[f"{key}/n_generated_tokens"] = sum(len(r.completion.token_ids) for r in rs)
+    stats = result.train_stats.get(mem.slot, {})
+    for k in ("loss", "grad_norm"):
+        if k in stats:
+            m[f"{key}/{k}"] = float(stats[k])
+    for k, n in (("entropy", "n_scored"), ("logprob_mismatch", "n_compared"), ("is_capped_frac", "n_compared")):
+        if stats.get(n) and k in stats:  # a member whose update scored (compared) no token has no figure, not 0
+            m[f"{key}/{k}"] = float(stats[k])
+    m[f"{key}/age"] = mem.age(result.step)
+    m[f"{key}/rated_matches"] = ratings.matches(mem.id)
+    m[f"trueskill/{mem.id}/mu"] = ratings.mu(mem.id)
+    m[f"trueskill/{mem.id}/sigma"] = ratings.sigma(mem.id)
+    m[f"trueskill/{mem.id}/expose"] = ratings.expose(mem.id)
+    return m
 
-    # program descriptors of this step's valid tasks, overall and per proposing teacher
+
+def _complexity(task_rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Program descriptors of this step's valid tasks, overall and per proposing teacher."""
     per_teacher: dict[str, list[dict[str, float]]] = defaultdict(list)
     for row in task_rows:
         per_teacher[row["proposer"]].append(row["diagnostics"])
     all_desc = [d for ds in per_teacher.values() for d in ds]
+    m: dict[str, float] = {}
     for stat in sorted({k for d in all_desc for k in d}):
         m[f"complexity/{stat}"] = _mean([float(d[stat]) for d in all_desc if stat in d])
         for t_id, ds in per_teacher.items():
             m[f"complexity/{t_id}/{stat}"] = _mean([float(d[stat]) for d in ds if stat in d])
-    # this step's players only, so a replaced member's coverage series ends where it was replaced
-    m.update(coverage.metrics(members=[mem.id for mem in players]))
-    m.update({f"time/{k}": v for k, v in result.times.items()})
     return m
 
 

@@ -1,0 +1,116 @@
+"""What the rest of lorapop sees of the sandbox: the Executor Protocol, its config (ExecutorConfig), a run's result
+(ExecResult), the error raised where programs cannot be isolated, and the test of whether a run is walled off.
+Torch-free and process-free: :mod:`.sandbox` implements it, :mod:`.ray_executor` spreads it over Ray actors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
+RUN_STATUSES = ("ok", "error", "memory", "output_limit", "crashed")  # what a child may report of itself
+
+DEFAULT_PRELOAD = (
+    "re", "math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
+    "fractions", "decimal", "operator", "copy", "typing", "dataclasses", "enum", "array",
+    "numbers", "unicodedata", "textwrap", "json", "encodings.utf_16", "encodings.utf_32", "encodings.latin_1",
+    "encodings.ascii", "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.idna",
+)
+
+
+@dataclass
+
+
+class ExecutorConfig:
+    n_workers: int = field(default=2, metadata={"help": "worker processes per hash seed (parallel runs)"})
+    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds"})
+    memory_mb: int = field(default=512, metadata={"help": "address-space limit per run (RLIMIT_AS), MiB, "
+                                                          "interpreter included; 0 = none"})
+    disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB"})
+    fsize_mb: int = field(default=4, metadata={"help": "largest file a run may write (RLIMIT_FSIZE), MiB"})
+    max_procs: int = field(default=1, metadata={"help": "processes and threads a run may have at once, itself "
+                                                        "included (RLIMIT_NPROC); 1: no fork and no thread, so "
+                                                        "memory_mb bounds every byte a run holds (each extra "
+                                                        "process may take memory_mb more)"})
+    max_open_files: int = field(default=64, metadata={"help": "open file descriptors per run (RLIMIT_NOFILE)"})
+    max_output_chars: int = field(default=100_000, metadata={"help": "stdout+stderr chars before status "
+                                                                     "output_limit; output is discarded"})
+    max_repr_chars: int = field(default=400, metadata={"help": "longest repr(_result) returned (400 = the task "
+                                                               "output limit); longer gives output_limit"})
+    isolate_network: bool = field(default=True, metadata={"help": "network namespace (unshare --net)"})
+    isolate_filesystem: bool = field(default=True, metadata={"help": "mount namespace + private tmpfs + chroot"})
+    isolate_pids: bool = field(default=True, metadata={"help": "pid namespace: runs cannot see or signal other "
+                                                               "processes; leftovers are killed after each run"})
+    drop_privileges: bool = field(default=True, metadata={"help": "run programs without privileges: under an "
+                                                                  "unprivileged uid as root, with every capability "
+                                                                  "dropped in a user namespace"})
+    uid_base: int | None = field(default=None, metadata={"help": "as root: first uid for runs (one per worker); "
+                                                                 "None derives one from the pid"})
+    seccomp: bool = field(default=True, metadata={"help": "syscall filter on every run (namespaces, mount, ptrace, "
+                                                          "bpf, sockets, exec... fail with EPERM; "
+                                                          "lorapop/executor/lockdown.py)"})
+    allow_unisolated: bool = field(default=False, metadata={"help": "run model-written programs even where this "
+                                                                    "machine gives the sandbox no isolation (neither "
+                                                                    "root nor unprivileged user namespaces, or no "
+                                                                    "seccomp): they can then read your files and "
+                                                                    "reach the network; warned at every start and "
+                                                                    "recorded in population.json and the report"})
+    require_isolation: bool = field(default=False, metadata={"help": "refuse any missing protection, even with "
+                                                                     "allow_unisolated"})
+    default_hashseed: int = field(default=1, metadata={"help": "PYTHONHASHSEED for runs that do not name one"})
+    grace_s: float = field(default=5.0, metadata={"help": "extra seconds the trainer waits for a worker before "
+                                                          "replacing it"})
+    python: str | None = field(default=None, metadata={"help": "interpreter for workers (default: this one)"})
+    preload: tuple[str, ...] = field(default=DEFAULT_PRELOAD, metadata={"help": "stdlib modules importable by "
+                                                                                "programs (nothing else is)"})
+    ray: bool = field(default=False, metadata={"help": "run validation and checking jobs on Ray executor actors "
+                                                     "(any node of engine.ray_address's cluster, or a local Ray), "
+                                                     "each wrapping this same sandbox with every protection above; "
+                                                     "needs `.venv/bin/pip install -e '.[ray]'` (lorapop/executor/ray_executor.py)"})
+    ray_actors: int = field(default=2, metadata={"help": "with ray: executor actors; a batch is split across them, "
+                                                         "each runs its share on its own n_workers sandbox workers"})
+    ray_num_cpus: float = field(default=1.0, metadata={"help": "with ray: CPUs Ray reserves per executor actor "
+                                                               "(where it places them; the sandbox itself runs "
+                                                               "n_workers processes)"})
+
+    def validate(self) -> None:
+        if self.ray_actors < 1:
+            raise ValueError(f"executor.ray_actors: must be >= 1, got {self.ray_actors}")
+        if self.ray_num_cpus < 0:
+            raise ValueError(f"executor.ray_num_cpus: must be >= 0, got {self.ray_num_cpus}")
+
+
+@dataclass
+
+
+class ExecResult:
+    status: str  # "ok" | "error" | "timeout" | "memory" | "output_limit" | "crashed"
+    value: str | None  # repr of `_result` when ok (a program that sets none gives "None")
+    error: str | None  # short "Type: message", never a trainer traceback
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Executor(Protocol):
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult: ...
+
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
+                 hashseed: int | None = None) -> list[ExecResult]: ...
+
+    def close(self) -> None: ...
+
+
+# what isolated() requires of SandboxExecutor.protections
+ISOLATION_KEYS = ("network_isolated", "filesystem_isolated", "pid_namespace", "unprivileged", "seccomp")
+
+
+class IsolationError(RuntimeError):
+    """The sandbox cannot isolate programs here and executor.allow_unisolated does not allow running anyway."""
+
+
+def isolated(protections: dict) -> bool:
+    """Whether a run is walled off from the host: its own network, files and pids, no privileges, the filter."""
+    return all(bool(protections.get(k)) for k in ISOLATION_KEYS)

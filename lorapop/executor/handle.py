@@ -1,0 +1,276 @@
+"""The trainer's side of one sandbox worker process: its start under ``unshare`` (namespaces, the chroot's tmpfs),
+the request on its control socket, the program and result on two fresh pipes per run, the result's reading and
+limits, and the worker's end. :class:`~.sandbox.SandboxExecutor` pools these handles; the code that runs inside the
+worker is :mod:`.worker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lorapop.tmpdirs import owned_tempdir
+
+from .base import RUN_STATUSES, WORKER_DIED, ExecResult
+from .worker import unpack_result
+
+WORKER_PY = Path(__file__).with_name("worker.py")
+SANDBOX_PREFIX = "lorapop-sbx-"  # + owner pid: each worker's scratch root under the temp directory
+_PAGE = 4096  # what a pipe always holds, even for a user past the kernel's pipe-buffer quota
+
+
+class WorkerHandle:
+    """The trainer's side of one sandbox worker (lorapop/executor/worker.py): a SOCK_SEQPACKET socket carries the
+    requests and the worker's reports; each run gets two fresh pipes, one the trainer writes the program into and one
+    it reads the result from, whose other ends go to the worker with the request and from it to the forked child. The
+    worker never holds the program or the result."""
+
+    def __init__(self, ex: Any, hashseed: int, uid: int):
+        """``ex``: the executor whose ``config`` and ``mode`` (its isolation mechanism) the worker starts with."""
+        self.ex, self.hashseed, self.uid = ex, hashseed, uid
+        self.proc: subprocess.Popen | None = None
+        self.ctl: socket.socket | None = None
+        self.info: dict = {}
+        self.root: str | None = None
+
+    def _command(self, root: str, cfg_json: str, mechanism: str) -> list[str]:
+        c = self.ex.config
+        py = [c.python or sys.executable, "-s", "-S", str(WORKER_PY), cfg_json]
+        if mechanism == "none":
+            return py
+        # util-linux unshare; as an ordinary user with a user namespace whose root is this user (docs/METHOD.md)
+        flags = ["--user", "--map-root-user"] if mechanism == "userns" else []
+        flags += ["--fork", "--kill-child", "--ipc", "--uts"]
+        if c.isolate_network:
+            flags.append("--net")
+        if c.isolate_pids:
+            flags.append("--pid")
+        if not c.isolate_filesystem:
+            return ["unshare", *flags, "--", *py]
+        # The chroot's root is a tiny tmpfs remounted read-only (a run that shares the worker's uid would own it);
+        # the runs' working area /w is its own size-capped tmpfs. noexec on both: nothing written there runs.
+        opts = "mode=0755,nosuid,nodev,noexec"
+        mount = (f'mount -t tmpfs -o size=64k,{opts} tmpfs "$1" && mkdir "$1/w" && '
+                 f'mount -t tmpfs -o size={int(c.disk_mb)}m,{opts} tmpfs "$1/w" && '
+                 f'mount -o remount,bind,ro "$1" && shift && exec "$@"')
+        return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,
+                *py]
+
+    def start(self) -> None:
+        c, mode = self.ex.config, self.ex.mode
+        # named after this process, so a run killed with -9 does not leave them behind for good (lorapop/tmpdirs.py)
+        self.root = str(owned_tempdir(SANDBOX_PREFIX))
+        os.chmod(self.root, 0o755)
+        wcfg = {
+            "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
+            "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
+            "max_repr_chars": c.max_repr_chars, "drop_uid": mode["mechanism"] == "root" and c.drop_privileges,
+            "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
+            "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
+            "root": self.root, "chroot": mode["mechanism"] != "none" and c.isolate_filesystem, "fallback_dir": self.root,
+            "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+        }
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": str(self.hashseed)}
+        self.errfile = tempfile.TemporaryFile()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["mechanism"]),
+                                         stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=self.errfile,
+                                         env=env, start_new_session=True, close_fds=True)
+        finally:
+            theirs.close()
+        self.ctl = mine
+        hello = self._recv(time.monotonic() + 30.0)
+        if not hello or not hello.get("hello"):
+            self.errfile.seek(0)
+            err = self.errfile.read().decode("utf-8", "replace")[-2000:]
+            self.kill()
+            raise RuntimeError(f"sandbox worker failed to start: {err.strip() or 'no hello'}")
+        self.info = hello
+
+    def _recv(self, deadline: float) -> dict | None:
+        """The worker's next report, or None when it ended or the deadline passed."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([self.ctl], [], [], left)
+            if r:
+                break
+        try:
+            data = self.ctl.recv(1 << 16)  # a datagram: a shorter buffer would cut a long hello (many preloads)
+            return json.loads(data) if data else None
+        except (OSError, ValueError):
+            return None
+
+    def call(self, code: str, timeout_s: float) -> ExecResult:
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            self.start()
+        c = self.ex.config
+        t0 = time.perf_counter()
+        program = code.encode("utf-8", "surrogatepass")
+        code_r, code_w = os.pipe()
+        res_r, res_w = os.pipe()
+        try:
+            try:
+                request = json.dumps({"timeout": timeout_s, "size": len(program)}).encode()
+                socket.send_fds(self.ctl, [request], [code_r, res_w])
+            except OSError:
+                os.close(code_w)
+                self.kill()
+                return ExecResult("crashed", None, WORKER_DIED, time.perf_counter() - t0)
+            finally:
+                os.close(code_r)
+                os.close(res_w)
+            pending = {code_w}  # closed exactly once: another thread's new pipe may reuse a number closed twice
+            try:
+                report, raw, overflow = self._exchange(program, code_w, pending,
+                                                       res_r, time.monotonic() + timeout_s + c.grace_s)
+            finally:
+                for fd in pending:
+                    os.close(fd)
+        finally:
+            os.close(res_r)
+        took = time.perf_counter() - t0
+        if report is None or "wstatus" not in report:
+            late = took >= timeout_s
+            self.kill()
+            return ExecResult("timeout" if late else "crashed", None,
+                              "worker stopped answering" if late else WORKER_DIED, took)
+        if report.get("retire"):
+            self.kill()  # its tmpfs and namespaces go with it; the next call starts a fresh worker
+        return run_result(report, raw, overflow, timeout_s, c.max_repr_chars)
+
+    def _exchange(self, code: bytes, code_w: int, pending: set, res_r: int, deadline: float
+                  ) -> tuple[dict | None, bytes, bool]:
+        """Write the program (closing ``code_w``, and taking it out of ``pending``, once it is all written), read the
+        result (at most a few times ``max_repr_chars``; more is read and dropped) and wait for the worker's report.
+
+        A result the worker's own code writes is at most ``max_repr_chars`` characters plus a short error, under one
+        page whenever ``max_repr_chars`` is small (the task checks' 400): then the result pipe is read once, after
+        the report, which saves the trainer a wake-up per run; a run that writes more than a pipe holds blocks until
+        its wall clock ends (a timeout: it wasted its own time). With a larger ``max_repr_chars`` (benchmark
+        judging) the result is read while the run goes on, so a long honest one never blocks."""
+        cap = self.ex.config.max_repr_chars * 4 + 4096
+        watch = self.ex.config.max_repr_chars * 4 + 1024 > _PAGE
+        view, chunks, size, overflow, report = memoryview(code), [], 0, False, None
+
+        def write_some() -> None:
+            nonlocal view
+            try:
+                while view:
+                    view = view[os.write(code_w, view[:1 << 16]):]
+            except BlockingIOError:
+                return  # the pipe is full: the rest when the child has read some
+            except BrokenPipeError:
+                view = view[:0]  # the child stopped reading: its run goes on without the rest
+            pending.discard(code_w)
+            os.close(code_w)  # EOF for the child
+
+        os.set_blocking(code_w, False)
+        write_some()
+        res_open = True
+        while report is None or (res_open and watch):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # A report came and only the result pipe is still open: a process outside the run's reach (no pid
+                # namespace, executor.allow_unisolated) holds it; what was read stands.
+                return (report, b"".join(chunks), overflow) if report is not None else (None, b"", False)
+            rl = ([self.ctl] if report is None else []) + ([res_r] if res_open and watch else [])
+            r, w, _ = select.select(rl, [code_w] if code_w in pending else [], [], left)
+            if w:
+                write_some()
+            if res_r in r:
+                chunk = os.read(res_r, 1 << 16)
+                if not chunk:
+                    res_open = False  # every process that held the pipe has ended
+                elif size + len(chunk) > cap:
+                    overflow, size = True, cap + 1
+                else:
+                    chunks.append(chunk)
+                    size += len(chunk)
+            if self.ctl in r:
+                report = self._recv(deadline) or {}
+                if not report:
+                    return None, b"", False
+                deadline = min(deadline, time.monotonic() + 1.0)
+        if not watch:  # every writer has ended (the report says the run's processes are gone): what is there is all
+            os.set_blocking(res_r, False)
+            try:
+                while size <= cap:
+                    chunk = os.read(res_r, 1 << 16)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+            except BlockingIOError:
+                pass  # a process outside the run's reach still holds the pipe (no pid namespace)
+            overflow = size > cap
+        return report, b"".join(chunks), overflow
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.proc = None
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self.root:
+            # The tmpfs lived in the worker's mount namespace; on the host this is an empty dir (or, degraded,
+            # the private working area itself).
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.ctl.shutdown(socket.SHUT_RDWR)  # EOF: the worker exits, its namespaces die with it
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+def run_result(report: dict, raw: bytes, overflow: bool, timeout_s: float, max_repr_chars: int) -> ExecResult:
+    """An ExecResult from the worker's report (trusted: how the child ended) and the bytes the child wrote (untrusted
+    data: a program can write them itself, so they only ever say what its own result is)."""
+    duration = float(report.get("duration", 0.0))
+    if report.get("timed_out"):
+        return ExecResult("timeout", None, f"wall-clock limit {timeout_s:g}s", duration)
+    if overflow:
+        return ExecResult("output_limit", None, f"result over {max_repr_chars} chars", duration)
+    try:
+        status, value, error = unpack_result(raw)
+        if status not in RUN_STATUSES or (status == "ok") != (value is not None):
+            raise ValueError("status")
+        if value is not None and len(value) > max_repr_chars:
+            return ExecResult("output_limit", None, f"repr of _result has {len(value)} chars > {max_repr_chars}",
+                              duration)
+        return ExecResult(status, value, None if error is None else error[:300], duration)
+    except ValueError:  # UnicodeDecodeError included
+        pass
+    st = int(report.get("wstatus") or 0)
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        if sig == signal.SIGXCPU:
+            return ExecResult("timeout", None, f"CPU limit {report.get('cpu_s')}s", duration)
+        return ExecResult("crashed", None, f"killed by signal {sig}", duration)
+    code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else "?"
+    return ExecResult("crashed", None, f"exited with code {code} before returning a result", duration)
