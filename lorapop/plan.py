@@ -173,7 +173,7 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
         ("prefill chunk (peak)", m["prefill"], f"{chunk_rows} rows x {min(prompt_tokens, ecfg.prefill_chunk_tokens)}"
                                                " tokens (prefill_chunk_tokens)"),
         ("decode step (peak)", m[f"decode_{kind}"], f"{ecfg.gen_batch_size} rows attending {capacity} positions"
-                                                    + (", gathered from the pages" if kind == "paged" else "")),
+                                                    + (", each row's own chunks read (split-KV)" if kind == "paged" else "")),
         *update,
     ]
     for name, b, note in table:

@@ -97,8 +97,11 @@ class PhaseProbe:
                                               torch.arange(rows), None)
 
     def decode(self, cache: StaticKVCache | PagedKVCache, rows: int, kv: int) -> None:
-        """One decode step's forward with every row attending ``kv`` positions (the paged cache gathers them)."""
+        """One decode step's forward with every row attending ``kv`` positions: a static cache reads its span in
+        place, a paged one reads each row's chunks (split-KV), as the engine's decode step does."""
         pos = torch.full((rows, 1), kv - 1)
+        if isinstance(cache, PagedKVCache):
+            kv = cache.reads(rows, [kv] * rows, False)
         with self.engine.lora_rows(torch.tensor(_adapter_rows(rows, self.n_adapters)), low_precision=True):
             with torch.no_grad():
                 self.engine.decoder().forward(cache, torch.ones(rows, 1, dtype=torch.long), pos, pos, kv, None, None)
