@@ -32,8 +32,8 @@ run again with the same arguments, finished arms are kept and the others trained
 The raw samples: ``answers/<arm>.jsonl`` beside it, one row per scoring of a probe task (arm, step, scoring: the
 arm's own or a ``#replicate``, task, score, the replies and their checker statuses), written with the group.
 ``lorapop report`` renders the file of a run directory. After the arms, ``lorapop retention`` prints the registered
-rule applied to this parent (lorapop/evolve/verdict.py), with the clone and the continuation (against the clone)
-judged by it like every operator, the parent's training noise and the losses one run per arm can see.
+rule applied to this parent (lorapop/commands/retention_verdict.py), with the clone and the continuation (against the
+clone) judged by it like every operator, the parent's training noise and the losses one run per arm can see.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from lorapop.configlib import doc
-from lorapop.evolve.verdict import CLONE, CONTINUATION, arm_outcome, headline, registered_verdict, verdict_lines
+from lorapop.commands.retention_verdict import (CLONE, CONTINUATION, arm_outcome, headline, registered_verdict,
+                                               verdict_lines)
 from lorapop.rundir import RETENTION
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
@@ -199,7 +200,8 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     from lorapop.eval.harness import make_executor
     from lorapop.evolve.config import STRENGTH_KNOBS, scaled_params
     from lorapop.evolve.operators import OPERATORS, make_child
-    from lorapop.rundir import Member, RunDir, write_json_atomic, write_text_atomic
+    from lorapop.rundir import RunDir, write_json_atomic, write_text_atomic
+    from lorapop.train.members import Member
     from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.styles import proposal_style
     from lorapop.train.probe import run_probe

@@ -1,6 +1,7 @@
-"""``lorapop eval RUN_DIR [RUN_DIR ...]``: greedy pass@1 of the base and every member, one engine pass per
-benchmark; with ``--samples N --temperature T [--top-p P] --k 1,5,10``, pass@k from N sampled answers per problem
-(the unbiased estimator of Chen et al. 2021, :mod:`lorapop.eval.passk`) beside pass@1 estimated the same way.
+"""What ``lorapop eval`` runs (lorapop/commands/eval.py parses its flags): greedy pass@1 of the base and every
+member, one engine pass per benchmark; with ``--samples N --temperature T [--top-p P] --k 1,5,10``, pass@k from N
+sampled answers per problem (the unbiased estimator of Chen et al. 2021, :mod:`lorapop.eval.passk`) beside pass@1
+estimated the same way.
 
 Runs that share a base model and LoRA rank share one engine: all their members are loaded into its slots, and each
 benchmark's problems x (base + all members) rows go through one ``generate`` call. The **baseline** is the run
@@ -17,18 +18,15 @@ factors are recorded in ``eval.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks
 from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get_spec, is_available, load_benchmark,
                                parse_benchmarks)
-from lorapop.eval.prompts import PROMPT_CHOICES, describe, template_for
+from lorapop.eval.prompts import describe, template_for
 from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
 from lorapop.rundir import RunDir
 
@@ -395,60 +393,3 @@ def format_table(result: dict) -> str:
     if result["warnings"]:
         lines.append(f"{len(result['warnings'])} warning(s) recorded in eval.json, first: {result['warnings'][0]}")
     return "\n".join(lines)
-
-
-def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags come from :class:`EvalConfig` (lorapop.configlib.add_arguments): a new field is a new flag."""
-    from lorapop.configlib import add_arguments
-
-    p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
-    add_arguments(p, EvalConfig)
-    return p
-
-
-def config_from_args(a: argparse.Namespace) -> EvalConfig:
-    from lorapop.configlib import ConfigError, from_args
-
-    try:
-        cfg = from_args(EvalConfig, a)
-    except ConfigError as e:
-        raise ValueError(str(e)) from e
-    cfg.data = {get_spec(name).name: path for name, path in cfg.data.items()}
-    if cfg.prompt not in PROMPT_CHOICES:
-        raise ValueError(f"--prompt: {cfg.prompt!r} is not one of {', '.join(PROMPT_CHOICES)}")
-    if a.max_new_tokens:
-        cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
-    return cfg
-
-
-def run_from_args(a: argparse.Namespace) -> int:
-    from lorapop.eval.runs import RunDirError
-
-    try:
-        cfg = config_from_args(a)
-        select_benchmarks(cfg)
-        result = run_eval(a.run_dirs, cfg)
-    except (BenchmarkError, RunDirError, ValueError) as e:
-        print(f"lorapop eval: error: {e}", file=sys.stderr)
-        return 2
-    print(format_table(result))
-    return 0 if not result["errors"] else 1
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    return run_from_args(build_parser().parse_args(argv))
-
-
-# Hooks in the shape lorapop/cli.py uses for subcommands: sub.add_parser("eval"); add_arguments(p); func=run.
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    build_parser(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_from_args(args)
-
-
-if __name__ == "__main__":
-    sys.exit(cli_main())
