@@ -187,29 +187,38 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[str, Any] | None = None, *,
-                  log=print) -> dict[str, Any]:
-    import random
-    import zlib
+@dataclass
+class Study:
+    """One retention study as read from the run: its parents, the probe family the arms are scored on, the student
+    loop that trains them, and where retention.json goes."""
+    rd: Any  # RunDir
+    ckpt: Path
+    trained: int  # self-play steps behind the parent
+    parent: Any  # Member
+    p_fit: float
+    second: tuple[str, Path, float] | None  # (label, adapter dir, expose) of the crossovers' second parent
+    ops: list[str]
+    run_cfg: dict[str, Any]
+    style: str
+    solve: Any  # SamplingConfig
+    prefill: str
+    per_level: int
+    loop: Any  # StudentLoopConfig
+    held: list[Any]
+    train: list[Any]
+    settings: dict[str, Any]
+    out_dir: Path
 
-    import torch
+    @property
+    def out_path(self) -> Path:
+        return self.out_dir / RETENTION
 
-    from lorapop.config import SamplingConfig
-    from lorapop.engine.base import EngineConfig
-    from lorapop.engine.factory import make_engine
-    from lorapop.eval.harness import make_executor
-    from lorapop.evolve.config import STRENGTH_KNOBS, scaled_params
-    from lorapop.evolve.operators import OPERATORS, make_child
-    from lorapop.rundir import RunDir, write_json_atomic, write_text_atomic
-    from lorapop.train.members import Member
-    from lorapop.tasks import TASK_TYPES
-    from lorapop.tasks.styles import proposal_style
-    from lorapop.train.probe import run_probe
-    from lorapop.train.stages import sampling_params
-    from lorapop.train.student import StudentLoopConfig, set_lr, train_step
 
-    t0 = time.perf_counter()
-    cfg.validate()
+def check_operators(cfg: RetentionConfig) -> list[str]:
+    """The operators to test; unknown names and stronger arms without a strength knob are refused."""
+    from lorapop.evolve.config import STRENGTH_KNOBS
+    from lorapop.evolve.operators import OPERATORS
+
     ops = list(cfg.operators or OPERATORS)
     unknown = [o for o in ops + [o for o in cfg.stronger_ops if o != "auto"] if o not in OPERATORS]
     if unknown:
@@ -217,14 +226,15 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     knobless = [o for o in cfg.stronger_ops if o != "auto" and o not in STRENGTH_KNOBS]
     if cfg.stronger and knobless:
         raise ValueError(f"--stronger-ops {knobless}: no strength knob; these have one: {', '.join(STRENGTH_KNOBS)}")
-    rd = RunDir(run_dir)
-    ckpt = rd.find_checkpoint()
-    trained = parent_steps(rd, ckpt)
-    if trained < cfg.min_parent_steps:
-        raise ValueError(f"{ckpt}: the parent has {trained} self-play step(s); the protocol (Appendix J) starts from "
-                         f"a parent trained in self-play, at least {cfg.min_parent_steps} steps: train the run longer "
-                         f"(lorapop train --resume {rd.path} --run.steps={cfg.min_parent_steps}) or lower "
-                         "--min-parent-steps")
+    return ops
+
+
+def pick_parents(rd: Any, ckpt: Path, cfg: RetentionConfig, ops: list[str], log: Any
+                 ) -> tuple[Any, float, tuple[str, Path, float] | None, list[str]]:
+    """(parent, its expose, the second parent or None, the operators left): the best student (or ``cfg.member``),
+    the second parent from ``--second-parent`` or the next of its role; crossovers dropped when there is none."""
+    from lorapop.evolve.operators import OPERATORS
+
     ranked = rank_members(rd.path, ckpt, "student")
     if cfg.member is not None:
         chosen = [x for x in ranked if x[0].id == cfg.member]
@@ -246,7 +256,29 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     if second is None and any(OPERATORS[o].kind == "crossover" for o in ops):
         log(f"retention: only one {parent.role} in {ckpt.name} and no --second-parent; skipping crossovers")
         ops = [o for o in ops if OPERATORS[o].kind != "crossover"]
+    return parent, p_fit, second, ops
 
+
+def plan_study(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[str, Any] | None, log: Any) -> Study:
+    """The study a run's last checkpoint allows: refused when the parent has too few self-play steps; the probe,
+    sampling and learning rate are the run's own."""
+    from lorapop.config import SamplingConfig
+    from lorapop.rundir import RunDir
+    from lorapop.tasks import TASK_TYPES
+    from lorapop.tasks.styles import proposal_style
+    from lorapop.train.student import StudentLoopConfig
+
+    cfg.validate()
+    ops = check_operators(cfg)
+    rd = RunDir(run_dir)
+    ckpt = rd.find_checkpoint()
+    trained = parent_steps(rd, ckpt)
+    if trained < cfg.min_parent_steps:
+        raise ValueError(f"{ckpt}: the parent has {trained} self-play step(s); the protocol (Appendix J) starts from "
+                         f"a parent trained in self-play, at least {cfg.min_parent_steps} steps: train the run longer "
+                         f"(lorapop train --resume {rd.path} --run.steps={cfg.min_parent_steps}) or lower "
+                         "--min-parent-steps")
+    parent, p_fit, second, ops = pick_parents(rd, ckpt, cfg, ops, log)
     run_cfg = rd.read_config()
     sp, rcfg = run_cfg.get("selfplay") or {}, run_cfg.get("run") or {}
     style = str(sp.get("proposal_style", "azr"))
@@ -270,127 +302,223 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
                           "max_new_tokens": solve.max_new_tokens, "prefill": prefill},
                 "n_train_tasks": len(train), "floor_replicates": cfg.floor_replicates,
                 "eval_steps": eval_steps(cfg.steps, cfg.eval_every)}
-    out_dir = Path(cfg.out) if cfg.out else rd.path
-    out_path = out_dir / RETENTION
-    out: dict[str, Any] = {**settings, "arms": {}, "seconds": 0.0}
-    if out_path.is_file():
-        old = json.loads(out_path.read_text())
-        changed = [k for k in settings if old.get(k) != settings[k]]
+    return Study(rd, ckpt, trained, parent, p_fit, second, ops, run_cfg, style, solve, prefill, per_level, loop, held,
+                 train, settings, Path(cfg.out) if cfg.out else rd.path)
+
+
+def resume_output(study: Study, cfg: RetentionConfig) -> dict[str, Any]:
+    """retention.json's content so far: the arms a killed study finished are kept (same settings only)."""
+    out: dict[str, Any] = {**study.settings, "arms": {}, "seconds": 0.0}
+    if study.out_path.is_file():
+        old = json.loads(study.out_path.read_text())
+        changed = [k for k in study.settings if old.get(k) != study.settings[k]]
         if changed:
-            raise ValueError(f"{out_path} was made with other settings ({', '.join(changed)}): delete it or give "
-                             "another --out")
+            raise ValueError(f"{study.out_path} was made with other settings ({', '.join(changed)}): delete it or "
+                             "give another --out")
         out.update(old)
         out["arms"] = {n: a for n, a in old["arms"].items() if len(a.get("heldout") or []) == cfg.steps + 1}
-    done = set(out["arms"])
+    n_answers = len(study.held) * cfg.answers
     # mini_eval: the keys lorapop report reads
-    out["mini_eval"] = {"n_tasks": len(held), "samples_per_task": cfg.answers, "resolution": 1.0 / n_answers}
-    log(f"retention: arms trained with the {TRAINING}")
-    log(f"retention: scored on the run's probe family ({style}): {len(held)} tasks x {cfg.answers} answers, "
-        f"resolution 1/{n_answers} = {1.0 / n_answers:.4f}; {len(train)} training tasks"
-        + (f"; {len(done)} arm(s) already in {out_path}" if done else ""))
-    specs: list[tuple[str, str, dict[str, float] | None]] = [(CONTINUATION, CONTINUATION, None)]
+    out["mini_eval"] = {"n_tasks": len(study.held), "samples_per_task": cfg.answers, "resolution": 1.0 / n_answers}
+    return out
+
+
+Spec = tuple[str, str, "dict[str, float] | None"]  # (arm name, operator, the operator's parameters over defaults)
+
+
+def arm_specs(ops: list[str], cfg: RetentionConfig) -> list[Spec]:
+    """The continuation (the reference), one arm per operator, and the named stronger arms."""
+    from lorapop.evolve.config import scaled_params
+
+    specs: list[Spec] = [(CONTINUATION, CONTINUATION, None)]
     specs += [(o, o, None) for o in ops]
     if cfg.stronger and cfg.stronger_ops != ["auto"]:
         specs += [(stronger_arm(o, cfg.stronger), o, scaled_params(o, cfg.stronger)) for o in cfg.stronger_ops]
-    size = max(2, cfg.group_size)
-    scored = set(settings["eval_steps"])
-    params = sampling_params(solve)
-    # the run's engine (dtype, batch sizes...), so the parent scores as the run's probe scored it
-    ecfg = EngineConfig(**{**{k: v for k, v in (run_cfg.get("engine") or {}).items()
+    return specs
+
+
+def study_engine(study: Study, cfg: RetentionConfig) -> Any:
+    """The run's engine settings (dtype, batch sizes...), so the parent scores as the run's probe scored it, with
+    ``group_size`` slots (at least 2: the second parent's)."""
+    import torch
+
+    from lorapop.engine.base import EngineConfig
+    from lorapop.engine.factory import make_engine
+
+    parent = study.parent
+    ecfg = EngineConfig(**{**{k: v for k, v in (study.run_cfg.get("engine") or {}).items()
                               if k in EngineConfig.__dataclass_fields__ and k not in ("replicas", "ray_address")},
                            "rank": parent.rank, "lora_alpha": parent.lora_alpha,
                            "target_modules": parent.target_modules, "backend": cfg.backend,
                            "device": "cpu" if not torch.cuda.is_available() else "auto"})
-    engine = make_engine(rd.model_name(), size, ecfg, seed=loop.seed)
-    executor = make_executor()
+    return make_engine(study.rd.model_name(), max(2, cfg.group_size), ecfg, seed=study.loop.seed)
 
-    samples: dict[str, list[dict[str, Any]]] = {}  # the group's raw answers per arm, written when it completes
 
-    def score(m: Member, step: int, salt: str = "") -> list[float]:
-        rng = random.Random(f"{loop.seed}:{m.id}{salt}:{step}:retention-probe")  # own seeds per arm: replicates
-        rows = run_probe(engine, executor, [m], step, params, cfg.answers, prefill, rng, per_level=per_level,
-                         style=style, answers=True)
-        samples.setdefault(m.id, []).extend(
+class Arms:
+    """The arms trained and scored on one engine, ``group_size`` at a time; each group's answers and retention.json
+    are written when it completes, so a killed study runs again only the groups it had not finished."""
+
+    def __init__(self, study: Study, cfg: RetentionConfig, out: dict[str, Any], engine: Any, executor: Any,
+                 log: Any, t0: float) -> None:
+        from lorapop.train.stages import sampling_params
+
+        self.study, self.cfg, self.out, self.engine, self.executor, self.log = study, cfg, out, engine, executor, log
+        self.t0 = t0  # since when out["seconds"] has not counted
+        self.params = sampling_params(study.solve)
+        self.scored = set(study.settings["eval_steps"])
+        self.samples: dict[str, list[dict[str, Any]]] = {}  # the group's raw answers per arm
+        self.w_parent: Any = None
+        self.w_second: Any = None
+
+    def load_parents(self) -> None:
+        s = self.study
+        self.engine.load_adapter(0, s.parent.adapter_dir)
+        self.w_parent = self.engine.get_adapter(0)
+        if s.second is not None:
+            self.engine.load_adapter(1, s.second[1])
+            self.w_second = self.engine.get_adapter(1)
+        self.log(f"retention: parent {s.parent.id} ({s.trained} self-play steps, expose {s.p_fit:.2f}), second "
+                 f"parent {s.second[0] if s.second else None}")
+
+    def score(self, m: Any, step: int, salt: str = "") -> list[float]:
+        import random
+
+        from lorapop.train.probe import run_probe
+
+        s = self.study
+        rng = random.Random(f"{s.loop.seed}:{m.id}{salt}:{step}:retention-probe")  # own seeds per arm: replicates
+        rows = run_probe(self.engine, self.executor, [m], step, self.params, self.cfg.answers, s.prefill, rng,
+                         per_level=s.per_level, style=s.style, answers=True)
+        self.samples.setdefault(m.id, []).extend(
             {"arm": m.id, "step": step, "scoring": salt or "arm", "task": r["task"], "score": r["score"],
              "answers": r["answers"], "statuses": r["statuses"]} for r in rows)
         return [r["score"] for r in rows]
 
-    def run_group(group: list[tuple[str, str, dict[str, float] | None]]) -> None:
-        members = []
+    def start_group(self, group: list[Spec]) -> list[Any]:
+        """Each arm's child (the operator applied to the parents) in its slot, fresh optimizer state."""
+        import zlib
+
+        import torch
+
+        from lorapop.evolve.operators import OPERATORS, make_child
+        from lorapop.train.members import Member
+        from lorapop.train.student import set_lr
+
+        s, members = self.study, []
         for slot, (name, op, over) in enumerate(group):
             if op == CONTINUATION:
-                child, record = w_parent, {"operator": CONTINUATION}
+                child, record = self.w_parent, {"operator": CONTINUATION}
             else:
                 cross = OPERATORS[op].kind == "crossover"
-                gen = torch.Generator().manual_seed(zlib.crc32(f"{loop.seed}:{name}".encode()))
-                fitness = [p_fit, second[2]] if cross else [p_fit]  # type: ignore[index]
-                child, record = make_child(op, [w_parent, w_second] if cross else [w_parent], generator=gen,
-                                           scaling=engine.scaling, params=over,
+                gen = torch.Generator().manual_seed(zlib.crc32(f"{s.loop.seed}:{name}".encode()))
+                fitness = [s.p_fit, s.second[2]] if cross else [s.p_fit]  # type: ignore[index]
+                child, record = make_child(op, [self.w_parent, self.w_second] if cross else [self.w_parent],
+                                           generator=gen, scaling=self.engine.scaling, params=over,
                                            fitness=fitness if OPERATORS[op].needs_fitness else None)
-            engine.set_adapter(slot, child)
-            engine.reset_optimizer(slot)  # a PBT child starts with fresh optimizer state
-            set_lr(engine, slot, loop.lr)
+            self.engine.set_adapter(slot, child)
+            self.engine.reset_optimizer(slot)  # a PBT child starts with fresh optimizer state
+            set_lr(self.engine, slot, s.loop.lr)
             members.append(Member(name, slot, "student"))
-            out["arms"][name] = {"record": record, "train_reward": [], "heldout": [], "step_s": []}
-        t = time.perf_counter()
+            self.out["arms"][name] = {"record": record, "train_reward": [], "heldout": [], "step_s": []}
+        return members
+
+    def score_step0(self, members: list[Any]) -> None:
+        """Every arm right after its operator; the continuation's extra replicates give the noise floor."""
+        out, t = self.out, time.perf_counter()
         for m in members:
-            tasks0 = score(m, 0)
+            tasks0 = self.score(m, 0)
             out["arms"][m.id].update(step0_tasks=tasks0, heldout=[statistics.fmean(tasks0)])
             if m.id == CONTINUATION and "parent_replicates" not in out:
-                out["parent_replicates"] = [score(m, 0, f"#replicate{i + 1}") for i in range(cfg.floor_replicates)]
+                out["parent_replicates"] = [self.score(m, 0, f"#replicate{i + 1}")
+                                            for i in range(self.cfg.floor_replicates)]
         out.setdefault("timing", []).append({"arms": len(members), "step0_score_s": round(time.perf_counter() - t, 1)})
-        for step in range(cfg.steps):
+
+    def train_group(self, members: list[Any]) -> None:
+        """``cfg.steps`` student-loop steps on every arm at once, scored after the steps in ``eval_steps``."""
+        from lorapop.train.student import train_step
+
+        s, out = self.study, self.out
+        for step in range(self.cfg.steps):
             t = time.perf_counter()
-            row = train_step(engine, executor, members, train, step, loop)
+            row = train_step(self.engine, self.executor, members, s.train, step, s.loop)
             for m in members:
                 arm = out["arms"][m.id]
                 arm["train_reward"].append(row[m.id]["reward"])
-                arm["heldout"].append(statistics.fmean(score(m, step + 1)) if step + 1 in scored else None)
+                arm["heldout"].append(statistics.fmean(self.score(m, step + 1)) if step + 1 in self.scored else None)
             for m in members:  # the step's wall clock (training and scoring) per arm of the group
                 out["arms"][m.id]["step_s"].append(round((time.perf_counter() - t) / len(members), 1))
-            log(f"retention: step {step + 1}/{cfg.steps} ({time.perf_counter() - t:.0f} s) " + "  ".join(
+            self.log(f"retention: step {step + 1}/{self.cfg.steps} ({time.perf_counter() - t:.0f} s) " + "  ".join(
                 f"{m.id} {_fmt(out['arms'][m.id]['heldout'][-1])}" for m in members))
-        out["seconds"] = round(out["seconds"] + time.perf_counter() - t0, 1)
-        # the raw samples first: a group killed before retention.json names it runs again and rewrites them
+
+    def write_group(self, members: list[Any]) -> None:
+        """The raw samples first: a group killed before retention.json names it runs again and rewrites them."""
+        from lorapop.rundir import write_json_atomic, write_text_atomic
+
+        out_dir = self.study.out_dir
         (out_dir / ANSWERS).mkdir(parents=True, exist_ok=True)
         for m in members:
             write_text_atomic(out_dir / ANSWERS / f"{m.id}.jsonl",
-                              "".join(json.dumps(r) + "\n" for r in samples.pop(m.id, [])))
-        write_json_atomic(out_path, out)
+                              "".join(json.dumps(r) + "\n" for r in self.samples.pop(m.id, [])))
+        write_json_atomic(self.study.out_path, self.out)
 
-    def run_all(todo: list[tuple[str, str, dict[str, float] | None]]) -> None:
-        nonlocal t0
+    def run(self, todo: list[Spec]) -> None:
+        size = max(2, self.cfg.group_size)
         for g in range(0, len(todo), size):
-            run_group(todo[g:g + size])
-            t0 = time.perf_counter()
+            members = self.start_group(todo[g:g + size])
+            self.score_step0(members)
+            self.train_group(members)
+            self.out["seconds"] = round(self.out["seconds"] + time.perf_counter() - self.t0, 1)
+            self.write_group(members)
+            self.t0 = time.perf_counter()
 
+    def run_stronger_auto(self) -> None:
+        """``--stronger-ops auto``: a stronger arm for each operator whose step-0 drop is within the noise floor."""
+        from lorapop.evolve.config import STRENGTH_KNOBS, scaled_params
+
+        out, factor = self.out, self.cfg.stronger
+        floor = (out["noise_floor"] or {}).get("spread") or 0.0
+        weak = [o for o in self.study.ops if o in STRENGTH_KNOBS and out["arms"][o]["drop"] <= floor]
+        out["stronger_auto"] = {"floor": floor, "operators": weak, "factor": factor}
+        self.log(f"retention: within the noise floor ({floor:.3f}) at step 0: {weak}; stronger arms x{factor:g}")
+        extra = [(stronger_arm(o, factor), o, scaled_params(o, factor)) for o in weak]
+        self.run([s for s in extra if s[0] not in out["arms"]])
+
+
+def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[str, Any] | None = None, *,
+                  log=print) -> dict[str, Any]:
+    """The study (Appendix J) on ``run_dir``'s last checkpoint: every arm trained and scored, retention.json
+    written (and returned, with its ``path``)."""
+    from lorapop.eval.harness import make_executor
+    from lorapop.rundir import write_json_atomic
+
+    t0 = time.perf_counter()
+    study = plan_study(run_dir, cfg, loop_overrides, log)
+    out = resume_output(study, cfg)
+    done = set(out["arms"])
+    n_answers = len(study.held) * cfg.answers
+    log(f"retention: arms trained with the {TRAINING}")
+    log(f"retention: scored on the run's probe family ({study.style}): {len(study.held)} tasks x {cfg.answers} "
+        f"answers, resolution 1/{n_answers} = {1.0 / n_answers:.4f}; {len(study.train)} training tasks"
+        + (f"; {len(done)} arm(s) already in {study.out_path}" if done else ""))
+    specs = arm_specs(study.ops, cfg)
+    engine = study_engine(study, cfg)
+    executor = make_executor()
+    arms = Arms(study, cfg, out, engine, executor, log, t0)
     try:
-        engine.load_adapter(0, parent.adapter_dir)
-        w_parent = engine.get_adapter(0)
-        w_second = None
-        if second is not None:
-            engine.load_adapter(1, second[1])
-            w_second = engine.get_adapter(1)
-        log(f"retention: parent {parent.id} ({trained} self-play steps, expose {p_fit:.2f}), second parent "
-            f"{second[0] if second else None}")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        run_all([s for s in specs if s[0] not in done])
+        arms.load_parents()
+        study.out_dir.mkdir(parents=True, exist_ok=True)
+        arms.run([s for s in specs if s[0] not in done])
         summarise(out)
         if cfg.stronger and cfg.stronger_ops == ["auto"]:
-            floor = (out["noise_floor"] or {}).get("spread") or 0.0
-            weak = [o for o in ops if o in STRENGTH_KNOBS and out["arms"][o]["drop"] <= floor]
-            out["stronger_auto"] = {"floor": floor, "operators": weak, "factor": cfg.stronger}
-            log(f"retention: within the noise floor ({floor:.3f}) at step 0: {weak}; stronger arms x{cfg.stronger:g}")
-            extra = [(stronger_arm(o, cfg.stronger), o, scaled_params(o, cfg.stronger)) for o in weak]
-            run_all([s for s in extra if s[0] not in out["arms"]])
+            arms.run_stronger_auto()
     finally:
         executor.close()
         engine.close()
     order = [n for n, _, _ in specs] + sorted(n for n in out["arms"] if "@" in n)  # the stronger arms last
     out["arms"] = {n: out["arms"][n] for n in dict.fromkeys(order) if n in out["arms"]}
     summarise(out)
-    write_json_atomic(out_path, out)
-    out["path"] = str(out_path)
+    write_json_atomic(study.out_path, out)
+    out["path"] = str(study.out_path)
     return out
 
 
