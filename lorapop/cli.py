@@ -1,5 +1,6 @@
-"""The `lorapop` command line: the dispatch table of the commands in lorapop/commands/ (one module each).
-Subcommands import their heavy modules lazily so `--help` stays instant."""
+"""The `lorapop` command line. Subcommands import their heavy modules lazily so `--help` stays instant."""
+
+# This module is the dispatch table (COMMANDS); each command lives in lorapop/commands/, one module each.
 
 from __future__ import annotations
 

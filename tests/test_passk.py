@@ -113,7 +113,7 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
 
     # the report shows one evaluation table per k, from the run's own eval.json
     from lorapop.report.html import eval_comparison
-    from lorapop.report.data import load_run
+    from lorapop.report.run_data import load_run
 
     section = eval_comparison([load_run(rd.path)])
     assert "pass@k in % from 2 samples per problem" in section

@@ -13,7 +13,7 @@ from fixtures_runs import write_population_run, write_single_run
 from lorapop.commands.report import main
 from lorapop.report.html import SECTIONS, json_tables, write_report
 from lorapop.config import config_to_yaml, load_config
-from lorapop.report.data import RunDirError, load_run
+from lorapop.report.run_data import RunDirError, load_run
 from lorapop.rundir import RunDir
 
 

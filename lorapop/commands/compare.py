@@ -91,7 +91,7 @@ def train(cfg: Any, note: Any = print) -> Path:
 
 
 def curves(run_dir: Path) -> dict[str, list[float | None]]:
-    from lorapop.report.data import load_run
+    from lorapop.report.run_data import load_run
 
     run = load_run(run_dir)
     out: dict[str, list[float | None]] = {"step": [float(s) for s in run.steps]}

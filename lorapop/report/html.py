@@ -1,8 +1,8 @@
 """One self-contained report.html for one run or several overlaid (the page `lorapop report` writes).
 
 The page is static HTML with inline SVG (lorapop/report/svg.py) and inline CSS: no script, nothing fetched, so it
-opens from disk on an offline machine and in a CI artifact viewer. Runs are read tolerantly (lorapop/report/data.py);
-whatever was skipped is listed at the top of the page.
+opens from disk on an offline machine and in a CI artifact viewer. Runs are read tolerantly
+(lorapop/report/run_data.py); whatever was skipped is listed at the top of the page.
 
 With several runs, run-level curves (rewards by role, solve rate, validity, complexity, coverage, lengths) share axes
 with one colour per run; per-member plots, the lineage and the config are shown run by run.
@@ -18,8 +18,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from lorapop.report.data import (RunData, RunDirError, complexity_series, complexity_stats, complexity_teachers,
-                                 in_role, lineage, load_run, member_ids, roles)
+from lorapop.report.run_data import (RunData, RunDirError, complexity_series, complexity_stats,
+                                     complexity_teachers, in_role, lineage, load_run, member_ids, roles)
 from lorapop.report.svg import (DASHES, Life, Series, color, line_chart, lineage_timeline, no_data,
                                 yardstick_series)
 
