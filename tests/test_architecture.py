@@ -216,7 +216,7 @@ def test_every_command_is_in_the_commands_wing():
 
 def test_evolve_holds_only_weight_space_operators_and_pbt():
     """evolve/ imports only itself, the engine's types and the config helpers: nothing of training, evaluation,
-    tasks or the run directory (the retention study is a command: lorapop/commands/retention.py)."""
+    tasks or the run directory (the retention study is a command: lorapop/commands/retention/study.py)."""
     allowed = ("lorapop.evolve", "lorapop.engine", "lorapop.configlib")
     bad = sorted(f"{m} imports {d}" for m, deps in import_graph().items() if m.startswith("lorapop.evolve")
                  for d in deps if not d.startswith(allowed))
