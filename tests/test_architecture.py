@@ -264,3 +264,13 @@ def test_the_documented_engine_protocol_is_the_code_s():
 def test_the_protocol_readers_see_the_methods():
     assert {"generate", "train_step", "state_dict", "load_state_dict"} <= protocol_methods_in_docs()
     assert {"generate", "train_step"} <= protocol_methods_in_code()
+
+
+def test_the_paths_scripts_import_still_work():
+    """The import paths kept for scripts (docs/ARCHITECTURE.md, "Kept for scripts") are the same objects."""
+    from lorapop import report, rundir
+    from lorapop.report.html import write_report
+    from lorapop.train import members
+
+    assert rundir.Member is members.Member and rundir.initial_members is members.initial_members
+    assert report.write_report is write_report
