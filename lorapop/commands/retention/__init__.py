@@ -1,5 +1,5 @@
-"""`lorapop retention RUN_DIR`: how fast each PBT operator's child recovers its parent's solve rate (Appendix J), the
-study in study.py, its registered rule in verdict.py; retention.json beside the run. A command: imports train, eval,
+"""`lorapop retention RUN_DIR`: how fast each PBT operator's child recovers its parent's solve rate (Appendix J): the
+study planned in study.py, its arms run in arms.py, its rule in verdict.py. A command: imports train, eval,
 engine, evolve and tasks freely; nothing in the library imports it."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from lorapop.commands.retention.study import RetentionConfig, run_retention
+from lorapop.commands.retention.arms import run_retention
+from lorapop.commands.retention.study import RetentionConfig
 from lorapop.commands.retention.verdict import (CLONE, CONTINUATION, arm_outcome, headline, registered_verdict,
                                                verdict_lines)
 
