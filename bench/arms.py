@@ -5,13 +5,14 @@
         [--section.key=value ...]
 
 Per seed ``s`` and arm ``a`` one ordinary run directory ``<out>/seed<s>/<a>/``, trained by
-``lorapop.compare.train`` (killed, the same command continues it from its last checkpoint; a run whose checkpoint
-already holds ``run.steps`` is not loaded again). Every arm is the config (and the command line's overrides) plus:
+``lorapop.commands.compare.train`` (killed, the same command continues it from its last checkpoint; a run whose
+checkpoint already holds ``run.steps`` is not loaded again). Every arm is the config (and the command line's
+overrides) plus:
 
 - ``single``: ``population.mode=single`` with ``teacher_reward=auto``, AZR's learnability-paid agent;
 - ``1T+1S``: one teacher and one student, adversarial reward; per step the two adapters make the agent's samples
-  between them (lorapop/compare.py says why that is the same total compute). PBT is off: with one member per role
-  a round could only log that it skipped;
+  between them (lorapop/commands/compare.py says why that is the same total compute). PBT is off: with one member per
+  role a round could only log that it skipped;
 - ``2T+2S``: two and two with the config's PBT schedule (cpu_selection: rounds at steps 15 and 30 of 40) and
   ``run.probe_min_age`` keeping untrained children out of the probe's aggregate;
 - ``null``: ``2T+2S`` with ``engine.lr=0`` and PBT off, the same sampling: adapters stay the base (LoRA B = 0), so
@@ -47,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
+from lorapop.report.svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
 
 ARMS: dict[str, list[str]] = {
     "single": ["--population.mode=single", "--selfplay.teacher_reward=auto"],
@@ -112,7 +113,7 @@ def keep_final(run_dir: Path, dest: Path) -> Path:
 
 def train_arms(config: str, seeds: list[int], arms: list[str], overrides: list[str], out: Path,
                steps: int | None, keep: Path | None = None) -> None:
-    from lorapop.compare import train
+    from lorapop.commands.compare import train
 
     for s in seeds:
         for arm in arms:
@@ -222,7 +223,7 @@ def reading(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str
     import ast
 
     from lorapop.rundir import iter_jsonl
-    from lorapop.tasks.selections import LEVELS
+    from lorapop.tasks.selection_family import LEVELS
 
     if rows is None:
         rows = [t for _, t in iter_jsonl(run_dir / "tasks.jsonl", []) if isinstance(t.get("step"), int)]

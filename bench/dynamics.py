@@ -8,7 +8,7 @@ compute-matched single agent; killed, the same command continues both from their
 with lorapop/criteria.py (``criteria.json`` beside ``compare.json``). At the end, over the seeds that finished:
 ``<out>/dynamics.json`` (each seed's criteria and the experiment's verdict: a criterion holds when it holds in at
 least 2 of 3 seeds), ``<out>/dynamics.svg`` (per seed, the two runs' matched solve rate, program AST depth and
-coverage overlaid: the project's own plotting, lorapop/report_svg.py), a markdown table for docs/RESULTS.md, and one
+coverage overlaid: the project's own plotting, lorapop/report/svg.py), a markdown table for docs/RESULTS.md, and one
 line of JSON. ``--report-only`` skips training and reports on what is there.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lorapop.compare import CompareConfig, run_compare  # noqa: E402
+from lorapop.commands.compare import CompareConfig, run_compare  # noqa: E402
 from lorapop.criteria import across_seeds, criteria  # noqa: E402
-from lorapop.report_data import load_run  # noqa: E402
-from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
+from lorapop.report.run_data import load_run  # noqa: E402
+from lorapop.report.svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
 
 PANELS = (("student/matched_solve_rate", "matched solve rate", (0.0, 1.0)),
           ("complexity/ast_depth", "AST depth of valid proposals", None),

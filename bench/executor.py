@@ -6,7 +6,7 @@ determinism included), against a fresh interpreter per run doing the same work; 
 Isolation cost: runs/s with today's isolation against the sandbox before it, for root (namespaces + uid
 drop + seccomp against the same without seccomp) and for an unprivileged user (user namespace + dropped capabilities
 + seccomp against rlimits and fork per run only, which is all an ordinary user had before). As root, the
-unprivileged half runs this script again as uid 65534 (lorapop/executor/unprivileged.py); as anyone else there is
+unprivileged half runs this script again as uid 65534 (tests/unprivileged.py); as anyone else there is
 no root half. Each figure is the median of 5 passes; both sides of a ratio are measured in the same process.
 
 The baseline starts `sys.executable -I -c CODE` per run (isolated mode: the trainer's environment and user site
@@ -27,8 +27,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # tests/unprivileged.py
 
-from lorapop.executor import ExecutorConfig, SandboxExecutor, unprivileged  # noqa: E402
+import unprivileged  # noqa: E402
+from lorapop.executor import ExecutorConfig, SandboxExecutor  # noqa: E402
 from lorapop.tasks import TASK_TYPES, Invalid, Proposal, read_seed_file  # noqa: E402
 from lorapop.tasks.common import DETERMINISM_SEEDS  # noqa: E402
 from lorapop.tasks.validity import call_code, check_call_args, check_literal, check_program  # noqa: E402

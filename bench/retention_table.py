@@ -11,9 +11,9 @@ continuation at the same step ("not recovered" when never within the 20 steps), 
 gap to the continuation over the steps after the operator, the noise band (+- the floor) shaded. A parent whose
 file is not finished (an arm with fewer scores than steps + 1, or no summary) is reported as such, never filled in.
 Then, over the finished parents: the probe's trivial yardsticks (lorapop/train/yardsticks.py), the registered rule
-applied literally with the clone and the continuation judged by it (lorapop/evolve/verdict.py), both branches, the
-design's power and the headline; the figure also draws, per parent, the scores beside those yardsticks (dashed).
-The last line is JSON: per parent, the arms lost, recovered and not recovered; the verdict; the yardsticks.
+applied literally with the clone and the continuation judged by it (lorapop/commands/retention/verdict.py), both
+branches, the design's power and the headline; the figure also draws, per parent, the scores beside those yardsticks
+(dashed). The last line is JSON: per parent, the arms lost, recovered and not recovered; the verdict; the yardsticks.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lorapop.evolve.retention import CLONE, CONTINUATION, stronger_arm  # noqa: E402
-from lorapop.evolve.verdict import headline, registered_verdict, verdict_lines  # noqa: E402
-from lorapop.report_svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
+from lorapop.commands.retention.study import CLONE, CONTINUATION, stronger_arm  # noqa: E402
+from lorapop.commands.retention.verdict import headline, registered_verdict, verdict_lines  # noqa: E402
+from lorapop.report.svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
 
 
 def load(path: Path) -> dict:

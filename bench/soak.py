@@ -220,7 +220,8 @@ def runs_in_one_process(args, overrides: list[str]) -> dict:
     """``--runs N``: CONFIG trained N times one after another in this process, as bench/dynamics.py and ``lorapop
     compare`` do; resident memory after each run is closed (its engine freed), before and after a ``malloc_trim``."""
     from lorapop.hostmem import release_free_memory
-    from lorapop.train.loop import Trainer, prepare_run_dir
+    from lorapop.commands.train import prepare_run_dir
+    from lorapop.train.loop import Trainer
 
     after, trimmed = [], []
     for i in range(args.runs):
@@ -256,7 +257,8 @@ def main() -> None:
         return
 
     from lorapop.hostmem import heap_stats
-    from lorapop.train.loop import Trainer, load_run_config, prepare_run_dir
+    from lorapop.commands.train import load_run_config, prepare_run_dir
+    from lorapop.train.loop import Trainer
 
     out = Path(args.out)
     run = out / "run"

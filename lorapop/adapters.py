@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lorapop.configlib import ConfigError
-from lorapop.rundir import AGENT, Member, RunDir, RunDirError, role_from_id
+from lorapop.rundir import RunDir, RunDirError
+from lorapop.train.members import AGENT, Member, role_from_id
 
 if TYPE_CHECKING:
     import torch

@@ -55,7 +55,7 @@ class PopulationConfig:
 
     def validate(self) -> None:
         from lorapop.adapters import assign
-        from lorapop.rundir import initial_members
+        from lorapop.train.members import initial_members
 
         if isinstance(self.init_from, str):
             self.init_from = [self.init_from] if self.init_from else []
@@ -138,8 +138,8 @@ class SelfPlayConfig:
                "same one block over a list, the line `nums = [<small ints>]` then an f(nums) whose body is one "
                "return line that copies or selects (nums[k], max, sorted(nums)[k], a conditional...), the reply "
                "started after `nums = [`; valid only when the student's answer fits selfplay.solve.max_new_tokens "
-               "(lorapop/tasks/selections.py; the cpu_selection config). code_f proposals (inputs and a message) are "
-               "the same in all four")
+               "(lorapop/tasks/selection_family.py; the cpu_selection config). code_f proposals (inputs and a "
+               "message) are the same in all four")
     prompt_format: str = doc(
         "short", "how every proposal and answer is asked for and read, a format registered in "
                  "lorapop/tasks/formats.py. 'azr': AZR's R1 plain-text template (no chat special tokens: the R1 "

@@ -1,4 +1,5 @@
-"""`lorapop plan`: the GPU memory each phase of a run needs, measured without a GPU and without the weights.
+"""The memory plan (what `lorapop plan` prints, lorapop/commands/plan.py): the GPU memory each phase of a run needs,
+measured without a GPU and without the weights.
 
 The base model is built from its config alone with fake tensors (``torch._subclasses.FakeTensorMode``: shapes,
 dtypes and storages, no data), wrapped by the project's own :class:`~lorapop.engine.torch_engine.TorchEngine`, and
@@ -33,7 +34,6 @@ pools and allocator fragmentation take the rest.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -410,53 +410,3 @@ def check_on_cuda(cfg: Any, prompt_tokens: int | None = None) -> MemoryPlan | No
     except UnknownShape as e:  # the weights are not here yet either: loading fetches them, so do not refuse
         print(f"note: no memory plan before loading ({e})", file=sys.stderr)
         return None
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("config", help="YAML file or shipped config name (4T+4S, single, ...)")
-    ap.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB", help="GPU memory in GiB (default 80)")
-    ap.add_argument("--prompt-tokens", type=int, default=None,
-                    help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS}; {AZR_PROMPT_TOKENS}, AZR's "
-                         "prompt cap, under selfplay.prompt_format azr)")
-    ap.add_argument("--reply-tokens", type=int, default=None,
-                    help=f"engine.kv_cache paged: also count the rows of prompt + this many reply tokens the cache "
-                         f"holds (default {REPLY_TOKENS}, an assumed typical reply, capped at max_new_tokens)")
-    ap.add_argument("--cpu", action="store_true",
-                    help="plan the run on CPU instead: its peak resident memory on this machine (lorapop/plan_cpu.py)")
-    ap.add_argument("--memory", type=float, default=None, metavar="GIB",
-                    help="with --cpu: the memory to plan against (default: what this machine has available now)")
-    ap.add_argument("--backends", default=None, metavar="torch,vllm",
-                    help="plan for these engine.backend values, one plan each (default: the config's own); exit "
-                         "status 0 only when every one fits")
-
-
-def run(args: argparse.Namespace, config_path: str) -> int:
-    """``lorapop plan``: print the plan; exit status 0 when it fits, 1 when not, 2 on a bad config."""
-    from lorapop.config import load_config
-
-    try:
-        cfg = load_config(config_path, args.overrides)
-        if getattr(args, "cpu", False):
-            return _run_cpu(args, cfg)
-        backends = args.backends.split(",") if getattr(args, "backends", None) else [cfg.engine.backend]
-        plans = []
-        for backend in backends:  # each measured on its own: what is measured depends on the backend
-            one = load_config(config_path, [*args.overrides, f"--engine.backend={backend}"])
-            plans.append(plan(one, args.gpu_memory, args.prompt_tokens or default_prompt_tokens(one),
-                              getattr(args, "reply_tokens", None) or REPLY_TOKENS))
-    except (ConfigError, PlanError) as e:
-        print(f"lorapop plan: {e}", file=sys.stderr)
-        return 2
-    print("\n\n".join(p.render() for p in plans))
-    return 0 if all(p.fits for p in plans) else 1
-
-
-def _run_cpu(args: argparse.Namespace, cfg: Any) -> int:
-    from lorapop.plan_cpu import machine_bytes, plan_cpu
-
-    memory = int(args.memory * GIB) if args.memory else machine_bytes()
-    if memory is None:
-        raise ConfigError("--cpu: this machine's memory cannot be read; give it with --memory GIB")
-    p = plan_cpu(cfg, memory, args.prompt_tokens)
-    print(p.render())
-    return 0 if p.fits else 1

@@ -141,11 +141,11 @@ PROBE_LAYERS = (2, 3)
 def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, new_tokens: int,
                    resident_only: bool = False) -> dict[str, int]:
     """Bytes of each phase for the model of config ``mcfg`` at its depth, measured on the engine's own code
-    (:class:`lorapop.engine.probe.PhaseProbe`); ``resident_only``: only what the KV cache's size depends on (the
+    (:class:`lorapop.engine.phase_probe.PhaseProbe`); ``resident_only``: only what the KV cache's size depends on (the
     resident state and the cache's dimensions)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lorapop.engine.probe import PhaseProbe
+    from lorapop.engine.phase_probe import PhaseProbe
 
     # Earlier garbage is destroyed now, not inside the counting modes below: in a whole test-suite run an earlier
     # in-process vLLM engine's objects were collected in the middle of this measurement (their destructors' ops ran

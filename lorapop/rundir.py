@@ -33,13 +33,16 @@ import json
 import os
 import re
 import shutil
-import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from lorapop import faults
+from lorapop.train.members import AGENT, ROLE_PREFIX, AdapterFiles, Member, initial_members, role_from_id  # noqa: F401
+
+# Member and its kin live with the population code (lorapop/train/members.py); the names stay importable from here
+# because the run directory reads and writes them (checkpoint_members, population.json) and scripts import them here.
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -47,7 +50,7 @@ TASKS = "tasks.jsonl"
 PROBE = "probe.jsonl"  # run.probe_interval (lorapop/train/probe.py)
 POPULATION = "population.json"
 EVAL = "eval.json"
-RETENTION = "retention.json"  # `lorapop retention` (lorapop/evolve/retention.py)
+RETENTION = "retention.json"  # `lorapop retention` (lorapop/commands/retention/study.py)
 REPORT = "report.html"
 TRACKERS = "trackers.json"  # lorapop/train/trackers.py
 CENTROIDS = "coverage_centroids.npy"
@@ -62,105 +65,10 @@ KNOWN_FILES = (CONFIG, METRICS, TASKS, POPULATION, EVAL)
 RUN_FILES = (CONFIG, METRICS, TASKS, PROBE, POPULATION, TRACKERS, CENTROIDS, CHECKPOINTS, EVAL, RETENTION, REPORT)
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 
-AGENT = "agent"  # single mode: one member plays both roles
-ROLE_PREFIX = {"teacher": "t", "student": "s", AGENT: "a"}  # member ids are <prefix><per-role counter>
-
-# Fault injection for the kill tests. PAUSE: sleep this long inside a checkpoint write, after the adapters are on
-# disk and before the rename. KILL_AT: SIGKILL the process group on reaching the named point (see `fault_point`).
-PAUSE_ENV = "LORAPOP_TEST_CHECKPOINT_PAUSE_S"
-KILL_ENV = "LORAPOP_TEST_KILL_AT"
-
-
 class RunDirError(Exception):
     """A run directory, checkpoint or adapter that is missing or unusable (the message names the path)."""
 
 
-def fault_point(name: str) -> None:
-    """Die here, like a SIGKILL would, when ``$LORAPOP_TEST_KILL_AT`` names this point."""
-    if os.environ.get(KILL_ENV) != name:
-        return
-    # the whole group when we lead it (the CLI under a test), so the sandbox workers die with us as they would
-    if os.getpgid(0) == os.getpid():
-        os.killpg(0, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-# ---- members ------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class AdapterFiles:
-    """A checkpointed PEFT adapter directory and the LoRA shape its adapter_config.json declares."""
-    dir: Path
-    rank: int
-    lora_alpha: float
-    target_modules: list[str]
-
-
-@dataclass(frozen=True)
-class Member:
-    """A population member as the run directory records it. ``slot`` is its adapter index in the engine and never
-    changes; a PBT child takes its replaced member's slot under a new id. ``adapter`` is set when read from a
-    checkpoint."""
-    id: str
-    slot: int
-    role: str  # "teacher" | "student" | "agent"
-    born_step: int = 0
-    parents: tuple[str, ...] = ()
-    operator: str | None = None
-    adapter: AdapterFiles | None = field(default=None, compare=False)
-
-    def age(self, step: int) -> int:
-        return step - self.born_step
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "slot": self.slot, "role": self.role, "born_step": self.born_step,
-                "parents": list(self.parents), "operator": self.operator}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any], adapter: AdapterFiles | None = None) -> "Member":
-        return cls(str(d["id"]), int(d.get("slot", -1)), str(d["role"]), int(d.get("born_step", 0)),
-                   tuple(d.get("parents") or ()), d.get("operator"), adapter)
-
-    # the eval engine's view of a checkpointed member
-    @property
-    def adapter_dir(self) -> Path:
-        return self._adapter().dir
-
-    @property
-    def rank(self) -> int:
-        return self._adapter().rank
-
-    @property
-    def lora_alpha(self) -> float:
-        return self._adapter().lora_alpha
-
-    @property
-    def target_modules(self) -> list[str]:
-        return self._adapter().target_modules
-
-    def _adapter(self) -> AdapterFiles:
-        if self.adapter is None:
-            raise RunDirError(f"member {self.id}: not read from a checkpoint, it has no adapter files")
-        return self.adapter
-
-
-def initial_members(mode: str, n_teachers: int, n_students: int) -> list[Member]:
-    """The members a run starts with, in slot order: ``a0`` in single mode, else ``t0..`` then ``s0..``."""
-    if mode == "single":
-        return [Member("a0", 0, AGENT)]
-    return ([Member(f"t{i}", i, "teacher") for i in range(n_teachers)]
-            + [Member(f"s{i}", n_teachers + i, "student") for i in range(n_students)])
-
-
-def role_from_id(member_id: str) -> str | None:
-    """The role an id's prefix stands for (ids are made by `Population`), or None."""
-    for role, prefix in ROLE_PREFIX.items():
-        if member_id.startswith(prefix) and member_id[len(prefix):].isdigit():
-            return role
-    return None
-
-
-# ---- low-level writing and reading ---------------------------------------------------------------------------------
 
 def _fsync_dir(path: Path) -> None:
     try:
@@ -457,9 +365,7 @@ class RunDir:
         try:
             tmp.mkdir()
             yield tmp
-            pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
-            if pause > 0:
-                time.sleep(pause)
+            faults.checkpoint_pause()
             (tmp / COMPLETE).write_text(str(step))
             _fsync_dir(tmp)
         except OSError as e:

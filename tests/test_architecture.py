@@ -1,6 +1,6 @@
-"""docs/ARCHITECTURE.md is the map of the package: every module it lists exists and every module is listed. Imports
-flow one way: no circles (function-level imports included), nothing imports the CLI, no module imports a layer above
-its own."""
+"""docs/ARCHITECTURE.md is the map of the package: every module it lists exists, every module is listed, and its
+Engine Protocol is the code's. Imports flow one way: no circles (function-level imports included), nothing imports
+the CLI, the library imports no command, no module imports a floor above its own."""
 
 from __future__ import annotations
 
@@ -62,24 +62,30 @@ def test_the_map_parser_sees_nested_and_grouped_entries():
 
 # ---------------------------------------------------------------- import graph
 
-# Layers, bottom up: a module may import its own layer and those below. Keys are modules or packages (the longest
-# prefix decides); a top-level module not named here is taken for a command (the layer of compare), a new module in a
-# package for a member of that package.
+# Floors, bottom up (docs/ARCHITECTURE.md draws them): a module may import its own floor and those below. Keys are
+# modules or packages, the longest prefix decides; every top-level module must be named (a new one is given a floor
+# here, on purpose). The library is everything below COMMANDS; the commands sit on it and the CLI on them.
 LAYERS = {
+    # 0: leaf utilities and records: no lorapop import above this floor
     "lorapop": 0, "lorapop.configlib": 0, "lorapop.progress": 0, "lorapop.rundir": 0, "lorapop.raycluster": 0,
-    "lorapop.model": 0, "lorapop.data": 0, "lorapop.hostmem": 0, "lorapop.tmpdirs": 0,  # leaf utilities, data
-    "lorapop.engine": 1, "lorapop.executor": 1, "lorapop.diagnostics": 1,  # the bottom the docs name
+    "lorapop.model": 0, "lorapop.data": 0, "lorapop.hostmem": 0, "lorapop.tmpdirs": 0,
+    "lorapop.faults": 0,  # the test seam (fault injection), called by the trainer and the run directory
+    "lorapop.train.members": 0,  # Member and its kin: records the run directory, config and eval read
+    # 1: the machinery: the multi-LoRA engine, the sandbox, program diagnostics
+    "lorapop.engine": 1, "lorapop.executor": 1, "lorapop.diagnostics": 1,
+    # 2: the domain: task types, weight-space operators and PBT, adapters from outside
     "lorapop.tasks": 2, "lorapop.evolve": 2,
     "lorapop.adapters": 2,  # reads PEFT dirs and run members for population.init_from; config validates with it
-    "lorapop.config": 3,  # composes every section's config; imports no training, evaluation or reporting
-    "lorapop.plan": 4,  # the memory plan: engine code on fake tensors; lorapop train runs it before loading weights
-    "lorapop.plan_measure": 4,  # what the plan measures (the fake-tensor phases, the known shapes)
-    "lorapop.plan_cpu": 4,  # the plan of a CPU run (its peak resident memory); lorapop train checks it on CPU
-    "lorapop.train": 4, "lorapop.eval": 4, "lorapop.report": 4, "lorapop.report_data": 4, "lorapop.report_svg": 4,
-    "lorapop.compare": 5, "lorapop.evolve.retention": 5,  # commands: run training and evaluation themselves
+    # 3: the config that composes every section's
+    "lorapop.config": 3,
+    # 4: what runs: training (and the memory plan it checks before loading weights), evaluation, reports, criteria
+    "lorapop.plan": 4, "lorapop.plan_measure": 4, "lorapop.plan_cpu": 4,
+    "lorapop.train": 4, "lorapop.eval": 4, "lorapop.report": 4, "lorapop.criteria": 4,
+    # 5: the commands (argument parsing, run-directory preparation, glue); 6: the dispatch table
+    "lorapop.commands": 5,
     "lorapop.cli": 6,
 }
-COMMAND_LAYER = LAYERS["lorapop.compare"]
+COMMANDS = LAYERS["lorapop.commands"]
 
 
 def _module_name(path: Path) -> str:
@@ -117,13 +123,16 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def layer(mod: str) -> int:
+def floor_key(mod: str) -> str:
+    """The LAYERS key that decides ``mod``'s floor: the longest prefix named there."""
     name = mod
     while name not in LAYERS:
         name = name.rpartition(".")[0]
-    if name == "lorapop" and mod != "lorapop":
-        return COMMAND_LAYER
-    return LAYERS[name]
+    return name
+
+
+def layer(mod: str) -> int:
+    return LAYERS[floor_key(mod)]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -147,8 +156,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_sees_every_kind_of_import():
     g = import_graph()
-    assert "lorapop.compare" in g["lorapop.cli"]  # `from lorapop import compare` inside build_parser
-    assert "lorapop.train.loop" in g["lorapop.cli"]  # function-level
+    assert "lorapop.commands.compare" in g["lorapop.cli"]  # `from lorapop.commands import ...` in build_parser
+    assert "lorapop.train.loop" in g["lorapop.commands.train"]  # function-level
     assert "lorapop.tasks.base" in g["lorapop.tasks.buffer"]  # module level
     assert "lorapop.engine.lora" in g["lorapop.engine.decode"] or "lorapop.engine.lora" in g["lorapop.engine.batching"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -172,7 +181,8 @@ def test_config_imports_no_training():
             seen.add(dep)
             todo.append(dep)
     upward = sorted(m for m in seen if m.startswith(("lorapop.train", "lorapop.eval", "lorapop.cli",
-                                                       "lorapop.compare", "lorapop.report")))
+                                                       "lorapop.commands", "lorapop.report"))
+                    and m != "lorapop.train.members")  # the member record, not the loop
     assert not upward, f"lorapop.config imports (directly or through others) {upward}"
 
 
@@ -180,3 +190,87 @@ def test_no_module_imports_a_layer_above_its_own():
     upward = sorted(f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
                     for m, deps in import_graph().items() for d in deps if layer(d) > layer(m))
     assert not upward, "imports must flow down (LAYERS in this file):\n" + "\n".join(upward)
+
+
+def test_every_top_level_module_has_a_floor():
+    unnamed = sorted(m for m in import_graph() if m.count(".") == 1 and floor_key(m) == "lorapop")
+    assert not unnamed, f"give these modules a floor in LAYERS (and in docs/ARCHITECTURE.md's map): {unnamed}"
+
+
+def test_the_library_imports_no_command():
+    """The commands are the top floor but one: the library (engine, executor, tasks, train, evolve, eval, report,
+    ...) never imports one, however lazily."""
+    bad = sorted(f"{m} imports {d}" for m, deps in import_graph().items()
+                 if layer(m) < COMMANDS for d in deps if layer(d) >= COMMANDS)
+    assert not bad, "\n".join(bad)
+
+
+def test_every_command_is_in_the_commands_wing():
+    """Every module that adds a subcommand's arguments lives in lorapop/commands/ (configlib's add_arguments makes
+    flags from a dataclass, for any command, and is no command)."""
+    found = sorted(m for m, path in ((_module_name(p), p) for p in PKG.rglob("*.py"))
+                   if "def add_arguments(" in path.read_text()
+                   and not m.startswith(("lorapop.commands", "lorapop.cli")) and m != "lorapop.configlib")
+    assert not found, f"command code outside lorapop/commands/: {found}"
+
+
+def test_evolve_holds_only_weight_space_operators_and_pbt():
+    """evolve/ imports only itself, the engine's types and the config helpers: nothing of training, evaluation,
+    tasks or the run directory (the retention study is a command: lorapop/commands/retention/study.py)."""
+    allowed = ("lorapop.evolve", "lorapop.engine", "lorapop.configlib")
+    bad = sorted(f"{m} imports {d}" for m, deps in import_graph().items() if m.startswith("lorapop.evolve")
+                 for d in deps if not d.startswith(allowed))
+    assert not bad, "\n".join(bad)
+
+
+def test_every_package_says_what_it_is_for_and_what_it_may_import():
+    """Each package's __init__ docstring: at most three lines, naming what the package may import."""
+    bad = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        if init.parent == PKG:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if len(doc.strip().splitlines()) > 3 or "import" not in doc.lower():
+            bad.append(init.relative_to(REPO).as_posix())
+    assert not bad, f"say in <= 3 lines what the room is for and what it may import: {bad}"
+
+
+# ---------------------------------------------------------------- the Engine Protocol as documented
+
+def protocol_methods_in_code() -> set[str]:
+    tree = ast.parse((PKG / "engine" / "base.py").read_text())
+    proto = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    return {n.name for n in proto.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def protocol_methods_in_docs() -> set[str]:
+    """``def name(`` lines of the ``class Engine(Protocol):`` block, and ``def a() / b()`` pairs."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    block = text[text.index("class Engine(Protocol):"):]
+    block = block[:block.index("```")]
+    names = set()
+    for line in re.findall(r"^    def (.*)$", block, re.M):
+        names.add(re.match(r"\w+", line).group(0))
+        names |= set(re.findall(r"/ (\w+)\(", line))
+    return names
+
+
+def test_the_documented_engine_protocol_is_the_code_s():
+    code, docs = protocol_methods_in_code(), protocol_methods_in_docs()
+    assert docs == code, (f"docs/ARCHITECTURE.md's Engine Protocol and lorapop/engine/base.py's differ: only in the "
+                          f"docs {sorted(docs - code)}, only in the code {sorted(code - docs)}")
+
+
+def test_the_protocol_readers_see_the_methods():
+    assert {"generate", "train_step", "state_dict", "load_state_dict"} <= protocol_methods_in_docs()
+    assert {"generate", "train_step"} <= protocol_methods_in_code()
+
+
+def test_the_paths_scripts_import_still_work():
+    """The import paths kept for scripts (docs/ARCHITECTURE.md, "Kept for scripts") are the same objects."""
+    from lorapop import report, rundir
+    from lorapop.report.html import write_report
+    from lorapop.train import members
+
+    assert rundir.Member is members.Member and rundir.initial_members is members.initial_members
+    assert report.write_report is write_report

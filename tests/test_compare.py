@@ -15,7 +15,7 @@ TINY = ["--selfplay.task_types=[code_o,code_i]", "--selfplay.tasks_per_type=2", 
 
 @pytest.mark.parametrize("pop_name, single_name", [("cpu_demo", "cpu_single"), ("cpu_dynamics", "cpu_dynamics_single")])
 def test_shipped_single_twin_is_its_population_config_as_a_single_agent(pop_name, single_name):
-    from lorapop.compare import compare_configs
+    from lorapop.commands.compare import compare_configs
     from lorapop.config import load_config, resolve_config_path
     from lorapop.configlib import to_dict
 

@@ -154,7 +154,7 @@ def test_cli_refuses_existing_run_dir_without_resume(tmp_path):
 def test_eval_flags_are_generated_from_every_eval_config_field():
     import dataclasses
 
-    from lorapop.eval.runner import EvalConfig, build_parser, config_from_args
+    from lorapop.commands.eval import EvalConfig, build_parser, config_from_args
 
     p = build_parser()
     flags = set(p._option_string_actions)

@@ -130,7 +130,7 @@ def test_across_seeds_needs_two_of_three():
 
 
 def test_probe_tasks_are_fixed_held_out_and_three_levels():
-    from lorapop.tasks.expressions import LEVELS, program
+    from lorapop.tasks.expression_family import LEVELS, program
     from lorapop.train.probe import probe_tasks
 
     tasks = probe_tasks()

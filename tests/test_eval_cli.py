@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.eval import RunDirError, cli_main, find_checkpoint, load_benchmark, load_members
+from lorapop.commands.eval import cli_main
+from lorapop.eval import RunDirError, find_checkpoint, load_benchmark, load_members
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.slow
 def _write_run(root: Path, engine, slots: dict[str, int], roles: dict[str, str], mode: str, step: int = 3) -> Path:
     """A run directory as the trainer writes it (through lorapop.rundir), with the engine's adapters."""
     from lorapop.config import config_to_yaml, load_config
-    from lorapop.rundir import ADAPTERS, Member, RunDir
+    from lorapop.rundir import ADAPTERS, RunDir
+    from lorapop.train.members import Member
 
     rd = RunDir(root)
     rd.create(config_to_yaml(load_config(None, [f"--population.mode={mode}", "--engine.rank=4",

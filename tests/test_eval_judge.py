@@ -181,7 +181,7 @@ def test_unencodable_and_lying_outputs_fail(mbpp, judge):
 
 def test_huge_outputs_travel_as_digests():
     # Mbpp/255's canonical makes 1.6 million tuples: too big to send, so both sides send a digest of it
-    from lorapop.eval import compare as cmp
+    from lorapop.eval import outputs as cmp
 
     ns: dict = {}
     exec(codeh._ENCODER, ns)

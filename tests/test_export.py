@@ -17,8 +17,9 @@ from lorapop.cli import main
 from lorapop.config import config_to_yaml, load_config
 from lorapop.configlib import to_dict
 from lorapop.engine.peft_io import CONFIG_NAME, WEIGHTS_NAME, save_peft_adapter
-from lorapop.export import export
-from lorapop.rundir import ADAPTERS, TRAINER_STATE, RunDir, RunDirError, initial_members, write_json_atomic
+from lorapop.commands.export import export
+from lorapop.rundir import ADAPTERS, TRAINER_STATE, RunDir, RunDirError, write_json_atomic
+from lorapop.train.members import initial_members
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "run_v1"

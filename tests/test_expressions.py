@@ -9,7 +9,7 @@ import pytest
 
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.base import ParseError, Proposal
-from lorapop.tasks.expressions import SEED_FILE, seed_rows
+from lorapop.tasks.expression_family import SEED_FILE, seed_rows
 from lorapop.tasks.styles import AZR, EXPRESSION
 
 

@@ -2,7 +2,7 @@
 
 The hostile programs live in tests/sandbox_probe.py and go through the trainer's entry points (parse_proposal, then
 validation, then the runs). The root path runs them in this process (CI runs as root); the unprivileged path runs
-the same probe as uid 65534 with every capability gone (lorapop/executor/unprivileged.py: setpriv, with the
+the same probe as uid 65534 with every capability gone (tests/unprivileged.py: setpriv, with the
 interpreter and the checkout bind-mounted where that uid can read them; CI's interpreter may sit under /root). Here, on the host side,
 a secret file, a directory anyone may write, a TCP listener on 127.0.0.1 and a unix socket wait for what must not
 arrive.
@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.executor import ExecutorConfig, IsolationError, SandboxExecutor, unprivileged
+from lorapop.executor import ExecutorConfig, IsolationError, SandboxExecutor
 from lorapop.executor.lockdown import Unsupported, install_seccomp, machine
 
 sys.path.insert(0, str(Path(__file__).parent))
 import sandbox_probe  # noqa: E402
+import unprivileged  # noqa: E402  (a script of the checkout as uid 65534)
 
 ROOT = os.geteuid() == 0
 
@@ -246,8 +247,8 @@ def test_lorapop_train_refuses_without_isolation(tmp_path, monkeypatch, capsys):
 def test_an_unisolated_run_says_so_and_records_it(tmp_path, monkeypatch):
     """With the opt-out the run starts, its start shows the warning, population.json and the report record it."""
     from lorapop.config import load_config
-    from lorapop.report import build_html
-    from lorapop.report_data import load_run
+    from lorapop.report.html import build_html
+    from lorapop.report.run_data import load_run
     from lorapop.train.loop import Trainer
 
     monkeypatch.setenv("PATH", "/nonexistent-lorapop")

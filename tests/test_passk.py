@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from lorapop.eval import cli_main
+from lorapop.commands.eval import cli_main
 from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks, pass_at_k
 
 
@@ -60,7 +60,8 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
     from lorapop.eval.mathcheck import score_math
     from lorapop.eval.data import load_benchmark
     from lorapop.model import load_base_model
-    from lorapop.rundir import ADAPTERS, Member, RunDir
+    from lorapop.rundir import ADAPTERS, RunDir
+    from lorapop.train.members import Member
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -111,8 +112,8 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
     assert res["base"]["pass@k"]["2"]["gsm8k"] == res["base"]["benchmarks"]["gsm8k"]["pass@k"]["2"]
 
     # the report shows one evaluation table per k, from the run's own eval.json
-    from lorapop.report import eval_comparison
-    from lorapop.report_data import load_run
+    from lorapop.report.html import eval_comparison
+    from lorapop.report.run_data import load_run
 
     section = eval_comparison([load_run(rd.path)])
     assert "pass@k in % from 2 samples per problem" in section

@@ -129,7 +129,7 @@ def test_train_refuses_on_cuda_before_loading_weights(embedded, monkeypatch, tmp
     import torch
 
     from lorapop.configlib import ConfigError
-    from lorapop.train.loop import prepare_run_dir
+    from lorapop.commands.train import prepare_run_dir
 
     monkeypatch.setattr(planmod, "measure", lambda cfg, prompt_tokens=0: embedded)
     cfg = _small("cpu_demo", f"--run.output_dir={tmp_path}", "--engine.device=auto")

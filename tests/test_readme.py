@@ -93,13 +93,13 @@ def _dry_lorapop(args: list[str], capsys) -> None:
 
         load_config(resolve_config_path(ns.config) if ns.config else None, ns.overrides)
     elif ns.command == "compare":
-        from lorapop.compare import CompareConfig, compare_configs
+        from lorapop.commands.compare import CompareConfig, compare_configs
         from lorapop.configlib import from_args
 
         ccfg = from_args(CompareConfig, ns)
         compare_configs(ns.config, ns.overrides, ccfg.name, ccfg.output_dir)
     elif ns.command == "eval":
-        from lorapop.eval.runner import config_from_args, select_benchmarks
+        from lorapop.commands.eval import config_from_args, select_benchmarks
 
         select_benchmarks(config_from_args(ns))
     # report, retention, prepare-model and train --resume take paths only: parsing them is their dry form

@@ -274,7 +274,8 @@ def _assert_engine_is_checkpoint(trainer, ckpt: Path) -> None:
 
 def test_replica_killed_mid_step_then_resumed_with_one_then_two_replicas(cluster, tmp_path, monkeypatch):
     from lorapop.config import load_config
-    from lorapop.train.loop import Trainer, load_run_config, prepare_run_dir
+    from lorapop.commands.train import load_run_config, prepare_run_dir
+    from lorapop.train.loop import Trainer
 
     cfg = load_config(None, TINY + ["--run.steps=2", "--engine.replicas=2", f"--run.output_dir={tmp_path}",
                                     "--run.name=r"])

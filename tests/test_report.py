@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from fixtures_runs import write_population_run, write_single_run
 
-from lorapop.report import SECTIONS, json_tables, main, write_report
+from lorapop.commands.report import main
+from lorapop.report.html import SECTIONS, json_tables, write_report
 from lorapop.config import config_to_yaml, load_config
-from lorapop.report_data import RunDirError, load_run
+from lorapop.report.run_data import RunDirError, load_run
 from lorapop.rundir import RunDir
 
 
@@ -88,7 +89,7 @@ def test_probe_chart_shows_the_noise_floor_and_leaves_out_young_children(runs, t
     assert [r["member"] for r in read_noise_floor(single.probe)["replicates"]] == ["a0", "a0"]
     assert '<path class="band"' in sec or 'class="band"' in sec  # the floor drawn around each curve
     # the probe family's trivial yardsticks, computed for it through the sandbox: dashed lines and every score
-    from lorapop.report import run_probe_family
+    from lorapop.report.html import run_probe_family
     from lorapop.train.yardsticks import describe, probe_yardsticks
 
     style, per_level = run_probe_family(pop)

@@ -2,7 +2,7 @@
 
 import re
 
-from lorapop.report_svg import Series, line_chart, nice_ticks
+from lorapop.report.svg import Series, line_chart, nice_ticks
 
 
 def test_integer_ticks_are_whole_numbers_and_value_ticks_are_not_forced():
@@ -22,7 +22,7 @@ def test_a_long_legend_wraps_inside_the_figure_and_above_the_plots():
     """Twenty labels on a one-panel figure (the retention figure): every entry starts inside the width and no
     entry's estimated extent (the layout's own 7 px a character) passes the right edge, and the panels start below
     the last legend line."""
-    from lorapop.report_svg import figure_svg, plot_svg
+    from lorapop.report.svg import figure_svg, plot_svg
 
     legend = [Series(f"operator_number_{i}@3x", [(0, 0.0), (1, 1.0)], color="#123456") for i in range(20)]
     svg = figure_svg([("p", plot_svg(legend, "p"))], cols=1, legend=legend, title="t")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fixtures_runs import write_population_run, write_single_run
 
-from lorapop.report import SECTIONS, write_report
+from lorapop.report.html import SECTIONS, write_report
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 pytestmark = [pytest.mark.browser,

@@ -77,7 +77,8 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
     assert 2 in _steps(run / "metrics.jsonl")  # step 2 was logged before its checkpoint died with the process
 
     # the restored state equals checkpoint 1 bit for bit (in-process, before the final resume)
-    from lorapop.train.loop import Trainer, load_run_config
+    from lorapop.commands.train import load_run_config
+    from lorapop.train.loop import Trainer
 
     state = json.loads((ckpts / "step_000001" / "trainer_state.json").read_text())
     with Trainer(load_run_config(run, []), run, resume=True) as trainer:

@@ -13,8 +13,8 @@ import pytest
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.base import Invalid, ParseError, Proposal, Task
-from lorapop.tasks.selections import (LEVELS, SEED_FILE, SEED_LEVELS, SELECTION_PREFILL, answer_tokens, check_shape,
-                                      seed_rows)
+from lorapop.tasks.selection_family import (LEVELS, SEED_FILE, SEED_LEVELS, SELECTION_PREFILL, answer_tokens,
+                                            check_shape, seed_rows)
 from lorapop.tasks.styles import AZR, SELECTION
 
 
@@ -163,7 +163,7 @@ def test_validate_stage_passes_the_engines_token_counter_and_the_solve_budget(ex
 
     from lorapop.config import load_config
     from lorapop.engine.base import Completion
-    from lorapop.rundir import Member
+    from lorapop.train.members import Member
     from lorapop.tasks.buffer import TaskBuffer
     from lorapop.train.stages import Rollout, StepContext, validate
 

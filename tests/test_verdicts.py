@@ -2,7 +2,7 @@
 as root and as an ordinary user (user namespaces). The programs are in tests/verdict_probe.py and go through the
 trainer's path (parse, validation, the checks; SandboxExecutor.run for the raw ones); the root path runs the probe in
 this process (CI runs as root), the unprivileged path as uid 65534 with every capability gone
-(lorapop/executor/unprivileged.py). Then a generated test: outputs and answers full of comments, quotes, backslashes,
+(tests/unprivileged.py). Then a generated test: outputs and answers full of comments, quotes, backslashes,
 brackets and odd objects never turn a wrong answer into "correct" or a right one into "wrong".
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.executor import ExecutorConfig, SandboxExecutor, unprivileged
+import unprivileged  # tests/unprivileged.py: a script as uid 65534
+from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES, Task
 from lorapop.tasks.code_f import CodeF
 

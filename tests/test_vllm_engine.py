@@ -100,7 +100,7 @@ def _halve_rank(run: Path, to: Path) -> Path:
 EVAL_SCRIPT = """
 import gc, json, sys
 import lorapop.engine.vllm_engine as ve
-from lorapop.eval import cli_main
+from lorapop.commands.eval import cli_main
 events = []
 init, close = ve.VLLMEngine.__init__, ve.VLLMEngine.close
 def logged_init(self, *a, **k):
@@ -359,7 +359,7 @@ def test_a_run_may_switch_backend_on_resume_but_not_what_it_computes(tmp_path):
     from lorapop.config import config_to_yaml, load_config, resolve_config_path
     from lorapop.configlib import ConfigError
     from lorapop.rundir import RunDir
-    from lorapop.train.loop import load_run_config
+    from lorapop.commands.train import load_run_config
 
     run = tmp_path / "r"
     RunDir(run).create(config_to_yaml(load_config(str(resolve_config_path("cpu_demo")), ["--engine.backend=vllm"])))

@@ -1,9 +1,6 @@
-"""Benchmark and seed data that ships inside the package (provenance, licences and conversion: ``README.md`` here).
-
-Nothing is read at import time. :func:`data_dir` is where ``lorapop eval`` looks for benchmark files by default and where
-``selfplay.seed_files`` entries that are not existing paths are looked up (e.g. ``seeds/azr_7b_coder_seed_io.jsonl``).
-``$LORAPOP_DATA_DIR`` points both somewhere else.
-"""
+"""Benchmark and seed data shipped in the package (provenance, licences, conversion: README.md here); nothing is
+read at import time. Imports nothing of lorapop. :func:`data_dir` (``$LORAPOP_DATA_DIR``, else the package's) is
+where ``lorapop eval`` looks for benchmarks and ``selfplay.seed_files`` for seed files."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Program diagnostics (complexity descriptors) and program-space coverage (CVT archive). Importing the package is
-cheap; pyribs is imported only when a `CoverageTracker` generates centroids other than the shipped default ones."""
+"""Program diagnostics (complexity descriptors) and program-space coverage (CVT archive). Floor 1: imports nothing of
+lorapop above the bottom floor; pyribs is imported only when a `CoverageTracker` makes centroids other than the
+shipped default ones."""
 
 from lorapop.diagnostics.complexity import DESCRIPTOR_KEYS, program_descriptors
 from lorapop.diagnostics.coverage import COVERAGE_DESCRIPTORS, CoverageConfig, CoverageTracker

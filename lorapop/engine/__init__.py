@@ -1,4 +1,6 @@
-"""Multi-LoRA engine. ``TorchEngine`` is imported lazily so that ``lorapop.engine.base`` stays torch-free."""
+"""The multi-LoRA engine: the Engine Protocol (base.py), TorchEngine and its parts, vLLM, Ray replicas. Floor 1: imports
+only the bottom floor (model, hostmem, progress, raycluster, tmpdirs). ``TorchEngine`` is imported lazily so that
+``lorapop.engine.base`` stays torch-free."""
 
 from .base import DEFAULT_TARGET_MODULES, Completion, Engine, EngineConfig, SamplingParams, TrainSample
 

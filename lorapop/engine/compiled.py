@@ -39,15 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .buckets import pow2_at_least, size_buckets
+
 KV_STEP = 64  # attention lengths off CUDA graphs are multiples of this (symbolic: no graph per length)
 KV_GRAPH_MIN = 128  # under CUDA graphs attention lengths are powers of two from this
-
-
-def pow2_at_least(n: int, lo: int = 1) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
 
 
 def batch_bucket(n: int, n_slots: int, compiled: bool = True) -> int:
@@ -72,18 +67,6 @@ def kv_buckets(max_len: int, cuda_graphs: bool) -> list[int]:
     """Attention lengths a warm-up must meet: every CUDA-graph bucket; off CUDA graphs the length is symbolic and
     the shortest and longest stand for all."""
     return size_buckets(kv_bucket(1, max_len, False), KV_GRAPH_MIN, max_len, cuda_graphs)
-
-
-def size_buckets(least: int, lo: int, most: int, cuda_graphs: bool) -> list[int]:
-    """A symbolic size's declared values up to ``most``: under CUDA graphs the powers of two from ``lo`` and
-    ``most``; otherwise the smallest (``least``) and the largest stand for every value between."""
-    if not cuda_graphs:
-        return sorted({least, most})
-    out, p = [], lo
-    while p < most:
-        out.append(p)
-        p *= 2
-    return out + [most]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .compiled import pow2_at_least, size_buckets
+from .buckets import pow2_at_least, size_buckets
 
 CHUNK = 64  # positions per chunk: 4 pages; a row reads at most CHUNK - 1 positions past its own length
 PAIR_STEP = 16  # pair counts off CUDA graphs are multiples of this (symbolic: no graph per count)

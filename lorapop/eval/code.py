@@ -2,7 +2,7 @@
 
 **The candidate never sees what it is judged against.** A candidate runs in its own sandbox process with the test
 *inputs* only; that process returns its outputs as data (a JSON tree of tagged plain values, built by ``_enc``), and
-the comparison with the expected outputs happens in the host process (:mod:`lorapop.eval.compare`), on values the
+the comparison with the expected outputs happens in the host process (:mod:`lorapop.eval.outputs`), on values the
 host rebuilt itself from that data (only plain builtin types, no unpickling, no code of the candidate's). So a
 program that walks frames and rewrites the judge's comparison, or reads the expected outputs from the judge's
 globals, finds neither: the worst it can do is lie about its own outputs, which is what it is tested on anyway.
@@ -23,7 +23,7 @@ globals, finds neither: the worst it can do is lie about its own outputs, which 
   (or a top-level function) with one JSON value per input line; stdin tests run the program as ``__main__`` with
   the input on stdin and return what it printed. A fixed import preamble (typing, collections, math, ...) is
   prepended, as LCB does. The comparison (``==`` with tuples as lists; stripped lines with a Decimal fallback) is
-  in :mod:`lorapop.eval.compare`.
+  in :mod:`lorapop.eval.outputs`.
 * Outputs too large to send (a list or tuple of over 100,000 items, or over 1 MiB of JSON) travel as a SHA-256 of
   their encoding and are compared exactly by digest (Mbpp/255's canonical outputs would not fit in the sandbox's
   memory otherwise).

@@ -248,7 +248,7 @@ def _humaneval(spec: BenchmarkSpec, rec: dict, lineno: int) -> Problem:
     gold = {k: rec[k] for k in ("task_id", "prompt", "entry_point", "canonical_solution", "test")}
     gold.update(base_input=None, plus_input=[],
                 # find_zero's answer is any root: EvalPlus's oracle checks |poly(xs, x)| <= atol, and the original
-                # test allows 1e-4; elsewhere float outputs get EvalPlus's 1e-6 (lorapop/eval/compare.py)
+                # test allows 1e-4; elsewhere float outputs get EvalPlus's 1e-6 (lorapop/eval/outputs.py)
                 atol=1e-4 if rec["entry_point"] == "find_zero" else 0.0)
     return Problem(spec.name, str(rec["task_id"]), rec["prompt"], gold)
 

@@ -4,7 +4,7 @@ All (problem x adapter) rows of a benchmark go to the multi-LoRA engine in one `
 them by prompt length and chunks them by its ``gen_batch_size``), so the base (adapter id -1) and every member share
 each batch. Prompts come from :mod:`lorapop.eval.prompts`. Math answers are checked in a helper process with a
 bounded time (:mod:`lorapop.eval.mathcheck`); code runs in the sandbox and is compared on the host
-(:mod:`lorapop.eval.code`, :mod:`lorapop.eval.compare`).
+(:mod:`lorapop.eval.code`, :mod:`lorapop.eval.outputs`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from lorapop.engine.base import Engine
 from lorapop.eval import code as codeh
-from lorapop.eval import compare as cmp
+from lorapop.eval import outputs as cmp
 from lorapop.eval.data import BenchmarkSpec, Problem
 from lorapop.eval.mathcheck import MathChecker, default_checker, score_math
 from lorapop.eval.prompts import Rendered, render, template_for

@@ -1,6 +1,7 @@
-"""``lorapop eval RUN_DIR [RUN_DIR ...]``: greedy pass@1 of the base and every member, one engine pass per
-benchmark; with ``--samples N --temperature T [--top-p P] --k 1,5,10``, pass@k from N sampled answers per problem
-(the unbiased estimator of Chen et al. 2021, :mod:`lorapop.eval.passk`) beside pass@1 estimated the same way.
+"""What ``lorapop eval`` runs (lorapop/commands/eval.py parses its flags): greedy pass@1 of the base and every
+member, one engine pass per benchmark; with ``--samples N --temperature T [--top-p P] --k 1,5,10``, pass@k from N
+sampled answers per problem (the unbiased estimator of Chen et al. 2021, :mod:`lorapop.eval.passk`) beside pass@1
+estimated the same way.
 
 Runs that share a base model and LoRA rank share one engine: all their members are loaded into its slots, and each
 benchmark's problems x (base + all members) rows go through one ``generate`` call. The **baseline** is the run
@@ -17,9 +18,7 @@ factors are recorded in ``eval.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks
 from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get_spec, is_available, load_benchmark,
                                parse_benchmarks)
-from lorapop.eval.prompts import PROMPT_CHOICES, describe, template_for
+from lorapop.eval.prompts import describe, template_for
 from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
 from lorapop.rundir import RunDir
 
@@ -183,9 +182,88 @@ def skipped_line(skipped: list[str], data_dir: str | None) -> str:
             "(a local JSONL file, or a hub dataset id to download)")
 
 
+def _load_problems(names: list[str], cfg: EvalConfig) -> tuple[dict[str, list], dict[str, str], list[str]]:
+    """(problems per benchmark, errors per benchmark that could not load, warnings)."""
+    problems: dict[str, list] = {}
+    errors: dict[str, str] = {}
+    warnings: list[str] = []
+    for b in names:
+        try:
+            problems[b], w = load_benchmark(b, cfg.data.get(b), cfg.data_dir, cfg.limit)
+            warnings += w
+            if not problems[b]:
+                errors[b] = "no problems loaded"
+        except (BenchmarkError, OSError) as e:
+            errors[b] = str(e)
+    return problems, errors, warnings
+
+
+def _engine_groups(runs: list[_Run], cfg: EvalConfig, warnings: list[str]) -> dict[tuple, list[_Run]]:
+    """Runs by (model, rank): each group shares one engine. No run: the base alone, one (unused) slot."""
+    groups: dict[tuple, list[_Run]] = {}
+    for r in runs:
+        groups.setdefault((r.model, r.members[0].rank), []).append(r)
+    if not runs:
+        groups[(cfg.model, 0)] = [_Run(Path("."), Path("."), 0, [], cfg.model)]
+    if len({k[0] for k in groups}) > 1 or len(groups) > 1:
+        warnings.append(f"runs use {len(groups)} (model, rank) combinations: evaluated in separate engine passes")
+    return groups
+
+
+@dataclass
+class _Tally:
+    """What the benchmark passes gather: scores per run and member and of the base, timings, warnings, errors."""
+    per_member: dict[str, dict[str, dict]]
+    errors: dict[str, str]
+    warnings: list[str]
+    base_scores: dict[str, dict] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    prompt_examples: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Pass:
+    """How every benchmark is asked and judged: prompts, sampling, the judges."""
+    cfg: EvalConfig
+    templates: dict[str, Any]
+    sampling: Any
+    ks: list[int] | None
+    judge: Any
+    checker: Any
+
+
+def _evaluate_group(gi: int, group: list[_Run], engine: Any, problems: dict[str, list], how: _Pass,
+                    tally: _Tally, with_runs: bool) -> None:
+    """Every benchmark through one engine holding the group's members (the base's scores from the first group)."""
+    from lorapop.eval.harness import evaluate_benchmark
+
+    cfg = how.cfg
+    ids = [BASE] + [s for r in group for s in r.slots.values()]
+    for b, probs in problems.items():
+        if b in tally.errors:
+            continue
+        spec = BENCHMARKS[b]
+        mnt = cfg.max_new_tokens_code if spec.family == "code" else cfg.max_new_tokens_math
+        t = time.perf_counter()
+        try:
+            res = evaluate_benchmark(engine, spec, probs, ids, mnt, how.judge, cfg.keep_text,
+                                     template=how.templates[spec.family], checker=how.checker, sampling=how.sampling)
+        except Exception as e:  # one broken benchmark must not sink the others
+            tally.errors[b] = f"{type(e).__name__}: {e}"
+            continue
+        tally.timings[f"{b}/group{gi}"] = time.perf_counter() - t
+        tally.warnings += res.warnings
+        tally.prompt_examples.setdefault(b, res.prompt_example)
+        if gi == 0:
+            tally.base_scores[b] = _entry(res, BASE, probs, how.ks)
+        for r in (group if with_runs else []):
+            for m in r.members:
+                tally.per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs, how.ks)
+
+
 def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     """Evaluate the runs; writes eval.json files and returns the combined result (see :func:`format_table`)."""
-    from lorapop.eval.harness import CodeJudge, evaluate_benchmark, make_executor
+    from lorapop.eval.harness import CodeJudge, make_executor
     from lorapop.eval.mathcheck import MathChecker
 
     cfg = cfg or EvalConfig()
@@ -199,61 +277,22 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
     for b in cfg.data:
         get_spec(b)
     runs = _discover(run_dirs, cfg.step)
-    warnings: list[str] = []
-    problems, errors = {}, {}
-    for b in names:
-        try:
-            problems[b], w = load_benchmark(b, cfg.data.get(b), cfg.data_dir, cfg.limit)
-            warnings += w
-            if not problems[b]:
-                errors[b] = "no problems loaded"
-        except (BenchmarkError, OSError) as e:
-            errors[b] = str(e)
-    groups: dict[tuple, list[_Run]] = {}
-    for r in runs:
-        groups.setdefault((r.model, r.members[0].rank), []).append(r)
-    if not runs:  # base-only evaluation: an engine with one (unused) slot
-        groups[(cfg.model, 0)] = [_Run(Path("."), Path("."), 0, [], cfg.model)]
-    if len({k[0] for k in groups}) > 1 or len(groups) > 1:
-        warnings.append(f"runs use {len(groups)} (model, rank) combinations: evaluated in separate engine passes")
-    # results[benchmark][(group index, adapter id)] -> BenchResult rows
-    per_member: dict[str, dict[str, dict]] = {str(r.path): {} for r in runs}
-    base_scores: dict[str, dict] = {}
-    timings: dict[str, float] = {}
-    prompt_examples: dict[str, str] = {}
+    problems, errors, warnings = _load_problems(names, cfg)
+    groups = _engine_groups(runs, cfg, warnings)
+    tally = _Tally({str(r.path): {} for r in runs}, errors, warnings)
     executor = make_executor(cfg.code_workers) if any(BENCHMARKS[b].family == "code" for b in problems) else None
     checker = MathChecker(cfg.math_timeout_s) if any(BENCHMARKS[b].family == "math" for b in problems) else None
     try:
         judge = CodeJudge(executor, cfg.min_time_limit, cfg.gt_time_limit_factor, lcb_timeout_s=cfg.code_timeout_s,
                           workers=cfg.code_workers) if executor else None
+        how = _Pass(cfg, templates, sampling, ks, judge, checker)
         for gi, group in enumerate(groups.values()):
             # One engine at a time, closed before the next group's starts, also when a group fails: under
             # --backend vllm a second in-process vLLM engine may not start while the first lives (VLLMEngine's
             # "one engine per process", which refuses it).
             engine = _engine_for(group, cfg)
             try:
-                ids = [BASE] + [s for r in group for s in r.slots.values()]
-                for b, probs in problems.items():
-                    if b in errors:
-                        continue
-                    spec = BENCHMARKS[b]
-                    mnt = cfg.max_new_tokens_code if spec.family == "code" else cfg.max_new_tokens_math
-                    t = time.perf_counter()
-                    try:
-                        res = evaluate_benchmark(engine, spec, probs, ids, mnt, judge, cfg.keep_text,
-                                                 template=templates[spec.family], checker=checker,
-                                                 sampling=sampling)
-                    except Exception as e:  # one broken benchmark must not sink the others
-                        errors[b] = f"{type(e).__name__}: {e}"
-                        continue
-                    timings[f"{b}/group{gi}"] = time.perf_counter() - t
-                    warnings += res.warnings
-                    prompt_examples.setdefault(b, res.prompt_example)
-                    if gi == 0:
-                        base_scores[b] = _entry(res, BASE, probs, ks)
-                    for r in (group if runs else []):
-                        for m in r.members:
-                            per_member[str(r.path)].setdefault(m.id, {})[b] = _entry(res, r.slots[m.id], probs, ks)
+                _evaluate_group(gi, group, engine, problems, how, tally, bool(runs))
             finally:
                 engine.close()
     finally:
@@ -263,10 +302,11 @@ def run_eval(run_dirs: list[str], cfg: EvalConfig | None = None) -> dict:
             checker.close()
     families = sorted({BENCHMARKS[b].family for b in names})
     setup = {"skipped": skipped, "prompt": cfg.prompt,
-             "templates": {f: describe(templates[f], f) for f in families}, "prompt_examples": prompt_examples,
+             "templates": {f: describe(templates[f], f) for f in families}, "prompt_examples": tally.prompt_examples,
              "code_time_limits": {"min_time_limit": cfg.min_time_limit,
                                   "gt_time_limit_factor": cfg.gt_time_limit_factor}}
-    return _assemble(runs, names, problems, errors, warnings, base_scores, per_member, timings, cfg, setup)
+    return _assemble(runs, names, problems, tally.errors, tally.warnings, tally.base_scores, tally.per_member,
+                     tally.timings, cfg, setup)
 
 
 def _entry(res, aid: int, probs, ks: list[int] | None = None) -> dict:
@@ -395,60 +435,3 @@ def format_table(result: dict) -> str:
     if result["warnings"]:
         lines.append(f"{len(result['warnings'])} warning(s) recorded in eval.json, first: {result['warnings'][0]}")
     return "\n".join(lines)
-
-
-def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Flags come from :class:`EvalConfig` (lorapop.configlib.add_arguments): a new field is a new flag."""
-    from lorapop.configlib import add_arguments
-
-    p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
-    add_arguments(p, EvalConfig)
-    return p
-
-
-def config_from_args(a: argparse.Namespace) -> EvalConfig:
-    from lorapop.configlib import ConfigError, from_args
-
-    try:
-        cfg = from_args(EvalConfig, a)
-    except ConfigError as e:
-        raise ValueError(str(e)) from e
-    cfg.data = {get_spec(name).name: path for name, path in cfg.data.items()}
-    if cfg.prompt not in PROMPT_CHOICES:
-        raise ValueError(f"--prompt: {cfg.prompt!r} is not one of {', '.join(PROMPT_CHOICES)}")
-    if a.max_new_tokens:
-        cfg.max_new_tokens_code = cfg.max_new_tokens_math = a.max_new_tokens
-    return cfg
-
-
-def run_from_args(a: argparse.Namespace) -> int:
-    from lorapop.eval.runs import RunDirError
-
-    try:
-        cfg = config_from_args(a)
-        select_benchmarks(cfg)
-        result = run_eval(a.run_dirs, cfg)
-    except (BenchmarkError, RunDirError, ValueError) as e:
-        print(f"lorapop eval: error: {e}", file=sys.stderr)
-        return 2
-    print(format_table(result))
-    return 0 if not result["errors"] else 1
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    return run_from_args(build_parser().parse_args(argv))
-
-
-# Hooks in the shape lorapop/cli.py uses for subcommands: sub.add_parser("eval"); add_arguments(p); func=run.
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    build_parser(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_from_args(args)
-
-
-if __name__ == "__main__":
-    sys.exit(cli_main())

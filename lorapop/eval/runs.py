@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lorapop.rundir import Member, RunDir, RunDirError
+from lorapop.rundir import RunDir, RunDirError
+from lorapop.train.members import Member
 
 __all__ = ["Member", "RunDirError", "find_checkpoint", "is_single", "load_members", "model_name"]
 

@@ -1,5 +1,3 @@
-"""LoRA weight-space evolution: operators (docs/METHOD.md, Operators) and PBT replacement (docs/METHOD.md, Evolve).
-
-Import the submodules directly (``lorapop.evolve.operators``, ``.pbt``, ``.config``, ``.svd``); this package imports
-nothing heavy at import time.
-"""
+"""LoRA weight-space evolution only: operators (docs/METHOD.md, Operators) and PBT replacement (docs/METHOD.md,
+Evolve). Floor 2: imports only itself, the engine's types and configlib (a test holds it to that); nothing heavy at
+import time: import the submodules (``.operators``, ``.pbt``, ``.config``, ``.svd``)."""

@@ -1,4 +1,5 @@
-"""Sandboxed execution of untrusted Python (see sandbox.py for what is and is not isolated)."""
+"""Sandboxed execution of untrusted Python (sandbox.py says what is and is not isolated). Floor 1: imports only the
+bottom floor (progress, raycluster, tmpdirs); the task types and everything above call it through ``Executor``."""
 
 from lorapop.executor.sandbox import ExecResult, Executor, ExecutorConfig, IsolationError, SandboxExecutor
 

@@ -1,4 +1,6 @@
-"""Task domain: code_o (deduction), code_i (abduction), code_f (induction) from Absolute Zero Reasoner."""
+"""Task domain: code_o (deduction), code_i (abduction), code_f (induction) from Absolute Zero Reasoner, the proposal
+styles and their families (``*_family.py``), prompt formats. Floor 2: imports the engine's and executor's types,
+configlib, data; never the config, training, evaluation or commands."""
 
 from lorapop.tasks.base import Answer, Invalid, Outcome, ParseError, Proposal, Task, TaskType
 from lorapop.tasks.buffer import TaskBuffer, identity_task, read_seed_file

@@ -14,7 +14,8 @@ from lorapop.data import resolve_data_file
 from lorapop.engine.base import Engine
 from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
 from lorapop.hostmem import StagePeaks, map_large_allocations, process_memory, release_free_memory
-from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, fault_point, write_json_atomic
+from lorapop.faults import fault_point  # the test seam: a no-op unless a kill test names the point
+from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, write_json_atomic
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.styles import proposal_style
@@ -52,46 +53,10 @@ def check_compatible(cfg: Config, ckpt_cfg: dict) -> None:
                               "resume with the run's own config.yaml or start a new run")
 
 
-def prepare_run_dir(cfg: Config, resume: bool, note: Any = print) -> tuple[Path, bool]:
-    """Check the run directory before anything heavy loads; returns (its path, whether to resume from a checkpoint).
-
-    A directory with a complete checkpoint is resumed (``resume``) or refused. Any other directory holds nothing to
-    resume (a run killed before its first checkpoint): it is emptied with a one-line ``note`` and, like a new one,
-    created with its resolved config.yaml first, so a kill from here on leaves a directory that ``--resume`` takes.
-    """
-    from lorapop.plan import check_on_cuda
-    from lorapop.plan_cpu import check_on_cpu
-
-    check_on_cuda(cfg)  # on CUDA: refuse, before any weights load, a config whose update cannot fit the GPU
-    check_on_cpu(cfg, note)  # on CPU: warn, before any weights load, when the run's peak exceeds the free memory
-    rd = RunDir(Path(cfg.run.output_dir) / cfg.run.name)
-    if rd.resumable():
-        if not resume:
-            raise ConfigError(f"run.name: the run directory {rd.path} already exists; continue it with --resume "
-                              f"{rd.path} or choose another --run.name")
-        check_compatible(cfg, rd.read_trainer_state(rd.latest_checkpoint())["config"])
-        return rd.path, True
-    init_plans(cfg)  # a source that cannot work stops the run here, before anything is written or loaded
-    # Resolved before config.yaml is written, so the run records (and a resume keeps) the dtype it trained in.
-    cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
-    cfg.engine.lora_compute_dtype = resolve_lora_compute_dtype(cfg.engine.lora_compute_dtype, cfg.engine.dtype)
-    cfg.selfplay.teacher_reward = resolve_teacher_reward(cfg.population.mode, cfg.selfplay.teacher_reward)
-    try:
-        if not rd.is_empty():
-            rd.clear()
-            note(f"note: {rd.path} held no complete checkpoint (killed before its first save); starting it again "
-                 "from step 0")
-        rd.create(config_to_yaml(cfg))
-    except RunDirError as e:
-        raise ConfigError(f"run.name: {e}") from e
-    fault_point("run_dir")
-    return rd.path, False
-
-
 def init_plans(cfg: Config) -> list:
     """``population.init_from`` resolved and checked against the run (lorapop/adapters.py): [] when unset."""
     from lorapop.adapters import plan_init
-    from lorapop.rundir import initial_members
+    from lorapop.train.members import initial_members
 
     p = cfg.population
     return plan_init(p.init_from, initial_members(p.mode, p.n_teachers, p.n_students), rank=cfg.engine.rank,
@@ -497,44 +462,3 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def load_run_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The config of an existing run; only run.steps/run.progress/run.report_to (run.tensorboard)/run.save_interval
-    and where it runs (engine.replicas, engine.ray_address, executor.ray*, engine.backend, engine.vllm_*) may be
-    overridden on resume. A tracker added to run.report_to on resume gets the run's steps so far first
-    (lorapop/train/trackers.py)."""
-    from lorapop.config import load_config
-
-    if not RunDir(run_dir).has_config():
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-    # where a run executes does not change what it computes: a checkpoint resumes on any number of replicas. The
-    # generation backend and vLLM's memory knobs may change too (a run moved from one vLLM GPU to torch replicas);
-    # the weights and the method are the same, only the sampler's random draws differ from then on.
-    allowed = ("--run.steps=", "--run.progress=", "--run.tensorboard=", "--run.report_to=", "--run.save_interval=",
-               "--engine.replicas=", "--engine.ray_address=", "--executor.ray=", "--executor.ray_actors=",
-               "--engine.backend=", "--engine.vllm_gpu_memory_utilization=", "--engine.vllm_kv_cache_gib=",
-               "--engine.vllm_enable_sleep_mode=", "--engine.vllm_enforce_eager=")
-    for o in overrides:
-        if not o.startswith(allowed):
-            raise ConfigError(f"override '{o}': on --resume only run.steps, run.save_interval, run.progress, "
-                              "run.report_to, run.tensorboard, engine.replicas, engine.ray_address, executor.ray, "
-                              "executor.ray_actors, engine.backend and engine.vllm_* may change")
-    cfg = load_config(str(run_dir / "config.yaml"), overrides)
-    cfg.run.output_dir, cfg.run.name = str(run_dir.parent), run_dir.name
-    return cfg
-
-
-def restart_config(run_dir: Path, config_path: str | None, overrides: list[str]) -> Config:
-    """The config to start again a directory that has no config.yaml (a run killed while starting, made before the
-    config was written first): the config given beside ``--resume``, named after the directory."""
-    from lorapop.config import load_config
-
-    if not run_dir.is_dir():
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no such directory)")
-    if config_path is None:
-        raise ConfigError(f"--resume {run_dir}: holds nothing to resume and no config.yaml to start it again from; "
-                          f"name its config: lorapop train CONFIG --resume {run_dir}")
-    cfg = load_config(config_path, overrides)
-    cfg.run.output_dir, cfg.run.name = str(run_dir.parent), run_dir.name
-    return cfg

@@ -7,7 +7,7 @@ answered correctly.
 
 The probe tasks are drawn from :func:`probe_tasks` with their own seed (the same in every run and seed, so two runs
 are scored on the same tasks), from shapes the style's family module writes (``PROBE_SHAPES`` of
-lorapop/tasks/expressions.py and selections.py), and none is a reference task of
+lorapop/tasks/expression_family.py and selection_family.py), and none is a reference task of
 ``seeds/expr_seed_io.jsonl`` (``seeds/select_seed_io.jsonl`` for selections, whose lists they do not reuse either).
 The probe only generates (no gradient, no rating, no buffer entry) and draws its sampling seeds from its own stage
 RNG, so a run with the probe on trains exactly like one with it off.
@@ -41,8 +41,8 @@ PROBE_SEED = 2026
 
 def probe_tasks(per_level: int = 30, seed: int = PROBE_SEED, style: str = "expression") -> list[tuple[int, Task]]:
     """(level, task) pairs, ``per_level`` distinct tasks at each level, the same for the same arguments: the probe
-    family of proposal style ``style`` (integer expressions, lorapop/tasks/expressions.py; list selections under
-    ``selection``, lorapop/tasks/selections.py)."""
+    family of proposal style ``style`` (integer expressions, lorapop/tasks/expression_family.py; list selections under
+    ``selection``, lorapop/tasks/selection_family.py)."""
     return proposal_style(style).probe_tasks(per_level, seed)
 
 

@@ -1,5 +1,6 @@
-"""Proposal styles, one module each, registered by name (``selfplay.proposal_style``; docs/ARCHITECTURE.md,
-"Proposal styles and prompt formats", says how to add one)."""
+"""Proposal styles, one module each, registered by name (``selfplay.proposal_style``; docs/ARCHITECTURE.md, "Proposal
+styles and prompt formats", says how to add one). Imports only tasks/ and configlib; a style's reference tasks and
+probe shapes live in its family module (tasks/<name>_family.py)."""
 
 from lorapop.tasks.styles.base import STYLES, ProposalStyle, proposal_style, register_style
 from lorapop.tasks.styles.azr import AZR

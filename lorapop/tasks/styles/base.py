@@ -18,7 +18,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from lorapop.configlib import ConfigError, suggest
-from lorapop.tasks import expressions
+from lorapop.tasks import expression_family
 from lorapop.tasks.base import Invalid, ParseError, Proposal, Task, TaskType
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
@@ -70,7 +70,7 @@ class ProposalStyle:
     def probe_tasks(self, per_level: int, seed: int) -> list[tuple[int, Task]]:
         """The capability probe's held-out code_o tasks, (level, task) at three levels: integer expressions unless
         the style has its own family (lorapop/train/probe.py)."""
-        return expressions.probe_tasks(per_level, seed)
+        return expression_family.probe_tasks(per_level, seed)
 
     def check_config(self, sp: Any) -> None:
         """Refuse a ``selfplay`` section this style cannot work under (raises ConfigError, saying what to set)."""

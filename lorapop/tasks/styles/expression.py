@@ -1,7 +1,7 @@
 """``selfplay.proposal_style: expression`` (the cpu_dynamics configs): one ```python block that opens with the input
 line ``x = <integer>`` and then defines f(x) as one return expression, shown such references
-(``seeds/expr_seed_io.jsonl``, lorapop/tasks/expressions.py); the reply starts after ``x = `` and a stop string may
-end it at the block's closing fence. The 135M base, asked for an ```input block and a ```python block (input
+(``seeds/expr_seed_io.jsonl``, lorapop/tasks/expression_family.py); the reply starts after ``x = `` and a stop string
+may end it at the block's closing fence. The 135M base, asked for an ```input block and a ```python block (input
 first), parsed 10 of 16 replies and gave 0.19 valid; started inside ``def f(x): return``, it never wrote the input
 block after it (0 of 16): docs/RESULTS.md, "Dynamics: the setting".
 
@@ -16,7 +16,7 @@ import re
 
 from lorapop.tasks.base import ParseError, Proposal, Task, TaskType
 from lorapop.tasks.common import FORMAT_RULES, fence
-from lorapop.tasks.expressions import SEED_FILE
+from lorapop.tasks.expression_family import SEED_FILE
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.styles.base import ProposalStyle, register_style
 

@@ -32,23 +32,19 @@ run again with the same arguments, finished arms are kept and the others trained
 The raw samples: ``answers/<arm>.jsonl`` beside it, one row per scoring of a probe task (arm, step, scoring: the
 arm's own or a ``#replicate``, task, score, the replies and their checker statuses), written with the group.
 ``lorapop report`` renders the file of a run directory. After the arms, ``lorapop retention`` prints the registered
-rule applied to this parent (lorapop/evolve/verdict.py), with the clone and the continuation (against the clone)
-judged by it like every operator, the parent's training noise and the losses one run per arm can see.
+rule applied to this parent (lorapop/commands/retention/verdict.py), with the clone and the continuation (against the
+clone) judged by it like every operator, the parent's training noise and the losses one run per arm can see.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lorapop.configlib import doc
-from lorapop.evolve.verdict import CLONE, CONTINUATION, arm_outcome, headline, registered_verdict, verdict_lines
+from lorapop.commands.retention.verdict import CLONE, CONTINUATION
 from lorapop.rundir import RETENTION
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
@@ -182,32 +178,38 @@ def summarise(out: dict[str, Any]) -> None:
         out["clone_gap"] = out["arms"][CLONE]["gap"]
 
 
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"
+@dataclass
+class Study:
+    """One retention study as read from the run: its parents, the probe family the arms are scored on, the student
+    loop that trains them, and where retention.json goes."""
+    rd: Any  # RunDir
+    ckpt: Path
+    trained: int  # self-play steps behind the parent
+    parent: Any  # Member
+    p_fit: float
+    second: tuple[str, Path, float] | None  # (label, adapter dir, expose) of the crossovers' second parent
+    ops: list[str]
+    run_cfg: dict[str, Any]
+    style: str
+    solve: Any  # SamplingConfig
+    prefill: str
+    per_level: int
+    loop: Any  # StudentLoopConfig
+    held: list[Any]
+    train: list[Any]
+    settings: dict[str, Any]
+    out_dir: Path
+
+    @property
+    def out_path(self) -> Path:
+        return self.out_dir / RETENTION
 
 
-def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[str, Any] | None = None, *,
-                  log=print) -> dict[str, Any]:
-    import random
-    import zlib
+def check_operators(cfg: RetentionConfig) -> list[str]:
+    """The operators to test; unknown names and stronger arms without a strength knob are refused."""
+    from lorapop.evolve.config import STRENGTH_KNOBS
+    from lorapop.evolve.operators import OPERATORS
 
-    import torch
-
-    from lorapop.config import SamplingConfig
-    from lorapop.engine.base import EngineConfig
-    from lorapop.engine.factory import make_engine
-    from lorapop.eval.harness import make_executor
-    from lorapop.evolve.config import STRENGTH_KNOBS, scaled_params
-    from lorapop.evolve.operators import OPERATORS, make_child
-    from lorapop.rundir import Member, RunDir, write_json_atomic, write_text_atomic
-    from lorapop.tasks import TASK_TYPES
-    from lorapop.tasks.styles import proposal_style
-    from lorapop.train.probe import run_probe
-    from lorapop.train.stages import sampling_params
-    from lorapop.train.student import StudentLoopConfig, set_lr, train_step
-
-    t0 = time.perf_counter()
-    cfg.validate()
     ops = list(cfg.operators or OPERATORS)
     unknown = [o for o in ops + [o for o in cfg.stronger_ops if o != "auto"] if o not in OPERATORS]
     if unknown:
@@ -215,14 +217,15 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     knobless = [o for o in cfg.stronger_ops if o != "auto" and o not in STRENGTH_KNOBS]
     if cfg.stronger and knobless:
         raise ValueError(f"--stronger-ops {knobless}: no strength knob; these have one: {', '.join(STRENGTH_KNOBS)}")
-    rd = RunDir(run_dir)
-    ckpt = rd.find_checkpoint()
-    trained = parent_steps(rd, ckpt)
-    if trained < cfg.min_parent_steps:
-        raise ValueError(f"{ckpt}: the parent has {trained} self-play step(s); the protocol (Appendix J) starts from "
-                         f"a parent trained in self-play, at least {cfg.min_parent_steps} steps: train the run longer "
-                         f"(lorapop train --resume {rd.path} --run.steps={cfg.min_parent_steps}) or lower "
-                         "--min-parent-steps")
+    return ops
+
+
+def pick_parents(rd: Any, ckpt: Path, cfg: RetentionConfig, ops: list[str], log: Any
+                 ) -> tuple[Any, float, tuple[str, Path, float] | None, list[str]]:
+    """(parent, its expose, the second parent or None, the operators left): the best student (or ``cfg.member``),
+    the second parent from ``--second-parent`` or the next of its role; crossovers dropped when there is none."""
+    from lorapop.evolve.operators import OPERATORS
+
     ranked = rank_members(rd.path, ckpt, "student")
     if cfg.member is not None:
         chosen = [x for x in ranked if x[0].id == cfg.member]
@@ -244,7 +247,29 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     if second is None and any(OPERATORS[o].kind == "crossover" for o in ops):
         log(f"retention: only one {parent.role} in {ckpt.name} and no --second-parent; skipping crossovers")
         ops = [o for o in ops if OPERATORS[o].kind != "crossover"]
+    return parent, p_fit, second, ops
 
+
+def plan_study(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[str, Any] | None, log: Any) -> Study:
+    """The study a run's last checkpoint allows: refused when the parent has too few self-play steps; the probe,
+    sampling and learning rate are the run's own."""
+    from lorapop.config import SamplingConfig
+    from lorapop.rundir import RunDir
+    from lorapop.tasks import TASK_TYPES
+    from lorapop.tasks.styles import proposal_style
+    from lorapop.train.student import StudentLoopConfig
+
+    cfg.validate()
+    ops = check_operators(cfg)
+    rd = RunDir(run_dir)
+    ckpt = rd.find_checkpoint()
+    trained = parent_steps(rd, ckpt)
+    if trained < cfg.min_parent_steps:
+        raise ValueError(f"{ckpt}: the parent has {trained} self-play step(s); the protocol (Appendix J) starts from "
+                         f"a parent trained in self-play, at least {cfg.min_parent_steps} steps: train the run longer "
+                         f"(lorapop train --resume {rd.path} --run.steps={cfg.min_parent_steps}) or lower "
+                         "--min-parent-steps")
+    parent, p_fit, second, ops = pick_parents(rd, ckpt, cfg, ops, log)
     run_cfg = rd.read_config()
     sp, rcfg = run_cfg.get("selfplay") or {}, run_cfg.get("run") or {}
     style = str(sp.get("proposal_style", "azr"))
@@ -268,197 +293,53 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
                           "max_new_tokens": solve.max_new_tokens, "prefill": prefill},
                 "n_train_tasks": len(train), "floor_replicates": cfg.floor_replicates,
                 "eval_steps": eval_steps(cfg.steps, cfg.eval_every)}
-    out_dir = Path(cfg.out) if cfg.out else rd.path
-    out_path = out_dir / RETENTION
-    out: dict[str, Any] = {**settings, "arms": {}, "seconds": 0.0}
-    if out_path.is_file():
-        old = json.loads(out_path.read_text())
-        changed = [k for k in settings if old.get(k) != settings[k]]
+    return Study(rd, ckpt, trained, parent, p_fit, second, ops, run_cfg, style, solve, prefill, per_level, loop, held,
+                 train, settings, Path(cfg.out) if cfg.out else rd.path)
+
+
+def resume_output(study: Study, cfg: RetentionConfig) -> dict[str, Any]:
+    """retention.json's content so far: the arms a killed study finished are kept (same settings only)."""
+    out: dict[str, Any] = {**study.settings, "arms": {}, "seconds": 0.0}
+    if study.out_path.is_file():
+        old = json.loads(study.out_path.read_text())
+        changed = [k for k in study.settings if old.get(k) != study.settings[k]]
         if changed:
-            raise ValueError(f"{out_path} was made with other settings ({', '.join(changed)}): delete it or give "
-                             "another --out")
+            raise ValueError(f"{study.out_path} was made with other settings ({', '.join(changed)}): delete it or "
+                             "give another --out")
         out.update(old)
         out["arms"] = {n: a for n, a in old["arms"].items() if len(a.get("heldout") or []) == cfg.steps + 1}
-    done = set(out["arms"])
+    n_answers = len(study.held) * cfg.answers
     # mini_eval: the keys lorapop report reads
-    out["mini_eval"] = {"n_tasks": len(held), "samples_per_task": cfg.answers, "resolution": 1.0 / n_answers}
-    log(f"retention: arms trained with the {TRAINING}")
-    log(f"retention: scored on the run's probe family ({style}): {len(held)} tasks x {cfg.answers} answers, "
-        f"resolution 1/{n_answers} = {1.0 / n_answers:.4f}; {len(train)} training tasks"
-        + (f"; {len(done)} arm(s) already in {out_path}" if done else ""))
-    specs: list[tuple[str, str, dict[str, float] | None]] = [(CONTINUATION, CONTINUATION, None)]
+    out["mini_eval"] = {"n_tasks": len(study.held), "samples_per_task": cfg.answers, "resolution": 1.0 / n_answers}
+    return out
+
+
+Spec = tuple[str, str, "dict[str, float] | None"]  # (arm name, operator, the operator's parameters over defaults)
+
+
+def arm_specs(ops: list[str], cfg: RetentionConfig) -> list[Spec]:
+    """The continuation (the reference), one arm per operator, and the named stronger arms."""
+    from lorapop.evolve.config import scaled_params
+
+    specs: list[Spec] = [(CONTINUATION, CONTINUATION, None)]
     specs += [(o, o, None) for o in ops]
     if cfg.stronger and cfg.stronger_ops != ["auto"]:
         specs += [(stronger_arm(o, cfg.stronger), o, scaled_params(o, cfg.stronger)) for o in cfg.stronger_ops]
-    size = max(2, cfg.group_size)
-    scored = set(settings["eval_steps"])
-    params = sampling_params(solve)
-    # the run's engine (dtype, batch sizes...), so the parent scores as the run's probe scored it
-    ecfg = EngineConfig(**{**{k: v for k, v in (run_cfg.get("engine") or {}).items()
+    return specs
+
+
+def study_engine(study: Study, cfg: RetentionConfig) -> Any:
+    """The run's engine settings (dtype, batch sizes...), so the parent scores as the run's probe scored it, with
+    ``group_size`` slots (at least 2: the second parent's)."""
+    import torch
+
+    from lorapop.engine.base import EngineConfig
+    from lorapop.engine.factory import make_engine
+
+    parent = study.parent
+    ecfg = EngineConfig(**{**{k: v for k, v in (study.run_cfg.get("engine") or {}).items()
                               if k in EngineConfig.__dataclass_fields__ and k not in ("replicas", "ray_address")},
                            "rank": parent.rank, "lora_alpha": parent.lora_alpha,
                            "target_modules": parent.target_modules, "backend": cfg.backend,
                            "device": "cpu" if not torch.cuda.is_available() else "auto"})
-    engine = make_engine(rd.model_name(), size, ecfg, seed=loop.seed)
-    executor = make_executor()
-
-    samples: dict[str, list[dict[str, Any]]] = {}  # the group's raw answers per arm, written when it completes
-
-    def score(m: Member, step: int, salt: str = "") -> list[float]:
-        rng = random.Random(f"{loop.seed}:{m.id}{salt}:{step}:retention-probe")  # own seeds per arm: replicates
-        rows = run_probe(engine, executor, [m], step, params, cfg.answers, prefill, rng, per_level=per_level,
-                         style=style, answers=True)
-        samples.setdefault(m.id, []).extend(
-            {"arm": m.id, "step": step, "scoring": salt or "arm", "task": r["task"], "score": r["score"],
-             "answers": r["answers"], "statuses": r["statuses"]} for r in rows)
-        return [r["score"] for r in rows]
-
-    def run_group(group: list[tuple[str, str, dict[str, float] | None]]) -> None:
-        members = []
-        for slot, (name, op, over) in enumerate(group):
-            if op == CONTINUATION:
-                child, record = w_parent, {"operator": CONTINUATION}
-            else:
-                cross = OPERATORS[op].kind == "crossover"
-                gen = torch.Generator().manual_seed(zlib.crc32(f"{loop.seed}:{name}".encode()))
-                fitness = [p_fit, second[2]] if cross else [p_fit]  # type: ignore[index]
-                child, record = make_child(op, [w_parent, w_second] if cross else [w_parent], generator=gen,
-                                           scaling=engine.scaling, params=over,
-                                           fitness=fitness if OPERATORS[op].needs_fitness else None)
-            engine.set_adapter(slot, child)
-            engine.reset_optimizer(slot)  # a PBT child starts with fresh optimizer state
-            set_lr(engine, slot, loop.lr)
-            members.append(Member(name, slot, "student"))
-            out["arms"][name] = {"record": record, "train_reward": [], "heldout": [], "step_s": []}
-        t = time.perf_counter()
-        for m in members:
-            tasks0 = score(m, 0)
-            out["arms"][m.id].update(step0_tasks=tasks0, heldout=[statistics.fmean(tasks0)])
-            if m.id == CONTINUATION and "parent_replicates" not in out:
-                out["parent_replicates"] = [score(m, 0, f"#replicate{i + 1}") for i in range(cfg.floor_replicates)]
-        out.setdefault("timing", []).append({"arms": len(members), "step0_score_s": round(time.perf_counter() - t, 1)})
-        for step in range(cfg.steps):
-            t = time.perf_counter()
-            row = train_step(engine, executor, members, train, step, loop)
-            for m in members:
-                arm = out["arms"][m.id]
-                arm["train_reward"].append(row[m.id]["reward"])
-                arm["heldout"].append(statistics.fmean(score(m, step + 1)) if step + 1 in scored else None)
-            for m in members:  # the step's wall clock (training and scoring) per arm of the group
-                out["arms"][m.id]["step_s"].append(round((time.perf_counter() - t) / len(members), 1))
-            log(f"retention: step {step + 1}/{cfg.steps} ({time.perf_counter() - t:.0f} s) " + "  ".join(
-                f"{m.id} {_fmt(out['arms'][m.id]['heldout'][-1])}" for m in members))
-        out["seconds"] = round(out["seconds"] + time.perf_counter() - t0, 1)
-        # the raw samples first: a group killed before retention.json names it runs again and rewrites them
-        (out_dir / ANSWERS).mkdir(parents=True, exist_ok=True)
-        for m in members:
-            write_text_atomic(out_dir / ANSWERS / f"{m.id}.jsonl",
-                              "".join(json.dumps(r) + "\n" for r in samples.pop(m.id, [])))
-        write_json_atomic(out_path, out)
-
-    def run_all(todo: list[tuple[str, str, dict[str, float] | None]]) -> None:
-        nonlocal t0
-        for g in range(0, len(todo), size):
-            run_group(todo[g:g + size])
-            t0 = time.perf_counter()
-
-    try:
-        engine.load_adapter(0, parent.adapter_dir)
-        w_parent = engine.get_adapter(0)
-        w_second = None
-        if second is not None:
-            engine.load_adapter(1, second[1])
-            w_second = engine.get_adapter(1)
-        log(f"retention: parent {parent.id} ({trained} self-play steps, expose {p_fit:.2f}), second parent "
-            f"{second[0] if second else None}")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        run_all([s for s in specs if s[0] not in done])
-        summarise(out)
-        if cfg.stronger and cfg.stronger_ops == ["auto"]:
-            floor = (out["noise_floor"] or {}).get("spread") or 0.0
-            weak = [o for o in ops if o in STRENGTH_KNOBS and out["arms"][o]["drop"] <= floor]
-            out["stronger_auto"] = {"floor": floor, "operators": weak, "factor": cfg.stronger}
-            log(f"retention: within the noise floor ({floor:.3f}) at step 0: {weak}; stronger arms x{cfg.stronger:g}")
-            extra = [(stronger_arm(o, cfg.stronger), o, scaled_params(o, cfg.stronger)) for o in weak]
-            run_all([s for s in extra if s[0] not in out["arms"]])
-    finally:
-        executor.close()
-        engine.close()
-    order = [n for n, _, _ in specs] + sorted(n for n in out["arms"] if "@" in n)  # the stronger arms last
-    out["arms"] = {n: out["arms"][n] for n in dict.fromkeys(order) if n in out["arms"]}
-    summarise(out)
-    write_json_atomic(out_path, out)
-    out["path"] = str(out_path)
-    return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="a run directory with at least one checkpoint")
-    p.add_argument("--operators", nargs="+", default=[], help="operators to test (default: all registered)")
-    p.add_argument("--member", help="parent member id (default: the best student by TrueSkill expose)")
-    p.add_argument("--second-parent", help="crossovers' second parent: a PEFT directory, RUN_DIR:best or "
-                                           "RUN_DIR:<id> (default: the second-best member of the parent's role)")
-    p.add_argument("--steps", type=int, default=20, help="training steps per arm (the paper's window: about 20)")
-    p.add_argument("--answers", type=int, default=4, help="answers per probe task in every scoring")
-    p.add_argument("--eval-every", type=int, default=1,
-                   help="score after every this many steps (and after steps 0, 1, 2 and the last)")
-    p.add_argument("--floor-replicates", type=int, default=4,
-                   help="extra scorings of the parent at step 0 for the noise floor (beside continuation and clone)")
-    p.add_argument("--stronger", type=float, default=0.0,
-                   help="add arms with the operator's strength knob times this (0: none)")
-    p.add_argument("--stronger-ops", nargs="+", default=["auto"],
-                   help="operators that get a stronger arm, or auto: those within the noise floor at step 0")
-    p.add_argument("--train-per-level", type=int, default=30, help="training tasks per probe level")
-    p.add_argument("--probe-per-level", type=int, default=None,
-                   help="probe tasks per level (default: the run's run.probe_per_level); fewer for a quick check")
-    p.add_argument("--tasks-per-step", type=int, default=8, help="training tasks per step")
-    p.add_argument("--n-samples", type=int, default=4, help="answers per training task")
-    p.add_argument("--lr", type=float, default=None, help="learning rate of every arm (default: the run's engine.lr)")
-    p.add_argument("--group-size", type=int, default=4, help="arms trained together (engine slots)")
-    p.add_argument("--min-parent-steps", type=int, default=20,
-                   help="refuse a checkpoint fewer self-play steps in than this (the parent must be trained in "
-                        "self-play)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="directory of retention.json (default: the run directory); rerun to resume")
-    p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
-                   help="what generates the arms' answers (engine.backend; vllm needs scripts/setup.sh --vllm)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from lorapop.configlib import ConfigError
-    from lorapop.rundir import RunDirError
-
-    cfg = RetentionConfig(operators=list(args.operators), member=args.member, second_parent=args.second_parent,
-                          steps=args.steps, answers=args.answers, floor_replicates=args.floor_replicates,
-                          eval_every=args.eval_every,
-                          stronger=args.stronger, stronger_ops=list(args.stronger_ops),
-                          n_train_per_level=args.train_per_level, probe_per_level=args.probe_per_level,
-                          group_size=args.group_size,
-                          min_parent_steps=args.min_parent_steps, backend=args.backend, out=args.out)
-    over = {"tasks_per_step": args.tasks_per_step, "n_samples": args.n_samples, "seed": args.seed}
-    if args.lr is not None:
-        over["lr"] = args.lr
-    try:
-        out = run_retention(args.run_dir, cfg, over)
-    except (ValueError, RunDirError, ConfigError) as e:
-        print(f"lorapop retention: {e}", file=sys.stderr)
-        return 2
-    nf = out["noise_floor"] or {}
-    print(f"arms trained with the {out['training']}; scored on {out['probe']['n_tasks']} probe tasks x "
-          f"{out['probe']['answers']} answers (resolution {out['probe']['resolution']:.4f}); noise floor (step-0 "
-          f"spread of {nf.get('n')} replicates) {nf.get('spread') or 0:.3f}, std {nf.get('std') or 0:.3f}")
-    for name, arm in out["arms"].items():
-        # the continuation is judged like every arm, against the clone (the other replicate of the same weights)
-        o = arm_outcome(out, name) if name != CONTINUATION or CLONE in out["arms"] else None
-        rec = o["recovered_step"] if o else None
-        status = ("reference" if o is None else "no loss" if not o["lost"] else
-                  "step " + str(rec) if rec is not None else "not recovered")
-        print(f"{name:30s} after operator {arm['heldout'][0]:.3f}  final {arm['heldout'][-1]:.3f}  "
-              f"drop {(o or arm)['drop']:+.3f}  final gap {(o or arm)['final_gap']:+.3f}  recovered: {status}"
-              + (f"  (against {o['against']})" if o and o["against"] != CONTINUATION else ""))
-    if CLONE in out["arms"]:  # the registered rule on this one parent, the clone and continuation under it too
-        v = registered_verdict([{**out, "_name": Path(out["path"]).parent.name}])
-        print("\n".join(verdict_lines(v)))
-        print(f"headline (this parent): {headline(v)}")
-    print(json.dumps({"retention": out["path"], "seconds": out["seconds"]}))
-    return 0
+    return make_engine(study.rd.model_name(), max(2, cfg.group_size), ecfg, seed=study.loop.seed)

@@ -31,7 +31,7 @@ from statistics import NormalDist
 from typing import Any
 
 # the two arms with no operator: the parent trained on (the reference every child is judged against) and its exact
-# copy; lorapop/evolve/retention.py names its arms with these
+# copy; lorapop/commands/retention/study.py names its arms with these
 CONTINUATION = "continuation"
 CLONE = "clone"
 ALPHA, POWER = 0.05, 0.8  # a one-sided test at 5%, detected 4 times out of 5: the usual convention

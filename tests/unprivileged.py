@@ -1,5 +1,6 @@
 """Run a Python script of this checkout as an ordinary user, to exercise the sandbox's unprivileged path for real
-(tests/test_isolation.py, bench/executor.py); not used by training.
+(tests/test_isolation.py, tests/test_verdicts.py, bench/executor.py). A test tool, kept out of the package:
+nothing in lorapop runs it.
 
 As root: uid/gid 65534 with every capability gone (``setpriv``, bounding set included, so no exec can bring one
 back). The interpreter may live where only root can enter (``/root/.pyenv`` in CI), so a private mount namespace
@@ -18,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 NOBODY = 65534
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(script: str, args: list[str], *, timeout: float) -> subprocess.CompletedProcess:

@@ -1,8 +1,8 @@
-"""`lorapop report RUN_DIR [RUN_DIR ...]`: one self-contained report.html for one run or several overlaid.
+"""One self-contained report.html for one run or several overlaid (the page `lorapop report` writes).
 
-The page is static HTML with inline SVG (lorapop/report_svg.py) and inline CSS: no script, nothing fetched, so it
-opens from disk on an offline machine and in a CI artifact viewer. Runs are read tolerantly (lorapop/report_data.py);
-whatever was skipped is listed at the top of the page.
+The page is static HTML with inline SVG (lorapop/report/svg.py) and inline CSS: no script, nothing fetched, so it
+opens from disk on an offline machine and in a CI artifact viewer. Runs are read tolerantly
+(lorapop/report/run_data.py); whatever was skipped is listed at the top of the page.
 
 With several runs, run-level curves (rewards by role, solve rate, validity, complexity, coverage, lengths) share axes
 with one colour per run; per-member plots, the lineage and the config are shown run by run.
@@ -10,19 +10,17 @@ with one colour per run; per-member plots, the lineage and the config are shown 
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import functools
 import json
 import os
-import sys
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from lorapop.report_data import (RunData, RunDirError, complexity_series, complexity_stats, complexity_teachers,
-                                 in_role, lineage, load_run, member_ids, roles)
-from lorapop.report_svg import (DASHES, Life, Series, color, line_chart, lineage_timeline, no_data,
+from lorapop.report.run_data import (RunData, RunDirError, complexity_series, complexity_stats,
+                                     complexity_teachers, in_role, lineage, load_run, member_ids, roles)
+from lorapop.report.svg import (DASHES, Life, Series, color, line_chart, lineage_timeline, no_data,
                                 yardstick_series)
 
 RATE = (0.0, 1.0)
@@ -601,31 +599,3 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
     tmp.write_text(html, encoding="utf-8")
     os.replace(tmp, out)
     return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `report` subcommand's arguments, for lorapop/cli.py's subparser."""
-    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output file (or directory); default RUN_DIR/report.html of the first run")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit status: 0 with the report's path on stdout, or 1 with one error line on stderr."""
-    try:
-        path = write_report(args.run_dirs, args.out)
-    except (RunDirError, OSError) as e:
-        print(f"lorapop report: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    print(f"report: {path}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="lorapop report", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -78,7 +78,8 @@ def compare_configs(config: str | None, overrides: list[str], name: str, output_
 def train(cfg: Any, note: Any = print) -> Path:
     """Train one run to ``cfg.run.steps``, continuing it from its last checkpoint when it exists."""
     from lorapop.rundir import RunDir
-    from lorapop.train.loop import Trainer, prepare_run_dir
+    from lorapop.commands.train import prepare_run_dir
+    from lorapop.train.loop import Trainer
 
     resumable = RunDir(Path(cfg.run.output_dir) / cfg.run.name).resumable()
     run_dir, resume = prepare_run_dir(cfg, resume=resumable, note=note)
@@ -90,7 +91,7 @@ def train(cfg: Any, note: Any = print) -> Path:
 
 
 def curves(run_dir: Path) -> dict[str, list[float | None]]:
-    from lorapop.report_data import load_run
+    from lorapop.report.run_data import load_run
 
     run = load_run(run_dir)
     out: dict[str, list[float | None]] = {"step": [float(s) for s in run.steps]}
@@ -102,7 +103,7 @@ def curves(run_dir: Path) -> dict[str, list[float | None]]:
 def run_compare(config: str | None, overrides: list[str], ccfg: CompareConfig, note: Any = print) -> dict:
     """Train both runs, evaluate them, write the report and compare.json; returns compare.json's content."""
     from lorapop.eval.runner import EvalConfig, format_table, run_eval
-    from lorapop.report import write_report
+    from lorapop.report.html import write_report
 
     pop_cfg, single_cfg = compare_configs(config, overrides, ccfg.name, ccfg.output_dir)
     root = Path(ccfg.output_dir) / ccfg.name

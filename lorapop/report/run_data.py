@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapop.rundir import (AGENT, CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir,
-                            RunDirError, iter_jsonl, read_json, read_text, role_from_id)
+from lorapop.rundir import (CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir,
+                            RunDirError, iter_jsonl, read_json, read_text)
+from lorapop.train.members import AGENT, role_from_id
 
 
 @dataclass

@@ -2,8 +2,8 @@
 <expr>`` on one integer, at three levels of nesting, so a teacher shown them sees that an expression can be made
 harder and a student's answer is one integer.
 
-``seeds/expr_seed_io.jsonl`` is :func:`seed_rows` (``python -m lorapop.tasks.expressions`` rewrites it; a test checks
-it still is). The expressions are written here, never by a model; outputs come from running them in this process.
+``seeds/expr_seed_io.jsonl`` is :func:`seed_rows` (``python -m lorapop.tasks.expression_family`` rewrites it; a test
+checks it still is). The expressions are written here, never by a model; outputs come from running them in this process.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ programs (identity, constants, ``nums[k]``, max/min, ``sorted(nums)[k]``, a cond
 
 The reference tasks come at three levels, each turning one knob a teacher can turn too: longer lists, negative or
 computed indices, composition of two selections. ``seeds/select_seed_io.jsonl`` is :func:`seed_rows` of
-:data:`SEED_LEVELS`, level 1 only (``python -m lorapop.tasks.selections`` rewrites it; a test checks it still
+:data:`SEED_LEVELS`, level 1 only (``python -m lorapop.tasks.selection_family`` rewrites it; a test checks it still
 is). The expressions are written here, never by a model; outputs come from running them in this process.
 
 Validity beyond the shared checks (:func:`check_shape` before them, :func:`check_task` after; both applied by the
