@@ -35,11 +35,11 @@ def test_kv_budget_leaves_out_cuda_graph_pool_memory(monkeypatch):
         {"device": 1, "segment_pool_id": (0, 0), "total_size": 30 * GIB, "allocated_size": 0},
     ]
     _fake_cuda(monkeypatch, free=10 * GIB, segments=segments)
-    eng.device = torch.device("cuda", 0)
+    eng.device = eng.kv.device = torch.device("cuda", 0)  # the engine and its cache keeper
     try:
         assert eng.kv_budget_bytes() == int(0.5 * (10 + 6) * GIB)
     finally:
-        eng.device = torch.device("cpu")
+        eng.device = eng.kv.device = torch.device("cpu")
 
 
 def test_kv_budget_counts_the_current_cache_as_free(monkeypatch):
@@ -50,11 +50,11 @@ def test_kv_budget_counts_the_current_cache_as_free(monkeypatch):
     held = sum(t.numel() * t.element_size() for t in eng._cache.k + eng._cache.v)
     segments = [{"device": 0, "segment_pool_id": (0, 0), "total_size": 4 * GIB, "allocated_size": 4 * GIB}]
     _fake_cuda(monkeypatch, free=GIB, segments=segments)
-    eng.device = torch.device("cuda", 0)
+    eng.device = eng.kv.device = torch.device("cuda", 0)  # the engine and its cache keeper
     try:
         assert eng.kv_budget_bytes() == GIB + held  # its bytes are freed before the new cache is allocated
     finally:
-        eng.device = torch.device("cpu")
+        eng.device = eng.kv.device = torch.device("cpu")
     assert dec is eng._dec
 
 
@@ -80,13 +80,13 @@ def test_plan_and_engine_size_the_kv_cache_with_one_function(monkeypatch):
         gpu = m["base"] + m["adapters"] + m["copies"] + CUDA_RESERVED_BYTES + int(rows * row)
         free, planned = engine_kv_cache(measured, gpu)
         _fake_cuda(monkeypatch, free=free, segments=[])
-        eng.device = torch.device("cuda", 0)
+        eng.device = eng.kv.device = torch.device("cuda", 0)  # the engine and its cache keeper
         try:
             got = eng.plan_kv_cache(200)
         except RuntimeError:
             got = None
         finally:
-            eng.device = torch.device("cpu")
+            eng.device = eng.kv.device = torch.device("cpu")
         assert got == planned, rows
         kinds.append(None if got is None else got.kind)
     assert kinds == ["static", "paged", None]
