@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lorapop import faults
-from lorapop.train.members import AGENT, ROLE_PREFIX, AdapterFiles, Member, initial_members, role_from_id  # noqa: F401
+from lorapop.train.members import (AGENT, ROLE_PREFIX, AdapterFiles, Member, RunDirError,  # noqa: F401
+                                   initial_members, role_from_id)
 
 # Member and its kin live with the population code (lorapop/train/members.py); the names stay importable from here
 # because the run directory reads and writes them (checkpoint_members, population.json) and scripts import them here.
@@ -64,10 +65,6 @@ KNOWN_FILES = (CONFIG, METRICS, TASKS, POPULATION, EVAL)
 # Every top-level name a run or a lorapop command writes (the layout above): what :meth:`RunDir.clear` may delete.
 RUN_FILES = (CONFIG, METRICS, TASKS, PROBE, POPULATION, TRACKERS, CENTROIDS, CHECKPOINTS, EVAL, RETENTION, REPORT)
 STEP_RE = re.compile(r"^step_(\d{6,})$")
-
-class RunDirError(Exception):
-    """A run directory, checkpoint or adapter that is missing or unusable (the message names the path)."""
-
 
 
 def _fsync_dir(path: Path) -> None:

@@ -12,9 +12,14 @@ AGENT = "agent"  # single mode: one member plays both roles
 ROLE_PREFIX = {"teacher": "t", "student": "s", AGENT: "a"}  # member ids are <prefix><per-role counter>
 
 
-class NoAdapterFiles(Exception):
+class RunDirError(Exception):
+    """A run directory, checkpoint or adapter that is missing or unusable (the message names the path). Defined with
+    the records the run directory reads, so that they can raise it; lorapop.rundir exports it."""
+
+
+class NoAdapterFiles(RunDirError):
     """A member not read from a checkpoint asked for its adapter files (a caller's mistake: every member the run
-    directory reads from a checkpoint has them)."""
+    directory reads from a checkpoint has them); a RunDirError, as it was when Member lived in the run directory."""
 
 
 @dataclass(frozen=True)
