@@ -53,7 +53,8 @@ Figures (all measured in this one run; the last line is one JSON object):
                          with one at 8096 positions and the rest at 512, over its time with all at 512 (goal <= 1.5:
                          a step should read what its rows attend, not the longest row's span for every row);
                          long_tail_step_ratio_dense: the same over the same paged caches read as before split-KV
-                         (every row up to the longest row's length), timed in alternation with it
+                         (every row up to the longest row's length), timed in alternation with it (not with
+                         --quick, whose time it would cost a compile: None there)
   trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
                          ``lorapop train cpu_demo`` on this device through the real trainer (sandbox, rewards,
                          PBT), random-init weights on CUDA, after one warm-up step
@@ -252,13 +253,14 @@ def decode_capacity_ratio(eng, args) -> dict[str, float]:
             "paged_over_static": times["paged", small] / times["static", small]}
 
 
-def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> dict[str, float]:
+def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int, dense: bool = True) -> dict[str, float]:
     """The compiled decode step's time for ``rows`` rows of which one is at ``long_len`` positions and the rest at
     ``short_len``, over its time with every row at ``short_len``: what one long reply among short ones costs a step
     (1.0 when a step reads what each row attends). Each arm's rows sit in a paged cache holding just their pages.
     ``split``: the step reads as the batcher sets it (each row its own chunks, lorapop/engine/splitkv.py);
     ``dense``: the same cache read as a static cache is, every row up to the longest row's length (bucketed), the
-    engine's paged decode before split-KV; both timed in alternation in this one call."""
+    engine's paged decode before split-KV; both timed in alternation in this one call. ``dense`` False leaves the
+    dense arm out (it compiles a graph of its own: minutes on a CPU), and its ratio is None."""
     from lorapop.engine.compiled import kv_bucket
     from lorapop.engine.decode import kv_capacity
     from lorapop.engine.paged import PAGE, PagedKVCache
@@ -290,9 +292,11 @@ def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> dict[
         return [(cache, col(0), pos, ids, seeds, col(0), reads, eng._vocab_key, eng._eos_mask(), col(0),
                  col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False)) for reads in (split, dense)]
 
+    kinds = ("split", "dense") if dense else ("split",)
+
     arms = {}
     for name, lengths in {"long": [long_len] + [short_len] * (rows - 1), "short": [short_len] * rows}.items():
-        for kind, args_ in zip(("split", "dense"), inputs(lengths)):
+        for kind, args_ in zip(kinds, inputs(lengths)):
             for _ in range(2):  # a cache of its own: its CUDA graph (on CUDA) is recorded here, outside the timing
                 step(*args_)
             arms[kind, name] = args_
@@ -301,7 +305,7 @@ def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int) -> dict[
         for key, args_ in arms.items():
             t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
             times[key] = min(times.get(key, t), t)
-    return {kind: times[kind, "long"] / times[kind, "short"] for kind in ("split", "dense")}
+    return {kind: times[kind, "long"] / times[kind, "short"] if kind in kinds else None for kind in ("split", "dense")}
 
 
 def step_ratios(eng, args, say) -> tuple[dict[str, float], int, dict[str, float]]:
@@ -311,9 +315,10 @@ def step_ratios(eng, args, say) -> tuple[dict[str, float], int, dict[str, float]
     tail_rows, tail_long, tail_short = args.long_tail or (
         eng.cfg.gen_batch_size if args.shape == "7b" else 48, 8096, 512)
     say(f"long_tail_step_ratio: {tail_rows} rows, one at {tail_long} positions and the rest at {tail_short}")
-    tails = long_tail_step_ratio(eng, tail_rows, tail_long, tail_short)
-    say(f"long_tail_step_ratio = {tails['split']:.2f} (each row its own length; {tails['dense']:.2f} reading the "
-        "longest row's span for every row)")
+    # the dense arm (the read before split-KV) in the full bench and --step-ratios-only; --quick keeps to its time
+    tails = long_tail_step_ratio(eng, tail_rows, tail_long, tail_short, dense=args.step_ratios_only or not args.quick)
+    dense = "" if tails["dense"] is None else f"; {tails['dense']:.2f} reading the longest row's span for every row"
+    say(f"long_tail_step_ratio = {tails['split']:.2f} (each row its own length{dense})")
     return capacity, tail_rows, tails
 
 
