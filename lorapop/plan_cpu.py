@@ -91,8 +91,8 @@ def seed_prompt_tokens(cfg: Any) -> dict[str, float] | None:
         ty = TASK_TYPES[tt]
         refs_from = [t for k in ("code_o", "code_i") for t in pools.get(k, [])] if tt == "code_f" else pool
         k = 1 if tt == "code_f" else max(1, sp.n_references)
-        pre_t = fmt.reply_start(style.proposal_prefill(ty) if sp.response_prefill else "")
-        pre_s = fmt.reply_start(style.answer_prefill(ty) if sp.response_prefill else "")
+        pre_t = fmt.proposal_start(style, ty, sp.response_prefill)
+        pre_s = fmt.answer_start(style, ty, sp.response_prefill)
         teacher = [len(fmt.prompt_ids(engine, fmt.teacher_prompt(style, ty, rng.sample(refs_from, min(k, len(
             refs_from))), rng), pre_t)) for _ in range(64)] if refs_from else []
         student = [len(fmt.prompt_ids(engine, fmt.student_prompt(style, ty, t), pre_s)) for t in pool]

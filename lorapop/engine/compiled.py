@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .buckets import pow2_at_least, size_buckets
+from .splitkv import pair_buckets
 
 KV_STEP = 64  # attention lengths off CUDA graphs are multiples of this (symbolic: no graph per length)
 KV_GRAPH_MIN = 128  # under CUDA graphs attention lengths are powers of two from this
@@ -87,8 +88,6 @@ class DecodeShapes:
     @property
     def shapes(self) -> list[tuple[bool, int, int]]:
         if self.split_kv:
-            from .splitkv import pair_buckets
-
             reads = pair_buckets(self.n_slots, self.max_len, self.cuda_graphs)
         else:
             reads = kv_buckets(self.max_len, self.cuda_graphs)

@@ -19,8 +19,6 @@ DEFAULT_PRELOAD = (
 
 
 @dataclass
-
-
 class ExecutorConfig:
     n_workers: int = field(default=2, metadata={"help": "worker processes per hash seed (parallel runs)"})
     timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds"})
@@ -81,8 +79,6 @@ class ExecutorConfig:
 
 
 @dataclass
-
-
 class ExecResult:
     status: str  # "ok" | "error" | "timeout" | "memory" | "output_limit" | "crashed"
     value: str | None  # repr of `_result` when ok (a program that sets none gives "None")

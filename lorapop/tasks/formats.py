@@ -32,6 +32,14 @@ class PromptFormat:
         here the style's block prefill (empty without selfplay.response_prefill)."""
         return prefill
 
+    def proposal_start(self, style: ProposalStyle, tt: TaskType, response_prefill: bool) -> str:
+        """:meth:`reply_start` of a teacher's reply: the style's proposal prefill under selfplay.response_prefill."""
+        return self.reply_start(style.proposal_prefill(tt) if response_prefill else "")
+
+    def answer_start(self, style: ProposalStyle, tt: TaskType, response_prefill: bool) -> str:
+        """:meth:`reply_start` of a student's reply: the style's answer prefill under selfplay.response_prefill."""
+        return self.reply_start(style.answer_prefill(tt) if response_prefill else "")
+
     def prompt_ids(self, engine: Any, text: str, prefill: str) -> list[int]:
         """The chat prompt of ``text``, its assistant turn started with ``prefill`` (may be empty)."""
         ids = engine.chat_prompt(text)

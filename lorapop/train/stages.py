@@ -154,7 +154,7 @@ def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
     for t in teachers:
         for tt in sp.task_types:
             ty = TASK_TYPES[tt]
-            prefill = fmt.reply_start(style.proposal_prefill(ty) if sp.response_prefill else "")
+            prefill = fmt.proposal_start(style, ty, sp.response_prefill)
             for _ in range(sp.tasks_per_type):
                 refs = reference_tasks(ctx.buffers, tt, sp.n_references, rng)
                 ids = fmt.prompt_ids(engine, fmt.teacher_prompt(style, ty, refs, rng), prefill)
@@ -221,7 +221,7 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
 
 def _student_prompt_tokens(ctx: StepContext, fmt: Any, style: Any, tt: str, task: Task) -> int:
     ty = TASK_TYPES[tt]
-    prefill = fmt.reply_start(style.answer_prefill(ty) if ctx.cfg.response_prefill else "")
+    prefill = fmt.answer_start(style, ty, ctx.cfg.response_prefill)
     return len(fmt.prompt_ids(ctx.engine, fmt.student_prompt(style, ty, task), prefill))
 
 
@@ -257,7 +257,7 @@ def solve(ctx: StepContext, jobs: Sequence[SolveJob]) -> list[SolveJob]:
     engine, n_solve, rng = ctx.engine, ctx.cfg.n_solve, ctx.rng("solve")
     prompts, slots = [], []
     style, fmt = proposal_style(ctx.cfg.proposal_style), prompt_format(ctx.cfg.prompt_format)
-    prefills = {tt: fmt.reply_start(style.answer_prefill(TASK_TYPES[tt]) if ctx.cfg.response_prefill else "")
+    prefills = {tt: fmt.answer_start(style, TASK_TYPES[tt], ctx.cfg.response_prefill)
                 for tt in ctx.cfg.task_types}
     for job in jobs:
         ty = TASK_TYPES[job.task_type]
