@@ -42,7 +42,9 @@ for _name, (_x86, _arm) in {
         "mq_getsetattr": (245, 185), "memfd_create": (319, 279), "memfd_secret": (447, 447),
         "setpriority": (141, 140), "sched_setparam": (142, 118), "sched_setscheduler": (144, 119),
         "sched_setaffinity": (203, 122), "sched_setattr": (314, 274), "ioprio_set": (251, 30),
-        "sethostname": (170, 161), "setdomainname": (171, 162)}.items():
+        "sethostname": (170, 161), "setdomainname": (171, 162), "setxattr": (188, 5), "lsetxattr": (189, 6),
+        "fsetxattr": (190, 7), "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
+        "pipe2": (293, 59), "pidfd_open": (434, 434), "setxattrat": (463, 463), "removexattrat": (466, 466)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 # Arguments chosen so that, without the filter, each call fails with something other than EPERM or does nothing
 # harmful (CLONE_NEWUSER|CLONE_FS is EINVAL; reboot with a wrong magic is EINVAL; prlimit64 on pid 1 only reads).
@@ -67,7 +69,13 @@ CALL_ARGS = {
     "setpriority": (99, 0, 0), "sched_setparam": (0, 0), "sched_setscheduler": (0, 99, 0),
     "sched_setaffinity": (0, 0, 0), "sched_setattr": (0, 0, 0), "ioprio_set": (99, 0, 0),
     "sethostname": (0, -1), "setdomainname": (0, -1),
+    # NULL paths and names, a bad descriptor, a bad pipe flag, pid 0: EFAULT, EBADF or EINVAL without the filter
+    "setxattr": (0, 0, 0, 0, 0), "lsetxattr": (0, 0, 0, 0, 0), "fsetxattr": (-1, 0, 0, 0, 0), "removexattr": (0, 0),
+    "lremovexattr": (0, 0), "fremovexattr": (-1, 0), "pipe2": (0, -1), "pidfd_open": (0, 0),
+    "setxattrat": (-1, 0, 0, 0, 0, 0), "removexattrat": (-1, 0, 0, 0),
 }
+SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
+CALL_ARGS["pipe"] = (0,)
 EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
 
 
@@ -139,9 +147,11 @@ KIN_MODULES = ("linecache", "codecs", "mimetypes", "wave", "nntplib", "pydoc", "
 
 # Runs that bypass the static check (as the executor's own tests do): a double-forked setsid process that must not
 # outlive its run, and fork still working under the limits.
-LEFTOVER = ("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    pid = os.fork()\n"
-            "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    os.write(w, str(pid).encode())\n"
-            "    os._exit(0)\nos.close(w)\n_result = int(os.read(r, 32))")
+# (No pipe between them: the filter refuses new pipes. In the run's pid namespace the grandchild's pid is the run's
+# own plus two.)
+LEFTOVER = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    pid = os.fork()\n"
+            "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\n"
+            "time.sleep(0.2)\n_result = os.getpid() + 2")
 ALIVE = "import os\ntry:\n    os.kill({pid}, 0)\n    _result = 'alive'\nexcept ProcessLookupError:\n    _result = 'gone'"
 FORK_BOMB = ("import os, time\npids = []\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
              "        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n    pids.append(pid)\n"

@@ -9,10 +9,8 @@ brackets and odd objects never turn a wrong answer into "correct" or a right one
 from __future__ import annotations
 
 import ast
-import json
 import os
 import random
-import shutil
 import sys
 from pathlib import Path
 
@@ -38,13 +36,16 @@ def check(out: dict) -> None:
     # code_i: the wrong input 3 is wrong, the validated input 5 and its equal 5.0 right, whatever f tried on 3;
     # except where f "forged" the gold output itself for 3, which is just what f(3) returns: 3 is then right
     for name, got in out["code_i"].items():
-        assert got["valid"] and got["output"] == (["61"] if name == "tell_check_from_validation" else ["10"]), got
+        # (the frame walker adds the number of names it found to 10: more than none)
+        assert got["valid"] and (int(got["output"][0]) > 10 if name == "tell_check_from_validation"
+                                 else got["output"] == ["10"]), got
         want = ["correct" if name == "fake_result_gold" else "wrong", "correct", "correct"]
         assert got["checks"] == want, (name, got)
-    # code_o: a program whose output depends on the pid gave the same pid in the two validation runs (each the first
-    # of a fresh worker) and another later: no verdict (void), never "wrong" for the right prediction; file state is
-    # gone between runs (a fresh working area every run), and the host name is the sandbox's own
-    assert out["code_o"]["pid"]["valid"] and all(c == ["void", "void"] for c in out["code_o"]["pid"]["checks"])
+    # code_o: a program whose output depends on the pid is refused as nondeterministic when its two validation runs
+    # saw different pids, and voided when they saw the same one and its controls another: never "wrong" for the
+    # right prediction; no file can be left (a read-only filesystem), and the host name is the sandbox's own
+    pid = out["code_o"]["pid"]
+    assert (pid["valid"] and all(c == ["void", "void"] for c in pid["checks"])) or pid["checks"] == "nondeterministic"
     assert out["code_o"]["file_state"]["output"] == ["10"]
     assert out["code_o"]["hostname"]["output"] == ["'sandbox'"]
     for name in ("file_state", "hostname"):
@@ -62,23 +63,27 @@ def check(out: dict) -> None:
     # raw runs: refused, or cleaned away whole; the next run is served right and sees a fresh, unchanged worker
     first = ast.literal_eval(out["look_first"][1])
     assert first["modules"] == [] and first["ctypes_objects"] == 0, first  # nothing of ctypes or lockdown
-    assert first["fds"] == [0, 1, 2, 5] and first["host"] == "sandbox" and first["listdir"] == [], first
+    # only its result pipe: none of the worker's descriptors (their flags, pipe size and locks are shared)
+    assert len(first["fds"]) == 1 and first["host"] == "sandbox" and first["listdir"] == [], first
     refused = {"memfd", "nice_worker", "nice_user", "affinity_worker", "idle_worker", "rlimit_worker", "hostname_set"}
+    read_only = {"deep_tree", "many_files", "workdir_locked"}
     for name, got in out["raw"].items():
         status, value, error = got["run"]
         if name in refused:
             assert status == "error" and "PermissionError" in error, (name, got)
+        elif name in read_only:
+            assert status == "error" and "Read-only file system" in error, (name, got)
         elif name.endswith("_sysv"):
             assert value == "(-1, 1)", (name, got)  # EPERM from the filter
         else:
-            assert status == "ok", (name, got)  # it ran, and left what it left
+            assert status == "ok", (name, got)
         assert got["next"] == ["ok", "[1, 2, 3]"], (name, got)
         look = ast.literal_eval(got["look"][1])
         assert look["listdir"] == [] and look["fresh"] and look["host"] == "sandbox", (name, look)
         assert (look["nice"], look["sched"], look["cpus"]) == (first["nice"], first["sched"], first["cpus"]), look
-        # the disk filler held 64 MiB of host memory while it ran; the others tried to hold 300 MiB
+        # the others tried to hold 300 MiB outside their limits
         assert got["shmem_kb_after_run"] < 48 * MIB_KB, (name, got)
-    assert out["raw"]["fill_disk"]["run"][1] == "64"  # it did fill the tmpfs, so the freed memory is measured
+    assert out["raw"]["fill_disk"]["run"][1] == "0"  # not one byte written
 
 
 @pytest.mark.skipif(not ROOT, reason="the root path needs root (CI runs as root)")
@@ -89,15 +94,7 @@ def test_no_verdict_forged_and_nothing_kept_as_root():
 
 
 def test_no_verdict_forged_and_nothing_kept_as_an_ordinary_user():
-    if ROOT and shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv (util-linux)")
-    r = unprivileged.run("tests/verdict_probe.py", [], timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["uid"] != 0
-    if not ROOT and "refused" in out:
-        pytest.skip(f"user namespaces unavailable here: {out['refused'][:200]}")
-    assert out["protections"]["mechanism"] == "userns", out.get("protections")
+    out = unprivileged.probe_output("tests/verdict_probe.py", timeout=180)
     check(out)
 
 
@@ -206,3 +203,38 @@ def test_generated_odd_objects_never_flip_a_code_f_verdict():
         got = code_f.check_many(task, [code_f.parse_answer(a) for a in answers], ex)
     for a, right, o in zip(answers, truth, got):
         assert o.status in ("correct", "wrong") and o.correct == right, (a, right, o)
+
+
+# ---- inputs are told apart by value, as verdicts read them --------------------------------------------------------
+
+SAME_INPUTS = [("1", "1.0"), ("1", "True"), ("0", "-0.0"), ("[1, 2]", "([1, 2])"), ("'a'", " 'a' "), ("1+0j", "1"),
+               ("x=1, y=2", "y=2, x=1.0"), ("{1, 2}", "{2, 1}"), ("{1: 'a'}", "{1.0: 'a'}"), ("(1, [2])", "(1.0, [2.0])")]
+OTHER_INPUTS = [("1", "'1'"), ("(1,)", "[1]"), ("'a'", "b'a'"), ("1", "1, 1"), ("x=1", "y=1"), ("{1, 2}", "{1: 2}")]
+
+
+def test_a_hidden_input_that_is_a_shown_one_respelled_is_a_duplicate():
+    """code_f shows the first input's output and hides the rest: a hidden input equal to the shown one by value would
+    hand the student its output. The teacher's inputs are compared as values, as verdicts compare (AZR's ==); the
+    task buffer keys them the same way."""
+    from lorapop.tasks.buffer import TaskBuffer
+
+    code_f = CodeF(n_inputs=3, n_shown=1)
+    program = "def f(*a, **k):\n    return [repr(a), sorted(k.items())]"
+    with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
+        for (shown, hidden), same in [(p, True) for p in SAME_INPUTS] + [(p, False) for p in OTHER_INPUTS]:
+            reply = "\n".join(f"```input\n{i}\n```" for i in (shown, "'third'", hidden)) + "\n```message\nm\n```"
+            got = code_f.validate_many([code_f.parse_proposal(reply, program=program)], ex)[0]
+            assert (getattr(got, "reason", None) == "duplicate_inputs") == same, (shown, hidden, got)
+            if not same:
+                buf = TaskBuffer("code_f", seed_identity=False)
+                assert buf.add(got)
+                # the same task with its first input respelled the other way round is not new
+                respelled = Task(type="code_f", program=got.program, inputs=[hidden, "'third'", shown],
+                                 outputs=got.outputs)
+                assert buf.add(respelled)
+                assert not buf.add(Task(type="code_f", program=got.program, inputs=[f" {shown}", "'third'", hidden],
+                                        outputs=got.outputs))
+    buf = TaskBuffer("code_o", seed_identity=False)
+    assert buf.add(Task(type="code_o", program="def f(x):\n    return x", inputs=["1"], outputs=["1"]))
+    assert not buf.add(Task(type="code_o", program="def f(x):\n    return x", inputs=["1.0"], outputs=["1"]))
+    assert buf.add(Task(type="code_o", program="def f(x):\n    return x", inputs=["'1'"], outputs=["'1'"]))

@@ -45,3 +45,46 @@ def run(script: str, args: list[str], *, timeout: float) -> subprocess.Completed
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # the binds lived in the namespace that ended with the command
+
+
+def probe_output(script: str, *, timeout: float) -> dict:
+    """The JSON object a probe script (tests/verdict_probe.py, tests/channel_probe.py) prints last, run by
+    :func:`run` as an unprivileged user, checked to have run in a user namespace; skips the calling test where that
+    user may not make one (never as root, whose kernel the CI controls)."""
+    import json
+
+    import pytest
+
+    root = os.geteuid() == 0
+    if root and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux)")
+    r = run(script, [], timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["uid"] != 0
+    if not root and "refused" in out:
+        pytest.skip(f"user namespaces unavailable here: {out['refused'][:200]}")
+    assert out["protections"]["mechanism"] == "userns", out.get("protections") or out.get("refused")
+    return out
+
+
+def print_probe(probe) -> None:
+    """A probe script's main: this checkout importable, then ``probe()``'s result as one line of JSON."""
+    import json
+
+    sys.path.insert(0, str(REPO))
+    print(json.dumps(probe()))
+
+
+def probe_executor(out: dict, config):
+    """A probe's SandboxExecutor for ``config``, its protections recorded in ``out``; None (with ``out["refused"]``
+    saying why) where this user may not isolate programs."""
+    from lorapop.executor import SandboxExecutor
+
+    try:
+        ex = SandboxExecutor(config)
+        out["protections"] = ex.protections
+    except RuntimeError as exc:
+        out["refused"] = str(exc)
+        return None
+    return ex

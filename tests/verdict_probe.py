@@ -53,10 +53,11 @@ CODE_I = {
     "tell_check_from_validation": program(
         "    names = set()\n    fr = sys._getframe(1)\n    while fr is not None:\n"
         "        names |= set(fr.f_globals)\n        fr = fr.f_back\n    return 2 * x + len(names)"),
-    # count its own runs in the working directory: a later run would see the earlier one's file
+    # count its own runs in the working directory: a later run would see the earlier one's file (the filesystem is
+    # read-only, so the write fails and the program carries on)
     "count_runs_in_a_file": program(
-        "    n = len(os.listdir('.'))\n    os.close(os.open('run%d' % n, os.O_CREAT | os.O_WRONLY))\n"
-        "    return 2 * x + n"),
+        "    n = len(os.listdir('.'))\n    try:\n        os.close(os.open('run%d' % n, os.O_CREAT | os.O_WRONLY))\n"
+        "    except OSError:\n        pass\n    return 2 * x + n"),
 }
 # The same teacher's program for code_o, where the student's prediction is compared with the stored output: runs that
 # depend on something else than their input (a file an earlier run left, the pid, the host) must not turn a right
@@ -90,6 +91,7 @@ RIGHT_F = {
 }
 
 # Raw runs (SandboxExecutor.run): memory and state that would outlive the run, cleanup defeated, the worker degraded.
+# The filesystem is read-only, so the file writers are refused (tests/test_channels.py tries every other channel).
 RAW_SYS = "import fractions\nsys = fractions.sys\nos = sys.modules['os']\n"
 RAW = {
     "memfd": RAW_SYS + "fd = os.memfd_create('x')\nos.write(fd, b'x' * (1 << 20))\n_result = fd",
@@ -176,11 +178,10 @@ def probe() -> dict:
     code_f = CodeF(n_inputs=4, n_shown=1)
     for name, prog in {**CODE_I, **CODE_O, **FAKE_F, **RIGHT_F, "clock": CLOCK}.items():
         out["static_ok"][name] = check_program(prog) is None
-    try:
-        ex = SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=3.0))  # the trainer's defaults otherwise
-        out["protections"] = ex.protections
-    except RuntimeError as exc:
-        out["refused"] = str(exc)
+    import unprivileged
+
+    ex = unprivileged.probe_executor(out, ExecutorConfig(n_workers=1, timeout_s=3.0))  # the trainer's defaults else
+    if ex is None:
         return out
     with ex:
         # code_i: a wrong input (3), the gold input (5), another right one written differently (5.0 == 5 by value)
@@ -248,10 +249,7 @@ def probe() -> dict:
     return out
 
 
-def main() -> None:
-    print(json.dumps(probe()))
-
-
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    main()
+    import unprivileged  # tests/unprivileged.py, beside this script
+
+    unprivileged.print_probe(probe)

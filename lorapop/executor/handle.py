@@ -56,12 +56,14 @@ class WorkerHandle:
             flags.append("--pid")
         if not c.isolate_filesystem:
             return ["unshare", *flags, "--", *py]
-        # The chroot's root is a tiny tmpfs remounted read-only (a run that shares the worker's uid would own it);
-        # the runs' working area /w is its own size-capped tmpfs. noexec on both: nothing written there runs.
+        # The chroot's root is a tmpfs holding one empty directory, /w (the runs' working directory), then made
+        # read-only, superblock and mount both: no run can write a file, an extended attribute or a timestamp
+        # anywhere, so every run finds the same filesystem and leaves nothing in it (worker.py).
         opts = "mode=0755,nosuid,nodev,noexec"
-        mount = (f'mount -t tmpfs -o size=64k,{opts} tmpfs "$1" && mkdir "$1/w" && '
-                 f'mount -t tmpfs -o size={int(c.disk_mb)}m,{opts} tmpfs "$1/w" && '
-                 f'mount -o remount,bind,ro "$1" && shift && exec "$@"')
+        opts = f"size={int(c.disk_mb)}m,{opts}"
+        mount = (f'mount -t tmpfs -o {opts} tmpfs "$1" && mkdir "$1/w" && '
+                 f'mount -t tmpfs -o remount,ro,{opts} tmpfs "$1" && mount -o remount,bind,ro "$1" && shift && '
+                 'exec "$@"')
         return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,
                 *py]
 

@@ -31,7 +31,7 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _COMMON = {
     "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-    "memfd_secret": 447,
+    "memfd_secret": 447, "pidfd_open": 434, "setxattrat": 463, "removexattrat": 466,
 }
 # Memory a run could pin outside its address-space limit and keep past its end (SysV shared memory, message
 # queues and semaphores, POSIX message queues, memfd), and the calls that would let a run change its worker's
@@ -44,10 +44,15 @@ _STATE = {
     "memfd_create": (319, 279), "setpriority": (141, 140), "sched_setparam": (142, 118),
     "sched_setscheduler": (144, 119), "sched_setaffinity": (203, 122), "sched_setattr": (314, 274),
     "ioprio_set": (251, 30), "sethostname": (170, 161), "setdomainname": (171, 162),
+    # Extended attributes pin kernel memory outside every limit and would carry a value to the next run (the
+    # filesystem is read-only as well); a new pipe takes its inode number from a counter the whole machine shares,
+    # which a run could move for the next run to read (pidfd_open: the same through the pid's inode).
+    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
+    "lremovexattr": (198, 15), "fremovexattr": (199, 16), "pipe2": (293, 59),
 }
 DENIED = {
     "x86_64": {
-        "socket": 41, "socketpair": 53, "execve": 59, "ptrace": 101, "syslog": 103, "pivot_root": 155,
+        "socket": 41, "socketpair": 53, "execve": 59, "pipe": 22, "ptrace": 101, "syslog": 103, "pivot_root": 155,
         "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169,
         "init_module": 175, "delete_module": 176, "kexec_load": 246, "add_key": 248, "request_key": 249,
         "keyctl": 250, "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,

@@ -141,10 +141,11 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
         if not cfg["pid1"]:
             os.setpgid(0, 0)  # outside a pid namespace the run's processes are killed as one group
-        os.dup2(1, 2)  # 0 and 1 are the worker's dead pipes (reads give EOF, writes EPIPE)
+        # Nothing of the worker's own descriptors: 0, 1 and 2 (its dead pipes) are open file descriptions shared
+        # with the worker, whose flags, pipe size and locks a run could set for the next run to read.
         lo, hi = sorted((code_fd, res_fd))
         limit = cfg["max_open_files"]
-        os.closerange(3, lo)
+        os.closerange(0, lo)
         os.closerange(lo + 1, hi)
         os.closerange(hi + 1, limit)  # the worker's socket to the trainer among them
         if resource is not None:
@@ -265,29 +266,77 @@ def _reap(pid, is_pid1):
             return
 
 
-def _fingerprint(work):
-    """What a run must leave as it found it: the working area's owner and mode, the worker's priority, scheduler,
-    CPU set and limits. (The seccomp filter refuses the calls that change the first few; this is the check that
-    they did not change anyway.)"""
-    st = os.stat(work)
-    limits = [resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE",
-                                                                  "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC")
-              if hasattr(resource, n)] if resource is not None else []
-    return (st.st_mode, st.st_uid, st.st_gid, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0),
-            sorted(os.sched_getaffinity(0)), limits)
+def _tree(top):
+    """Every entry under ``top`` (itself included), depth first: its full ``lstat`` (inode, mode, owner, size, link
+    count, the three timestamps to the nanosecond) and its extended attributes with their values."""
+    out, stack = [], [top]
+    while stack:
+        path = stack.pop()
+        st = os.lstat(path)
+        xattrs = []
+        try:
+            for name in sorted(os.listxattr(path, follow_symlinks=False)):
+                xattrs.append((name, os.getxattr(path, name, follow_symlinks=False)))
+        except OSError:
+            xattrs.append(("<unreadable>", b""))
+        out.append((path, tuple(st), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, tuple(xattrs)))
+        if st.st_mode & 0o170000 == 0o040000:  # a directory (lstat: never a link's target)
+            stack.extend(os.path.join(path, n) for n in sorted(os.listdir(path)))
+    return out
+
+
+def _observable(state):
+    """Everything of the worker that a run forked from it can observe, so that a run which changed any of it cannot
+    hand the change to the next run: the whole filesystem the runs see (every entry, its metadata, timestamps and
+    extended attributes; the filesystem's counters), and every per-process attribute a fork inherits: all resource
+    limits, priority, scheduler, CPU set, umask, working directory, environment, signal mask and dispositions, host
+    and domain name, and the descriptors the worker holds. Categories are enumerated whole (every RLIMIT_*, every
+    signal, every file), not a list of fields known to have leaked."""
+    top = state["fs_top"]
+    vfs = os.statvfs(top)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    limits = ([(n, resource.getrlimit(getattr(resource, n))) for n in state["rlimit_names"]]
+              if resource is not None else [])
+    fds = []
+    for fd in range(state["max_fd"]):
+        try:
+            fds.append((fd, tuple(os.fstat(fd)), os.get_blocking(fd), os.get_inheritable(fd)))
+        except OSError:
+            pass
+    return (_tree(top), tuple(vfs), mask, limits,
+            [os.getpriority(w, 0) for w in (os.PRIO_PROCESS, os.PRIO_PGRP, os.PRIO_USER)],
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, sorted(os.sched_getaffinity(0)),
+            os.getcwd(), sorted(os.environ.items()), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, ())),
+            [(s, signal.getsignal(s)) for s in state["signals"]], tuple(os.uname()), fds,
+            os.getpgrp(), os.getsid(0), os.getresuid(), os.getresgid(), os.getgroups())
 
 
 def _health(state):
     """None when the worker may serve another run, else why it must be replaced."""
     try:
-        left = os.listdir(state["work"])
-        if left:
-            return f"the run left {len(left)} entries in the working area"
-        if _fingerprint(state["work"]) != state["fingerprint"]:
-            return "the run changed the worker (working area, priority, scheduler, CPU set or limits)"
+        now = _observable(state)
     except OSError as exc:
         return "health check failed: " + _describe(exc)
+    if now != state["observable"]:
+        what = [name for name, a, b in zip(_OBSERVED, now, state["observable"]) if a != b]
+        return "the run changed what the next run would see: " + ", ".join(what)
+    if state["fork_probe"]:
+        # A run allowed to fork advances the pid counter the next run reads (its own pid): the next fork must get
+        # the pid right after the run's, or the worker retires.
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        if pid != state["last_pid"] + 1:
+            return f"the run made {pid - state['last_pid'] - 1} processes (pid counter moved)"
+        state["last_pid"] = pid
     return None
+
+
+_OBSERVED = ("filesystem", "filesystem counters", "umask", "resource limits", "priority", "scheduler",
+             "scheduler priority", "CPU set", "working directory", "environment", "signal mask",
+             "signal dispositions", "host name", "descriptors", "process group", "session", "uids", "gids", "groups")
 
 
 def _run_one(req, fds, cfg, state):
@@ -315,6 +364,7 @@ def _run_one(req, fds, cfg, state):
         except (ProcessLookupError, ChildProcessError):
             wstatus = 0
     _reap(pid, cfg["pid1"])
+    state["last_pid"] = pid
     return {"wstatus": wstatus, "timed_out": timed_out, "duration": duration, "cpu_s": cpu_s,
             "retire": _health(state)}
 
@@ -367,11 +417,8 @@ def main():
         work = "/w"
     else:
         work = os.path.join(root or cfg["fallback_dir"], "w")
-    os.makedirs(work, mode=0o755, exist_ok=True)
+    os.makedirs(work, mode=0o755, exist_ok=True)  # made by the mount command, on a filesystem now read-only
     drop = bool(cfg.get("drop_uid")) and os.geteuid() == 0
-    if drop:  # the run uid works in /w, and only there
-        os.chown(work, cfg["uid"], cfg["uid"])
-        os.chmod(work, 0o700)
     # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
     # one is the only one, and with a single mapped uid (user namespace) runs are allowed to send it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -387,7 +434,6 @@ def main():
                "memory_bytes": cfg["memory_bytes"], "max_output_chars": cfg["max_output_chars"],
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
                "timeout_s": cfg["timeout_s"]}
-    state = {"work": work, "fingerprint": _fingerprint(work)}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "nproc": nproc, **locked}
@@ -395,6 +441,10 @@ def main():
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
+    state = {"fs_top": "/" if chrooted else work, "max_fd": run_cfg["max_open_files"],
+             "rlimit_names": sorted(n for n in dir(resource) if n.startswith("RLIMIT_")) if resource else [],
+             "signals": sorted(signal.valid_signals()), "fork_probe": is_pid1 and nproc > 1, "last_pid": 1}
+    state["observable"] = _observable(state)
     _send(ctl, hello)
     del hello
     while _serve_one(ctl, run_cfg, state):

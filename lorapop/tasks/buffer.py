@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Invalid, Proposal, Task
+from lorapop.tasks.values import NotLiteral, call_key
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.sandbox import Executor
@@ -60,13 +61,21 @@ class TaskBuffer:
         self.type = type_name
         self.max_tasks = int(max_tasks)
         self.tasks: list[Task] = []
-        self._keys: set[str] = set()
+        self._keys: set[tuple] = set()
         if seed_identity:
             self.add(identity_task(type_name))
 
     @staticmethod
-    def key(task: Task) -> str:
-        return json.dumps([_normalise(task.program), [i.strip() for i in task.inputs]])
+    def key(task: Task) -> tuple:
+        """The normalised program and the inputs by value (``1`` and ``1.0`` are one input, as a verdict reads
+        them); an input that is no literal argument list (never a validated one) by its text."""
+        def one(text: str):
+            try:
+                return call_key(text)
+            except NotLiteral:
+                return text.strip()
+
+        return _normalise(task.program), tuple(one(i) for i in task.inputs)
 
     def add(self, task: Task) -> bool:
         """False (and nothing stored) for a duplicate program+inputs."""

@@ -94,4 +94,4 @@ class CodeF:
             return [(call_code(a.text, inp), out) for inp, out in hidden]
 
         control = [(call_code(task.program, inp), out) for inp, out in hidden]
-        return check_answers(answers, prepare, control, executor)
+        return check_answers(answers, prepare, control, executor, program=task.program)

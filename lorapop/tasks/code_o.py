@@ -49,4 +49,4 @@ class CodeO(ProgramInputTask):
                 return Outcome("wrong", f"prediction {bad.reason}" if bad else a.text[:80])
             return Outcome("correct", "")
 
-        return check_answers(answers, prepare, self.control(task), executor)
+        return check_answers(answers, prepare, self.control(task), executor, program=task.program)

@@ -3,18 +3,21 @@ PYTHONHASHSEEDs) and the prompt pieces."""
 
 from __future__ import annotations
 
+import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.validity import MAX_OUTPUT_CHARS, call_code, check_call_args, check_program, status_to_invalid
-from lorapop.tasks.values import NotLiteral, literal_value, same_text
+from lorapop.tasks.values import NotLiteral, call_key, literal_value, same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.sandbox import Executor
 
 DETERMINISM_SEEDS = (1, 2)  # two processes with different hash randomisation
+_SHUFFLE = random.SystemRandom()  # the order of a check's runs: nothing a program can see or predict
 
 
 def validate_many(type_name: str, proposals: list[Proposal], executor: Executor, *, min_inputs: int = 1,
@@ -24,14 +27,14 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     jobs: list[tuple[int, int, str]] = []  # (proposal index, input index, code)
     for pi, p in enumerate(proposals):
         bad = check_program(p.program)
-        if bad is None and len(set(p.inputs)) != len(p.inputs):
-            bad = Invalid("duplicate_inputs", "inputs repeat")
         if bad is None and len(p.inputs) < min_inputs:
             bad = Invalid("too_few_inputs", f"{len(p.inputs)} < {min_inputs}")
         for inp in p.inputs if bad is None else []:
             bad = check_call_args(inp)
             if bad is not None:
                 break
+        if bad is None:
+            bad = repeated_input(p.inputs)
         if bad is not None:
             results[pi] = bad
             continue
@@ -72,6 +75,22 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
             results[pi] = failed[pi] if pi in failed else Task(type=type_name, program=p.program, inputs=list(p.inputs),
                                                  outputs=outputs[pi], message=p.message)
     return results  # type: ignore[return-value]
+
+
+def repeated_input(inputs: list[str]) -> Invalid | None:
+    """``duplicate_inputs`` when two inputs pass equal argument values, as a verdict compares values (``1`` and
+    ``1.0``, ``[1]`` and ``([1])`` are one input): a hidden input that is a shown one respelled would hand its output
+    to the student. The inputs have passed ``check_call_args``."""
+    seen: dict = {}
+    for i, text in enumerate(inputs):
+        try:
+            k = call_key(text)
+        except NotLiteral as exc:
+            return Invalid("not_literal", exc.detail)
+        if k in seen:
+            return Invalid("duplicate_inputs", f"input {i + 1} equals input {seen[k] + 1} by value")
+        seen[k] = i
+    return None
 
 
 FORMAT_RULES = ("Rules: one function named f, standard library only; no classes, printing, randomness, time, "
@@ -136,18 +155,35 @@ class ProgramInputTask:
         return [(call_code(task.program, task.inputs[0]), task.outputs[0])]
 
 
-def check_answers(answers: list, prepare, control: list[tuple[str, str]], executor: Executor) -> list[Outcome]:
+_CALL = call_code("", "")[:-len(")\n")]  # what call_code puts between a program and its input
+CONTROL_ROUNDS = 3  # the task's own runs per check, each of its (code, output) pairs once a round
+CONTROL_SPREAD_S = 0.025  # at least this long between the starts of two rounds of control runs
+
+
+def check_answers(answers: list, prepare, control: list[tuple[str, str]], executor: Executor, *, program: str,
+                  rounds: int = CONTROL_ROUNDS, spread_s: float = CONTROL_SPREAD_S) -> list[Outcome]:
     """The shared shape of a ``check_many``. Parse errors are format errors. ``prepare(answer)`` either decides an
     answer without running anything (returns an Outcome) or returns ``(code, gold output)`` pairs: the answer is
     correct when every such run returns a value equal to its gold output. Every run returns only text; the values
     are parsed and compared here, in the trainer (lorapop/tasks/values.py), never in a process that ran model-written
     code.
 
-    ``control`` holds the task's own ``(code, gold output)`` runs: its reference program on its stored inputs, run
-    again in fresh processes with the answers. When they do not give back the stored outputs the task had no stable
-    answer (its program reads the clock, or anything else two validation runs moments apart could not tell apart),
-    so no verdict is given: every well-formed answer gets ``void`` (lorapop/train/stages.py drops the task and
-    counts it invalid for its teacher). Nothing runs when no answer is well formed."""
+    ``control`` holds the task's own ``(code, gold output)`` runs: its reference program (``program``) on its stored
+    inputs, run again in fresh processes with the answers. When any of them does not give back its stored output the
+    task had no stable answer (its program reads the clock, or anything else two validation runs moments apart could
+    not tell apart), so no verdict is given: every well-formed answer gets ``void`` (lorapop/train/stages.py drops the
+    task and counts it invalid for its teacher). Nothing runs when no answer is well formed.
+
+    The control cannot be told from the answers' runs (docs/METHOD.md, "The control run"). Every run starts from the
+    same state and leaves nothing (worker.py). Runs of the task's own program (the control, and code_i's answers, which
+    run that program on the student's input) go in one batch in an order drawn from the operating system's
+    randomness, and every answer's run whose code is the same text as a control run (a code_i answer that is the
+    task's own input, however spelled; a code_f answer that is the reference program) counts as a control run. So a
+    program that behaves differently in some of its runs is either honest in all of them or the task is void,
+    whatever it keys on. Runs of other programs (code_f's answers) all end before the first control starts, so no
+    run of the reference can hand anything to them, even through the clock. Then ``rounds - 1`` more rounds run the
+    control again, each starting at least ``spread_s`` after the one before, so a program keyed on a fast clock must
+    give its validated output at several moments (docs/METHOD.md, "The clock")."""
     outcomes: list[Outcome | None] = [None] * len(answers)
     jobs: list[tuple[int, str, str]] = []  # (answer index, -1 for the control; code; gold output)
     parsed = []
@@ -163,11 +199,23 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
             jobs += [(i, code, gold) for code, gold in got]
     if not parsed:
         return outcomes  # type: ignore[return-value]
-    jobs = [(-1, code, gold) for code, gold in control] + jobs
+    own = program + _CALL
+    others = [j for j in jobs if not j[1].startswith(own)]
+    ran = list(zip(others, executor.run_many([code for _, code, _ in others]))) if others else []
+    jobs = [(-1, code, gold) for code, gold in control] + [j for j in jobs if j[1].startswith(own)]
+    _SHUFFLE.shuffle(jobs)
+    started = time.monotonic()
+    ran += zip(jobs, executor.run_many([code for _, code, _ in jobs]))
+    for _ in range(1, max(1, int(rounds))):
+        time.sleep(max(0.0, spread_s - (time.monotonic() - started)))
+        started = time.monotonic()
+        ran += zip([(-1, code, gold) for code, gold in control], executor.run_many([code for code, _ in control]))
+    controls = {code for code, _ in control}
     failed: dict[int, str] = {}
-    for (i, _, gold), r in zip(jobs, executor.run_many([code for _, code, _ in jobs])):
-        if i not in failed and not (r.ok and same_text(gold, r.value, MAX_OUTPUT_CHARS)):
-            failed[i] = (r.error or f"returned {str(r.value)[:60]}, expected {gold[:60]}")[:200]
+    for (i, code, gold), r in ran:
+        key = -1 if code in controls else i  # the same program text as a control: a control run
+        if key not in failed and not (r.ok and same_text(gold, r.value, MAX_OUTPUT_CHARS)):
+            failed[key] = (r.error or f"returned {str(r.value)[:60]}, expected {gold[:60]}")[:200]
     for i in parsed:
         if -1 in failed:
             outcomes[i] = Outcome("void", "the task's program did not reproduce its output: " + failed[-1])

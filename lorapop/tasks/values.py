@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+MAX_CALL_CHARS = 4000  # an argument list read by call_value (the checks cap inputs at 1000 before)
 MAX_DEPTH = 64  # nesting of containers in one value; deeper is "not a literal" at validation and at checking
 
 
@@ -83,3 +84,56 @@ def same_text(gold: str, text: str | None, max_chars: int) -> bool:
         return same_value(literal_value(gold, max(max_chars, len(gold))), literal_value(text, max_chars))
     except NotLiteral:
         return False
+
+
+def value_key(v: Any, exact: bool = False) -> Any:
+    """A hashable key of a parsed literal value such that ``value_key(a) == value_key(b)`` exactly when ``a == b``
+    (AZR's equality, :func:`same_value`): ``1``, ``1.0``, ``True`` and ``1+0j`` share one, as do ``0.0`` and ``-0.0``;
+    sets and dicts compare whatever order the literal listed them in. Used wherever inputs must be told apart by value
+    (duplicate inputs, the task buffer). With ``exact``, equal only for values no program can tell apart: the same
+    types all the way down (``1``, ``1.0`` and ``True`` differ; so do ``0.0`` and ``-0.0``)."""
+    if isinstance(v, (bool, int, float, complex)):
+        if exact:
+            return type(v).__name__, repr(v)
+        c = complex(v) if not isinstance(v, int) else None
+        if c is not None and c.imag != 0:
+            return "c", value_key(c.real)[1], value_key(c.imag)[1]
+        r = int(v) if c is None else c.real
+        return "n", int(r) if isinstance(r, float) and r.is_integer() else r  # 1.0 == 1, -0.0 == 0
+    if isinstance(v, (list, tuple)):
+        return type(v).__name__, tuple(value_key(x, exact) for x in v)
+    if isinstance(v, (set, frozenset)):
+        return "set", frozenset(value_key(x, exact) for x in v)
+    if isinstance(v, dict):
+        return "dict", frozenset((value_key(k, exact), value_key(x, exact)) for k, x in v.items())
+    return type(v).__name__, v  # str, bytes, None, Ellipsis
+
+
+def call_value(text: str) -> tuple[tuple, dict]:
+    """The positional and keyword argument values of an argument list ``text`` (the inside of ``f(...)``), read by
+    the literal parser alone; raises :class:`NotLiteral` when it is not one made of literals."""
+    if not isinstance(text, str) or len(text) > MAX_CALL_CHARS:
+        raise NotLiteral("not_literal", "not an argument list of at most %d chars" % MAX_CALL_CHARS)
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+            raise NotLiteral("not_literal", "not a plain argument list")
+        if not _depth_ok(call):
+            raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            raise NotLiteral("not_literal", "unpacking in an argument list")
+        return (tuple(ast.literal_eval(a) for a in call.args),
+                {k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    except NotLiteral:
+        raise
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
+        raise NotLiteral("not_literal", f"{type(exc).__name__}: {text[:80]}") from None
+
+
+def call_key(text: str, exact: bool = False) -> Any:
+    """:func:`value_key` of an argument list: equal for calls that pass equal values in the same positions and
+    keywords (with ``exact``: values no program can tell apart, keywords in the same order, which a program taking
+    ``**kwargs`` sees)."""
+    args, kwargs = call_value(text)
+    kw = tuple((k, value_key(v, exact)) for k, v in kwargs.items())
+    return tuple(value_key(a, exact) for a in args), kw if exact else frozenset(kw)

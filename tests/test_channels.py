@@ -1,0 +1,106 @@
+"""Nothing a run does is seen by a later run, and no teacher can tell its control run from its students' runs, as root
+and as an ordinary user (user namespaces). The programs are in tests/channel_probe.py and go through the trainer's
+executor (one batch, one worker: the later run is forked from the worker the earlier one ran on) and through
+validation and the checks; the root path runs the probe in this process (CI runs as root), the unprivileged path as
+uid 65534 with every capability gone (tests/unprivileged.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import unprivileged  # tests/unprivileged.py: a script as uid 65534
+from lorapop.executor import ExecutorConfig, SandboxExecutor
+
+sys.path.insert(0, str(Path(__file__).parent))
+import channel_probe  # noqa: E402
+
+ROOT = os.geteuid() == 0
+# refused by the read-only filesystem (30, EROFS) or the filter (1, EPERM); 2 (ENOENT): there is no /dev; 9 (EBADF):
+# the worker's descriptors are not the run's
+REFUSED = {
+    "file_in_cwd": 30, "file_in_root": 30, "directory": 30, "symlink": 30, "hard_link": 30, "rename": 30,
+    "xattr_on_w": 1, "xattr_on_root": 1, "xattr_through_fd": 1, "xattr_pinning_memory": 1, "xattr_security": 1,
+    "xattr_trusted": 1, "xattr_remove": 1, "timestamps_w": 30, "timestamps_root": 30, "timestamps_touch": 30,
+    "mode": 30, "owner": 30, "tmpfs_inode_counter": 30, "pipe_inode_counter": 1, "pidfd_inode": 1, "memfd": 1,
+    "dev_shm": 2, "abstract_socket": 1, "socketpair": 1, "priority": 1, "nice": 1, "cpu_set": 1, "scheduler": 1,
+    "host_name": 1, "stdin_flags": 9, "worker_descriptors": 9,
+}
+# the timing and position channels cannot be closed, only made useless: a teacher keyed on them is refused or voided
+UNCLOSED = {"end_time", "pid"}
+
+
+def check(out: dict) -> None:
+    assert "refused" not in out, out["refused"]
+    assert out["protections"]["mechanism"] in ("root", "userns"), out["protections"]
+    # every channel: the run after the writer sees exactly what the run before it saw
+    assert set(out["channels"]) == set(channel_probe.WRITERS)
+    for name, got in out["channels"].items():
+        assert got["before"][0] == "ok" and got["after"] == got["before"], (name, _diff(got))
+        status, value, _ = got["write"]
+        want = f"'refused {REFUSED[name]}'" if name in REFUSED else "'done'"  # done: it died with the run
+        assert status == "ok" and value == want, (name, got["write"])
+    for name, got in out["ipc"].items():
+        assert got["write"] == ["ok", "-1"] and got["after"] == got["before"], (name, got)
+        assert all(e == 1 for _, e in ast.literal_eval(got["before"][1])), (name, got)  # EPERM from the filter
+    # a run that made 20 processes does not move the pid the next run reads (its worker retires)
+    pc = out["pid_counter"]
+    assert pc["write"] == ["ok", "'done'"] and int(pc["after"]) - int(pc["before"]) <= int(pc["quiet"][1]) - int(
+        pc["quiet"][0]), pc
+    # teachers keyed on a channel: honest everywhere (a closed channel), or refused, or void; never a right answer
+    # (the task's own input, in any spelling) judged wrong
+    for name, got in out["teachers"].items():
+        if name not in UNCLOSED:
+            assert got["valid"] and got["output"] == ["10"], (name, got)
+            assert got["checks"] == [["correct"] * 4 + ["wrong"]] * 3, (name, got)
+            continue
+        if not got["valid"]:
+            assert got["reason"] == "nondeterministic", (name, got)
+            continue
+        for c in got["checks"]:
+            assert c == ["void"] * 5 or (c[:3] == ["correct"] * 3 and c[4] == "wrong"), (name, got)
+    # students that compute nothing and read what the reference left: wrong
+    for name, got in out["students"].items():
+        assert got["valid"] and got["checks"] == ["wrong"] * 4, (name, got)
+
+
+def _diff(got: dict) -> dict:
+    try:
+        a, b = (ast.literal_eval(got[k][1]) for k in ("before", "after"))
+        return {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)}
+    except (ValueError, SyntaxError, TypeError):
+        return got
+
+
+@pytest.mark.skipif(not ROOT, reason="the root path needs root (CI runs as root)")
+def test_no_channel_between_runs_as_root():
+    out = channel_probe.probe()
+    assert out["protections"]["mechanism"] == "root"
+    check(out)
+
+
+def test_no_channel_between_runs_as_an_ordinary_user():
+    out = unprivileged.probe_output("tests/channel_probe.py", timeout=300)
+    check(out)
+
+
+def test_the_look_sees_what_differs():
+    """LOOK is not blind: two workers whose runs differ in a limit and in their filesystem's size, made moments
+    apart, give two reports that differ in just those fields and in the filesystem's timestamps."""
+    reports = []
+    for memory_mb, disk_mb in ((512, 64), (256, 32)):
+        with SandboxExecutor(ExecutorConfig(n_workers=1, memory_mb=memory_mb, disk_mb=disk_mb,
+                                            max_repr_chars=1 << 20)) as ex:
+            r = ex.run(channel_probe.LOOK)
+            assert r.status == "ok", r
+            reports.append(ast.literal_eval(r.value))
+    a, b = reports
+    assert {k for k in a if a[k] != b[k]} == {"rlimits", "statvfs", "tree"}, {k: (a[k], b[k]) for k in a
+                                                                            if a[k] != b[k]}
+    assert [e[:7] for e in a["tree"]] == [e[:7] for e in b["tree"]]  # path, mode, owner, inode, links, size
+    assert [e[7:10] for e in a["tree"]] != [e[7:10] for e in b["tree"]]  # the three timestamps
