@@ -156,6 +156,29 @@ PID_WRITER = ("import os\nfor i in range(20):\n    pid = os.fork()\n    if pid =
               "    os.waitpid(pid, 0)\n_result = 'done'")
 
 
+# _ctypes, which the worker loaded to install the filter and then forgot, comes back from CPython's extension cache
+# through _imp.create_dynamic without opening a file; a task program (no class statement, no banned name, no dunder)
+# builds a C function from it and makes calls the filter refuses. The static check passes it; the filter is the
+# layer that stops it (docs/METHOD.md, "Layers").
+NATIVE = (
+    "import fractions\ndef f(path):\n    sys = fractions.sys\n    imp = sys.modules['_imp']\n"
+    "    spec = sys.modules['_frozen_importlib'].ModuleSpec('_ctypes', None, origin=path)\n"
+    "    m = imp.create_dynamic(spec)\n"
+    "    long = type('L', (m._SimpleCData,), {'_type_': 'l'})\n"
+    "    fn = type('F', (m.CFuncPtr,), {'_flags_': m.FUNCFLAG_CDECL | m.FUNCFLAG_USE_ERRNO, '_restype_': long})\n"
+    "    call = fn(m.dlsym(m.dlopen(None, 2), 'syscall'))\n"
+    "    out = []\n"
+    "    for nr, args in NRS:\n"
+    "        m.set_errno(0)\n"
+    "        rc = call(*[long(a) for a in [nr] + args])\n"
+    "        out.append((rc, m.get_errno()))\n"
+    "    return out")
+# getppid (allowed: the native call works; the worker, pid 1), then unshare(CLONE_NEWUSER), shmget(IPC_CREAT), setxattr(NULL...),
+# pipe2(NULL, 0), refused: x86_64 numbers
+NATIVE_CALLS = [(110, []), (272, [0x10000000]), (29, [0x10C0FFEE, 4096, 0o1000 | 0o600]), (188, [0, 0, 0, 0, 0]),
+                (293, [0, 0])]
+
+
 def wrap(body: str, pre: str = "import os, sys, signal, resource\n") -> str:
     indented = "\n".join("    " + line for line in body.splitlines())
     return (pre + "try:\n" + indented + "\n    _result = 'done'\nexcept OSError as e:\n"
@@ -229,6 +252,7 @@ def probe() -> dict:
     from lorapop.executor.sandbox import DEFAULT_PRELOAD
     from lorapop.tasks import TASK_TYPES, Task
     from lorapop.tasks.code_f import CodeF
+    from lorapop.tasks.validity import check_program
 
     import unprivileged
 
@@ -268,6 +292,16 @@ def probe() -> dict:
                 got["checks"] = [o.status for o in code_f.check_many(
                     task, [code_f.parse_answer(_fence("python", leak_student(read)))] * 4, ex)]
             out["students"][name] = got
+        if machine() == "x86_64":
+            import _ctypes
+
+            prog = NATIVE.replace("NRS", repr(NATIVE_CALLS))
+            code_o = TASK_TYPES["code_o"]
+            task = code_o.validate_many([code_o.parse_proposal(
+                _fence("python", prog) + "\n" + _fence("input", repr(_ctypes.__file__)))], ex)[0]
+            out["native"] = {"static_ok": check_program(prog) is None, "valid": isinstance(task, Task),
+                             "output": getattr(task, "outputs", None), "reason": getattr(task, "reason", None),
+                             "detail": getattr(task, "detail", None)}
     # IPC and keyrings, with ctypes preloaded
     out["ipc"] = {}
     if machine() == "x86_64":
