@@ -111,3 +111,47 @@ def test_the_look_sees_what_differs():
                                                                             if a[k] != b[k]}
     assert [e[:7] for e in a["tree"]] == [e[:7] for e in b["tree"]]  # path, mode, owner, inode, links, size
     assert [e[7:10] for e in a["tree"]] != [e[7:10] for e in b["tree"]]  # the three timestamps
+
+
+# ---- the clock: how often a program keyed on it gets a valid, reproduced task -------------------------------------
+
+CLOCK = ("import fractions\ndef f(x):\n    w = (fractions.sys.modules['time'].time_ns() + {phase}) // {grain}\n"
+         "    return x + (w * 0x9E3779B97F4A7C15 >> 40) % 2")
+
+
+def _clock_acceptance(ex, grain_ns: int, n: int, gap_s: float) -> float:
+    """The share of ``n`` code_o programs returning a pseudo-random bit of the ``grain_ns`` window of the wall clock
+    that pass validation and then a check ``gap_s`` later without being voided."""
+    import random
+    import time
+
+    from lorapop.tasks import TASK_TYPES, Task
+
+    code_o, rng, accepted = TASK_TYPES["code_o"], random.Random(grain_ns), 0
+    for _ in range(n):
+        prog = CLOCK.format(phase=rng.randrange(grain_ns), grain=grain_ns)
+        task = code_o.validate_many([code_o.parse_proposal(f"```python\n{prog}\n```\n```input\n5\n```")], ex)[0]
+        if isinstance(task, Task):
+            time.sleep(gap_s)
+            got = code_o.check_many(task, [code_o.parse_answer(f"```output\n{task.outputs[0]}\n```")], ex)[0]
+            accepted += got.status != "void"
+    return accepted / n
+
+
+def test_the_clock_rarely_buys_a_valid_task():
+    """docs/METHOD.md, "The clock": a program keyed on a clock that changes between runs a few tens of milliseconds
+    apart must give its validated value in every control round, each at least CONTROL_SPREAD_S after the last, so a
+    fair bit passes with probability about 2 ** -CONTROL_ROUNDS; one keyed on a grain coarser than the time between
+    validation and check is the same in every run the verifier makes, and passes (what stays open)."""
+    from lorapop.tasks.common import CONTROL_ROUNDS
+
+    with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
+        rates = {g: _clock_acceptance(ex, g, 24, 0.1) for g in (1_000_000, 15_000_000)}
+        slow = _clock_acceptance(ex, 60_000_000_000, 4, 0.1)
+    print({"acceptance": rates, "one_minute_grain": slow})
+    assert CONTROL_ROUNDS >= 3
+    # expected about 1/16 and 1/10 (2 ** -3 times the validation pair's agreement); 9 of 24 would happen by chance at
+    # p = 1/8 about once in 200
+    for grain, rate in rates.items():
+        assert rate < 9 / 24, (grain, rates)
+    assert slow >= 0.5, slow

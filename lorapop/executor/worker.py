@@ -286,30 +286,21 @@ def _tree(top):
 
 
 def _observable(state):
-    """Everything of the worker that a run forked from it can observe, so that a run which changed any of it cannot
-    hand the change to the next run: the whole filesystem the runs see (every entry, its metadata, timestamps and
-    extended attributes; the filesystem's counters), and every per-process attribute a fork inherits: all resource
-    limits, priority, scheduler, CPU set, umask, working directory, environment, signal mask and dispositions, host
-    and domain name, and the descriptors the worker holds. Categories are enumerated whole (every RLIMIT_*, every
-    signal, every file), not a list of fields known to have leaked."""
+    """Everything of the worker that a run forked from it can observe and that any run can reach to change, so that a
+    run which changed any of it cannot hand the change to the next run: the whole filesystem the runs see (every
+    entry, its metadata, timestamps and extended attributes; the filesystem's block and inode counters), every
+    resource limit, the priority, scheduler and CPU set (which another process of the same uid could set on the
+    worker, were the calls not refused) and the host and domain name. Categories are read whole (every entry, every
+    RLIMIT_*), not as a list of fields known to have leaked.
+
+    Not re-read after each run: the worker's process-private state (environment, working directory, umask, signal
+    mask and handlers, descriptors, credentials, process group). A run gets a copy of it at fork, and nothing a run
+    can call reaches the original: no ptrace, process_vm_writev or pidfd_getfd (the filter), no /proc (the chroot),
+    and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
     top = state["fs_top"]
-    vfs = os.statvfs(top)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    limits = ([(n, resource.getrlimit(getattr(resource, n))) for n in state["rlimit_names"]]
-              if resource is not None else [])
-    fds = []
-    for fd in range(state["max_fd"]):
-        try:
-            fds.append((fd, tuple(os.fstat(fd)), os.get_blocking(fd), os.get_inheritable(fd)))
-        except OSError:
-            pass
-    return (_tree(top), tuple(vfs), mask, limits,
-            [os.getpriority(w, 0) for w in (os.PRIO_PROCESS, os.PRIO_PGRP, os.PRIO_USER)],
-            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, sorted(os.sched_getaffinity(0)),
-            os.getcwd(), sorted(os.environ.items()), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, ())),
-            [(s, signal.getsignal(s)) for s in state["signals"]], tuple(os.uname()), fds,
-            os.getpgrp(), os.getsid(0), os.getresuid(), os.getresgid(), os.getgroups())
+    limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
+    return (_tree(top), tuple(os.statvfs(top)), limits, os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, os.sched_getaffinity(0), os.uname())
 
 
 def _health(state):
@@ -334,9 +325,8 @@ def _health(state):
     return None
 
 
-_OBSERVED = ("filesystem", "filesystem counters", "umask", "resource limits", "priority", "scheduler",
-             "scheduler priority", "CPU set", "working directory", "environment", "signal mask",
-             "signal dispositions", "host name", "descriptors", "process group", "session", "uids", "gids", "groups")
+_OBSERVED = ("filesystem", "filesystem counters", "resource limits", "priority", "scheduler", "scheduler priority",
+             "CPU set", "host name")
 
 
 def _run_one(req, fds, cfg, state):
@@ -441,9 +431,9 @@ def main():
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
-    state = {"fs_top": "/" if chrooted else work, "max_fd": run_cfg["max_open_files"],
-             "rlimit_names": sorted(n for n in dir(resource) if n.startswith("RLIMIT_")) if resource else [],
-             "signals": sorted(signal.valid_signals()), "fork_probe": is_pid1 and nproc > 1, "last_pid": 1}
+    state = {"fs_top": "/" if chrooted else work, "fork_probe": is_pid1 and nproc > 1, "last_pid": 1,
+             "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
+             if resource is not None else []}
     state["observable"] = _observable(state)
     _send(ctl, hello)
     del hello
