@@ -1,7 +1,17 @@
 """Executor throughput on the 256 AZR seed triples, validated as teacher proposals (full validity check,
 determinism included), against a fresh interpreter per run doing the same work; and the cost of the isolation.
 
-    python bench/executor.py [SEED_FILE]      (default: the seed file shipped in lorapop/data/seeds/)
+    python bench/executor.py [SEED_FILE] [--before GIT_REF] [--rounds N]
+                                     (default seeds: the file shipped in lorapop/data/seeds/)
+
+Rates and ratios come from interleaved rounds (``--rounds``, 7 by default): each round validates the seeds once in this
+tree, once in the tree at ``--before GIT_REF`` when given (its lorapop unpacked from git, run by the same interpreter),
+and runs a fresh interpreter per run over ``--subprocess-seeds`` of them, the arms in an order that rotates from round
+to round. Each rate is the median over the rounds, and each ratio the median of the per-round ratios, so the two arms
+of a ratio are always measured moments apart: a fresh interpreter's rate alone swung 2x between runs of this script
+on a shared machine, the per-round ratio far less.
+
+    python bench/executor.py --before 74c1da6      (this tree against that commit, in one run)
 
 Isolation cost: runs/s with today's isolation against the sandbox before it, for root (namespaces + uid
 drop + seccomp against the same without seccomp) and for an unprivileged user (user namespace + dropped capabilities
@@ -10,8 +20,8 @@ unprivileged half runs this script again as uid 65534 (tests/unprivileged.py); a
 no root half. Each figure is the median of 5 passes; both sides of a ratio are measured in the same process.
 
 The baseline starts `sys.executable -I -c CODE` per run (isolated mode: the trainer's environment and user site
-do not leak in - the least a fresh-process sandbox does), with the same parallelism as the executor. It is also
-timed with `-S` (no site import at all) and printed for comparison. Last line: one JSON object.
+do not leak in - the least a fresh-process sandbox does), with the same parallelism as the executor (2 workers).
+Last line: one JSON object (``tasks_per_s``, ``speedup``, with ``--before`` ``now_over_before``).
 """
 
 from __future__ import annotations
@@ -106,59 +116,148 @@ def isolation_cost(props: list[Proposal]) -> dict:
             "cost": round(1 - rate["new"] / rate["old"], 3)}
 
 
+# One side of an interleaved comparison: a process that imports the lorapop of its PYTHONPATH (this tree, or an older
+# one unpacked by --before), starts the default executor, then validates the seeds once per line read on stdin and
+# prints how long that took. Written against the API every tree since the sandbox has, so any of them can serve.
+SERVER = """
+import json, sys, time
+from lorapop.executor import ExecutorConfig, SandboxExecutor
+from lorapop.tasks import TASK_TYPES, Proposal, read_seed_file
+props = [Proposal("code_o", t.program, t.inputs) for t in read_seed_file(sys.argv[1], "code_o")]
+ex = SandboxExecutor(ExecutorConfig())
+for seed in (1, 2):
+    ex.run_many(["_result = 0"] * ex.config.n_workers, hashseed=seed)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    t0 = time.perf_counter()
+    res = TASK_TYPES["code_o"].validate_many(props, ex)
+    print(json.dumps({"s": time.perf_counter() - t0, "valid": sum(hasattr(r, "outputs") for r in res)}), flush=True)
+ex.close()
+"""
+
+
+class Side:
+    """A SERVER process for one tree."""
+
+    def __init__(self, tree: Path, seeds: Path):
+        env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(seeds)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=str(tree))
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"bench server ended: {self.proc.wait()}")
+        return json.loads(line)
+
+    def one_pass(self) -> dict:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def unpack(ref: str) -> Path:
+    """The lorapop package of git ``ref`` of this repository, in a temporary directory."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="lorapop-bench-before-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "lorapop"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
+def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | None, sub_n: int) -> dict:
+    """``rounds`` rounds, each: one validation pass of this tree, one of the tree at ``before`` (if given), and one
+    fresh-interpreter pass over ``sub_n`` of the seeds, in an order that rotates from round to round so that load
+    drifting over the minutes hits every arm alike. Rates are medians over the rounds, and each ratio is the median
+    of the per-round ratios (both arms of a ratio measured moments apart)."""
+    import shutil
+
+    sides = {"now": Side(REPO, path)}
+    tmp = None
+    if before:
+        tmp = unpack(before)
+        sides["before"] = Side(tmp, path)
+    per: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}
+    valid: dict[str, int] = {}
+    subset = props[:sub_n]
+    arms = [*sides, "subprocess"]
+    try:
+        for r in range(rounds):
+            for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+                if arm == "subprocess":
+                    t0 = time.perf_counter()
+                    subprocess_validate(subset, 2, ["-I"], 5.0)
+                    per[arm].append(len(subset) / (time.perf_counter() - t0))
+                else:
+                    got = sides[arm].one_pass()
+                    per[arm].append(len(props) / got["s"])
+                    valid[arm] = got["valid"]
+    finally:
+        for side in sides.values():
+            side.close()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in per.items()}
+    out = {"tasks_per_s": med["now"], "subprocess_tasks_per_s": med["subprocess"],
+           "speedup": statistics.median(a / b for a, b in zip(per["now"], per["subprocess"])),
+           "speedup_rounds": [round(a / b, 2) for a, b in zip(per["now"], per["subprocess"])],
+           "valid": valid["now"], "rounds": rounds}
+    if before:
+        out.update({"before_tasks_per_s": med["before"], "before_valid": valid["before"],
+                    "now_over_before": statistics.median(a / b for a, b in zip(per["now"], per["before"])),
+                    "now_over_before_rounds": [round(a / b, 3) for a, b in zip(per["now"], per["before"])],
+                    "before_speedup": statistics.median(a / b for a, b in zip(per["before"], per["subprocess"]))})
+    return out
+
+
 def main() -> None:
+    import argparse
+
     if sys.argv[1:2] == ["--isolation-only"]:  # the unprivileged half, run by the root half
         print(json.dumps(isolation_cost(load_props(Path(sys.argv[2])))))
         return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("seed_file", nargs="?", help="default: the seed file shipped in lorapop/data/seeds/")
+    ap.add_argument("--before", metavar="GIT_REF", help="also time the lorapop of this commit, interleaved")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians over them)")
+    ap.add_argument("--subprocess-seeds", type=int, default=48,
+                    help="seeds the fresh-interpreter arm validates per round")
+    ap.add_argument("--no-isolation-cost", action="store_true", help="leave out the isolation's cost")
+    args = ap.parse_args()
+    sys.argv[1:] = [args.seed_file] if args.seed_file else []
     path = seed_path()
     props = load_props(path)
-    ex = _executor()
-    cfg = ex.config
     print(f"seeds: {len(props)} from {path}")
-    print(f"protections: {ex.protections}")
-    # One pass over the 256 seeds takes under a second, so a single timing swung by 30% on this shared machine:
-    # take the median of 5 passes (the fresh-subprocess pass takes seconds and is timed once).
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        results = TASK_TYPES["code_o"].validate_many(props, ex)
-        times.append(time.perf_counter() - t0)
-    dt = statistics.median(times)
-    ex.close()
-    n_valid = sum(not isinstance(r, Invalid) for r in results)
-    reasons: dict[str, int] = {}
-    for r in results:
-        if isinstance(r, Invalid):
-            reasons[r.reason] = reasons.get(r.reason, 0) + 1
-    rate = len(props) / dt
-    print(f"executor: {rate:.1f} tasks/s ({2 * rate:.0f} runs/s), valid {n_valid}/{len(props)}, invalid {reasons}")
-
-    t0 = time.perf_counter()
-    sub_valid = subprocess_validate(props, cfg.n_workers, ["-I"], cfg.timeout_s)
-    sub_rate = len(props) / (time.perf_counter() - t0)
-    print(f"fresh subprocess ({Path(sys.executable).name} -I): {sub_rate:.1f} tasks/s, valid {sub_valid}")
-    subset = props[:64]
-    t0 = time.perf_counter()
-    subprocess_validate(subset, cfg.n_workers, ["-I", "-S"], cfg.timeout_s)
-    sub_s_rate = len(subset) / (time.perf_counter() - t0)
-    print(f"fresh subprocess (-I -S, first 64): {sub_s_rate:.1f} tasks/s; speedup vs it {rate / sub_s_rate:.1f}x")
-    print(f"speedup: {rate / sub_rate:.1f}x")
+    res = interleaved(path, props, args.rounds, args.before, args.subprocess_seeds)
+    print(f"executor: {res['tasks_per_s']:.1f} tasks/s, valid {res['valid']}/{len(props)}; a fresh "
+          f"{Path(sys.executable).name} -I per run: {res['subprocess_tasks_per_s']:.1f} tasks/s; speedup "
+          f"{res['speedup']:.1f}x (median of {args.rounds} rounds: {res['speedup_rounds']})")
+    if args.before:
+        print(f"before ({args.before}): {res['before_tasks_per_s']:.1f} tasks/s, valid {res['before_valid']}; "
+              f"now / before {res['now_over_before']:.3f} (rounds: {res['now_over_before_rounds']}); its speedup "
+              f"{res['before_speedup']:.1f}x")
     iso = {}
-    if os.geteuid() == 0:
-        iso["root"] = isolation_cost(props)
-        r = unprivileged.run("bench/executor.py", ["--isolation-only", str(path.relative_to(REPO))
-                                                   if path.is_relative_to(REPO) else str(path)], timeout=600)
-        if r.returncode != 0:
-            raise SystemExit(f"unprivileged half failed: {r.stderr[-2000:]}")
-        iso["unprivileged"] = json.loads(r.stdout.strip().splitlines()[-1])
-    else:
-        iso["unprivileged"] = isolation_cost(props)
+    if not args.no_isolation_cost:
+        if os.geteuid() == 0:
+            iso["root"] = isolation_cost(props)
+            r = unprivileged.run("bench/executor.py", ["--isolation-only", str(path.relative_to(REPO))
+                                                       if path.is_relative_to(REPO) else str(path)], timeout=600)
+            if r.returncode != 0:
+                raise SystemExit(f"unprivileged half failed: {r.stderr[-2000:]}")
+            iso["unprivileged"] = json.loads(r.stdout.strip().splitlines()[-1])
+        else:
+            iso["unprivileged"] = isolation_cost(props)
     for who, c in iso.items():
         print(f"isolation, {who} ({c['mechanism']}): {c['runs_per_s']} runs/s against {c['before_runs_per_s']} "
               f"before: cost {100 * c['cost']:.1f}%")
-    out = {"tasks_per_s": round(rate, 2), "subprocess_tasks_per_s": round(sub_rate, 2),
-           "speedup": round(rate / sub_rate, 2), "valid": n_valid, "total": len(props),
-           "subprocess_nosite_tasks_per_s": round(sub_s_rate, 2)}
+    out = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
+    out["total"] = len(props)
     for who, c in iso.items():
         out.update({f"{who}_{k}": v for k, v in c.items()})
     print(json.dumps(out))

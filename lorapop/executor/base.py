@@ -24,7 +24,8 @@ class ExecutorConfig:
     timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds"})
     memory_mb: int = field(default=512, metadata={"help": "address-space limit per run (RLIMIT_AS), MiB, "
                                                           "interpreter included; 0 = none"})
-    disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB"})
+    disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB (the runs' root "
+                                                       "filesystem, read-only to them: no run can write a file)"})
     fsize_mb: int = field(default=4, metadata={"help": "largest file a run may write (RLIMIT_FSIZE), MiB"})
     max_procs: int = field(default=1, metadata={"help": "processes and threads a run may have at once, itself "
                                                         "included (RLIMIT_NPROC); 1: no fork and no thread, so "

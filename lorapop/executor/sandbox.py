@@ -8,17 +8,19 @@ directly (mechanism "root"), as anyone else inside a user namespace whose only u
 * **Separate processes, fresh every run.** Code never runs in the trainer. A worker forks a fresh child per program
   and never holds a program or a result itself: the program comes to the child, and its result goes to the trainer,
   on two new pipes per run that the worker only passes on (worker.py). So nothing a program does (patched builtins,
-  monkey-patched modules, leftover processes, files) reaches the next one, and no run starts from memory that held
-  another's program or result. A worker whose run left files in its working area, or changed the worker's priority,
-  scheduler, CPU set or limits, retires: the trainer replaces it, and its tmpfs and namespaces die whole.
+  monkey-patched modules, leftover processes) reaches the next one, and no run starts from memory that held
+  another's program or result. A run can leave nothing in the kernel either (below, and docs/METHOD.md lists each
+  channel); a worker that finds anything a run could reach changed after a run (its filesystem whole, its limits,
+  priority, scheduler, CPU set, host name, the pid counter) retires: the trainer replaces it, and its tmpfs and
+  namespaces die whole.
 * **Data, not verdicts.** A run returns the text of ``repr(_result)``; the program can choose that text, as it can
   choose what it returns, and nothing else. Every comparison happens in the trainer (lorapop/tasks/values.py).
 * **No network.** A fresh network namespace has only a downed loopback: no socket reaches the host, 127.0.0.1
   included; and the seccomp filter refuses every ``socket`` call anyway.
-* **No host files.** The worker mounts a tiny tmpfs, remounted read-only, with a size-capped tmpfs (``disk_mb``) on
-  its ``/w``, both nosuid/nodev/noexec, pre-imports the allowed stdlib modules and chroots there. Programs see no
-  host file (no /proc, /tmp, /etc, /bin/sh) and cannot import anything that was not pre-imported. Runs work in /w,
-  which must be empty again after each (else the worker retires).
+* **No host files, and no file at all.** The worker mounts a tmpfs holding one empty directory, ``/w``, remounts it
+  read-only (superblock and mount; nosuid/nodev/noexec), pre-imports the allowed stdlib modules and chroots there.
+  Programs see no host file (no /proc, /tmp, /etc, /bin/sh), cannot import anything that was not pre-imported, and
+  can write no file, extended attribute or timestamp: every run finds the same filesystem. Runs work in /w.
 * **No privileges.** As root the child drops to an unprivileged uid (distinct per worker); in a user namespace the
   worker gives up every capability for good (securebits locked, bounding and ambient sets cleared) once its chroot
   is done, so runs can neither undo the chroot nor mount, and the worker is PID 1 of its namespace (it ignores the
@@ -30,7 +32,8 @@ directly (mechanism "root"), as anyone else inside a user namespace whose only u
   RLIMIT_CPU, RLIMIT_AS (``memory_mb``), RLIMIT_FSIZE, RLIMIT_NPROC (``max_procs``, 1 by default: no fork, no thread,
   so RLIMIT_AS bounds all the memory a run holds), RLIMIT_NOFILE, no core dumps; stdout and stderr are counted and
   discarded (``max_output_chars``); ``repr(_result)`` is capped (``max_repr_chars``). The filter refuses what would
-  hold memory past a run or outside RLIMIT_AS (System V and POSIX IPC, memfd). The trainer side has its own deadline
+  hold memory past a run or outside RLIMIT_AS, or leave a value for the next run (System V and POSIX IPC, memfd,
+  extended attributes, new pipes and pidfds, whose inode numbers come from counters shared beyond the run). The trainer side has its own deadline
   and replaces a worker that stops answering.
 * **Own host name** (UTS namespace): every worker is ``sandbox``.
 * **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED; runs see PATH and LC_ALL.

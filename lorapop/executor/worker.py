@@ -17,17 +17,19 @@ Startup, once per worker:
 2. its own host name (UTS namespace); with a private mount namespace, chroot into the tmpfs (no host file is visible
    afterwards, /proc included);
 3. in a user namespace, give up every capability; install the seccomp filter (both inherited by every fork), then
-   forget lockdown and ctypes (modules and references), so no run finds them;
+   forget lockdown and ctypes (modules and references; the _ctypes extension stays in CPython's cache, where a run
+   can get it back through ``_imp.create_dynamic``: what stops native code is the filter, docs/METHOD.md);
 4. the limits that are the same for every run (file size, open files, no core), the runs' environment;
 5. hello on the socket with the protections that are actually in force.
 
-Per run: fork; the child unblocks signals, points fds 0/1/2 at dead pipes, closes every other descriptor but its two
-pipe ends, sets its own limits (CPU, address space, processes), drops to the run uid as root, reads its program, runs
-it as a fresh ``__main__`` module and writes ``repr(_result)`` or its error. The worker waits for the child's exit up to
-the wall clock, then kills every other process of the namespace (as its PID 1; else the run's process group), reaps,
-and checks itself: the working area empty and unchanged, its own priority, scheduler, CPU set and limits unchanged.
-Anything else and it answers ``retire`` and exits, so the trainer starts a fresh worker: the tmpfs and the namespaces
-die with it, whole; nothing a run left is walked or deleted file by file.
+Per run: fork; the child unblocks signals, closes every descriptor but its two pipe ends (the worker's own are open
+files it shares, whose flags and locks a run could set for the next), sets its own limits (CPU, address space,
+processes), drops to the run uid as root, reads its program, runs it as a fresh ``__main__`` module and writes
+``repr(_result)`` or its error. The worker waits for the child's exit up to the wall clock, then kills every other
+process of the namespace (as its PID 1; else the run's process group), reaps, and re-reads everything of itself a run
+could reach (:func:`_observable`: the runs' read-only filesystem whole, its limits, priority, scheduler, CPU set, host
+name; the pid counter where runs may fork). Anything changed and it answers ``retire`` and exits, so the trainer
+starts a fresh worker: the tmpfs and the namespaces die with it, whole.
 """
 
 import builtins
@@ -266,69 +268,6 @@ def _reap(pid, is_pid1):
             return
 
 
-def _tree(top):
-    """Every entry under ``top`` (itself included), depth first: its full ``lstat`` (inode, mode, owner, size, link
-    count, the three timestamps to the nanosecond) and its extended attributes with their values."""
-    out, stack = [], [top]
-    while stack:
-        path = stack.pop()
-        st = os.lstat(path)
-        xattrs = []
-        try:
-            for name in sorted(os.listxattr(path, follow_symlinks=False)):
-                xattrs.append((name, os.getxattr(path, name, follow_symlinks=False)))
-        except OSError:
-            xattrs.append(("<unreadable>", b""))
-        out.append((path, tuple(st), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, tuple(xattrs)))
-        if st.st_mode & 0o170000 == 0o040000:  # a directory (lstat: never a link's target)
-            stack.extend(os.path.join(path, n) for n in sorted(os.listdir(path)))
-    return out
-
-
-def _observable(state):
-    """Everything of the worker that a run forked from it can observe and that any run can reach to change, so that a
-    run which changed any of it cannot hand the change to the next run: the whole filesystem the runs see (every
-    entry, its metadata, timestamps and extended attributes; the filesystem's block and inode counters), every
-    resource limit, the priority, scheduler and CPU set (which another process of the same uid could set on the
-    worker, were the calls not refused) and the host and domain name. Categories are read whole (every entry, every
-    RLIMIT_*), not as a list of fields known to have leaked.
-
-    Not re-read after each run: the worker's process-private state (environment, working directory, umask, signal
-    mask and handlers, descriptors, credentials, process group). A run gets a copy of it at fork, and nothing a run
-    can call reaches the original: no ptrace, process_vm_writev or pidfd_getfd (the filter), no /proc (the chroot),
-    and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
-    top = state["fs_top"]
-    limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
-    return (_tree(top), tuple(os.statvfs(top)), limits, os.getpriority(os.PRIO_PROCESS, 0),
-            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, os.sched_getaffinity(0), os.uname())
-
-
-def _health(state):
-    """None when the worker may serve another run, else why it must be replaced."""
-    try:
-        now = _observable(state)
-    except OSError as exc:
-        return "health check failed: " + _describe(exc)
-    if now != state["observable"]:
-        what = [name for name, a, b in zip(_OBSERVED, now, state["observable"]) if a != b]
-        return "the run changed what the next run would see: " + ", ".join(what)
-    if state["fork_probe"]:
-        # A run allowed to fork advances the pid counter the next run reads (its own pid): the next fork must get
-        # the pid right after the run's, or the worker retires.
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
-        if pid != state["last_pid"] + 1:
-            return f"the run made {pid - state['last_pid'] - 1} processes (pid counter moved)"
-        state["last_pid"] = pid
-    return None
-
-
-_OBSERVED = ("filesystem", "filesystem counters", "resource limits", "priority", "scheduler", "scheduler priority",
-             "CPU set", "host name")
-
-
 def _run_one(req, fds, cfg, state):
     timeout = float(req.get("timeout") or cfg["timeout_s"])
     cpu_s = max(1, int(timeout + 1.999))
@@ -356,7 +295,7 @@ def _run_one(req, fds, cfg, state):
     _reap(pid, cfg["pid1"])
     state["last_pid"] = pid
     return {"wstatus": wstatus, "timed_out": timed_out, "duration": duration, "cpu_s": cpu_s,
-            "retire": _health(state)}
+            "retire": state["check"](state, _describe)}
 
 
 def _preimport(names):
@@ -389,6 +328,7 @@ def main():
     os.close(null_out_w)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     loaded = _preimport(cfg["preload"])
+    import health  # beside this file, found before the chroot hides it (no ctypes in it: runs may see it)
     import gc
 
     is_pid1 = os.getpid() == 1
@@ -431,10 +371,8 @@ def main():
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
-    state = {"fs_top": "/" if chrooted else work, "fork_probe": is_pid1 and nproc > 1, "last_pid": 1,
-             "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
-             if resource is not None else []}
-    state["observable"] = _observable(state)
+    state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1)
+    state["check"] = health.check
     _send(ctl, hello)
     del hello
     while _serve_one(ctl, run_cfg, state):

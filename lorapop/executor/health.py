@@ -1,0 +1,86 @@
+"""The sandbox worker's health check (lorapop/executor/worker.py imports it as a top-level module, before its chroot):
+what of the worker a run could reach, read whole so it can be compared after every run.
+
+Standard library only.
+"""
+
+import os
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - non-POSIX
+    resource = None
+
+
+def baseline(fs_top, fork_probe):
+    """The state :func:`check` compares against: what a run could reach, read now (after the worker's setup).
+    ``fs_top``: the root of the runs' filesystem; ``fork_probe``: runs may fork inside a pid namespace."""
+    state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1,
+             "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
+             if resource is not None else []}
+    state["observable"] = observable(state)
+    return state
+
+
+def _tree(top):
+    """Every entry under ``top`` (itself included), depth first: its full ``lstat`` (inode, mode, owner, size, link
+    count, the three timestamps to the nanosecond) and its extended attributes with their values."""
+    out, stack = [], [top]
+    while stack:
+        path = stack.pop()
+        st = os.lstat(path)
+        xattrs = []
+        try:
+            for name in sorted(os.listxattr(path, follow_symlinks=False)):
+                xattrs.append((name, os.getxattr(path, name, follow_symlinks=False)))
+        except OSError:
+            xattrs.append(("<unreadable>", b""))
+        out.append((path, tuple(st), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, tuple(xattrs)))
+        if st.st_mode & 0o170000 == 0o040000:  # a directory (lstat: never a link's target)
+            stack.extend(os.path.join(path, n) for n in sorted(os.listdir(path)))
+    return out
+
+
+def observable(state):
+    """Everything of the worker that a run forked from it can observe and that any run can reach to change, so that a
+    run which changed any of it cannot hand the change to the next run: the whole filesystem the runs see (every
+    entry, its metadata, timestamps and extended attributes; the filesystem's block and inode counters), every
+    resource limit, the priority, scheduler and CPU set (which another process of the same uid could set on the
+    worker, were the calls not refused) and the host and domain name. Categories are read whole (every entry, every
+    RLIMIT_*), not as a list of fields known to have leaked.
+
+    Not re-read after each run: the worker's process-private state (environment, working directory, umask, signal
+    mask and handlers, descriptors, credentials, process group). A run gets a copy of it at fork, and nothing a run
+    can call reaches the original: no ptrace, process_vm_writev or pidfd_getfd (the filter), no /proc (the chroot),
+    and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
+    top = state["fs_top"]
+    limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
+    return (_tree(top), tuple(os.statvfs(top)), limits, os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, os.sched_getaffinity(0), os.uname())
+
+
+def check(state, describe):
+    """None when the worker may serve another run, else why it must be replaced (``describe``: the worker's own
+    exception formatter)."""
+    try:
+        now = observable(state)
+    except OSError as exc:
+        return "health check failed: " + describe(exc)
+    if now != state["observable"]:
+        what = [name for name, a, b in zip(_OBSERVED, now, state["observable"]) if a != b]
+        return "the run changed what the next run would see: " + ", ".join(what)
+    if state["fork_probe"]:
+        # A run allowed to fork advances the pid counter the next run reads (its own pid): the next fork must get
+        # the pid right after the run's, or the worker retires.
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        if pid != state["last_pid"] + 1:
+            return f"the run made {pid - state['last_pid'] - 1} processes (pid counter moved)"
+        state["last_pid"] = pid
+    return None
+
+
+_OBSERVED = ("filesystem", "filesystem counters", "resource limits", "priority", "scheduler", "scheduler priority",
+             "CPU set", "host name")
