@@ -238,3 +238,20 @@ def test_a_hidden_input_that_is_a_shown_one_respelled_is_a_duplicate():
     assert buf.add(Task(type="code_o", program="def f(x):\n    return x", inputs=["1"], outputs=["1"]))
     assert not buf.add(Task(type="code_o", program="def f(x):\n    return x", inputs=["1.0"], outputs=["1"]))
     assert buf.add(Task(type="code_o", program="def f(x):\n    return x", inputs=["'1'"], outputs=["'1'"]))
+
+
+def test_value_keys_agree_with_the_verdicts_equality():
+    """values.value_key is equal exactly when AZR's == is, over generated literal values (numbers of every kind,
+    strings, bytes, nested containers, sets and dicts); the exact key only when the values are also of the same types
+    in the same order."""
+    from lorapop.tasks.values import literal_value, value_key
+
+    rng = random.Random(2)
+    vals = _values(rng, 60) + [1, 1.0, True, 0, -0.0, 0.0, False, 1 + 0j, [1], [1.0], (1,), {1: 2}, {1.0: 2}, {2, 1},
+                               {1, 2.0}, "1", b"1", None]
+    parsed = [literal_value(repr(v), 10_000) for v in vals]
+    for a in parsed:
+        for b in parsed:
+            assert (value_key(a) == value_key(b)) == (a == b), (a, b)
+            if value_key(a, exact=True) == value_key(b, exact=True):
+                assert a == b and repr(a) == repr(b), (a, b)

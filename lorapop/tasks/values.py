@@ -91,7 +91,8 @@ def value_key(v: Any, exact: bool = False) -> Any:
     (AZR's equality, :func:`same_value`): ``1``, ``1.0``, ``True`` and ``1+0j`` share one, as do ``0.0`` and ``-0.0``;
     sets and dicts compare whatever order the literal listed them in. Used wherever inputs must be told apart by value
     (duplicate inputs, the task buffer). With ``exact``, equal only for values no program can tell apart: the same
-    types all the way down (``1``, ``1.0`` and ``True`` differ; so do ``0.0`` and ``-0.0``)."""
+    types all the way down (``1``, ``1.0`` and ``True`` differ; so do ``0.0`` and ``-0.0``), dicts and sets in the
+    same iteration order."""
     if isinstance(v, (bool, int, float, complex)):
         if exact:
             return type(v).__name__, repr(v)
@@ -102,10 +103,12 @@ def value_key(v: Any, exact: bool = False) -> Any:
         return "n", int(r) if isinstance(r, float) and r.is_integer() else r  # 1.0 == 1, -0.0 == 0
     if isinstance(v, (list, tuple)):
         return type(v).__name__, tuple(value_key(x, exact) for x in v)
-    if isinstance(v, (set, frozenset)):
-        return "set", frozenset(value_key(x, exact) for x in v)
+    if isinstance(v, (set, frozenset)):  # exact: in iteration order, which a program sees
+        keys = [value_key(x, exact) for x in v]
+        return "set", tuple(keys) if exact else frozenset(keys)
     if isinstance(v, dict):
-        return "dict", frozenset((value_key(k, exact), value_key(x, exact)) for k, x in v.items())
+        items = [(value_key(k, exact), value_key(x, exact)) for k, x in v.items()]
+        return "dict", tuple(items) if exact else frozenset(items)
     return type(v).__name__, v  # str, bytes, None, Ellipsis
 
 
