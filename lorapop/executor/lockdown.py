@@ -120,9 +120,7 @@ def build_filter(arch: str) -> bytes:
     ]
     if arch == "x86_64":
         prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, eperm)]
-    for nr in denied:
-        prog.append(_ins(_JEQ_K, 0, 1, nr))
-        prog.append(_ins(_RET_K, 0, 0, eperm))
+    prog += _lookup(denied) + [_ins(_RET_K, 0, 0, eperm)]
     prog += [
         _ins(_JEQ_K, 0, 1, CLONE3),
         _ins(_RET_K, 0, 0, enosys),
@@ -143,6 +141,30 @@ def build_filter(arch: str) -> bytes:
         _ins(_RET_K, 0, 0, _RET_ALLOW),
     ]
     return b"".join(prog)
+
+
+def _lookup(nrs: list[int]) -> list[bytes]:
+    """A binary search of the sorted ``nrs`` for the call number in the accumulator: it jumps to the instruction just
+    after it when the number is one of them, and to the one after that when not (about log2(len(nrs)) comparisons
+    for every call a run makes, instead of one per denied number)."""
+    def block(lo: int, hi: int) -> list[tuple]:  # (code, jt, jf, k), jumps symbolic: "hit", "miss" or a count
+        if hi - lo <= 3:
+            out = [(_JEQ_K, "hit", 0, nr) for nr in nrs[lo:hi]]
+            return out[:-1] + [(_JEQ_K, "hit", "miss", nrs[hi - 1])]
+        mid = (lo + hi) // 2
+        left = block(lo, mid)
+        return [(_JGE_K, len(left), 0, nrs[mid])] + left + block(mid, hi)
+
+    code = block(0, len(nrs))
+    n = len(code)
+
+    def off(target, i: int) -> int:
+        o = {"hit": n - i - 1, "miss": n - i}.get(target, target)
+        if not 0 <= o <= 255:
+            raise ValueError(f"BPF jump of {o}")
+        return o
+
+    return [_ins(c, off(jt, i), off(jf, i), k) for i, (c, jt, jf, k) in enumerate(code)]
 
 
 def _libc():
