@@ -12,10 +12,12 @@ except ImportError:  # pragma: no cover - non-POSIX
     resource = None
 
 
-def baseline(fs_top, fork_probe):
+def baseline(fs_top, fork_probe, own_fs=True):
     """The state :func:`check` compares against: what a run could reach, read now (after the worker's setup).
-    ``fs_top``: the root of the runs' filesystem; ``fork_probe``: runs may fork inside a pid namespace."""
-    state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1,
+    ``fs_top``: the root of the runs' filesystem; ``fork_probe``: runs may fork inside a pid namespace; ``own_fs``:
+    the filesystem is the worker's own tmpfs, so its counters are the runs' alone (without a chroot, the working area
+    lies on a host filesystem whose free space other processes move all the time)."""
+    state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1, "own_fs": own_fs,
              "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
              if resource is not None else []}
     observable(state)  # once to settle: reading a directory may set its access time, once (relatime)
@@ -56,7 +58,7 @@ def observable(state):
     and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
     top = state["fs_top"]
     limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
-    return (_tree(top), tuple(os.statvfs(top)), limits, os.getpriority(os.PRIO_PROCESS, 0),
+    return (_tree(top), tuple(os.statvfs(top)) if state["own_fs"] else None, limits, os.getpriority(os.PRIO_PROCESS, 0),
             os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, os.sched_getaffinity(0), os.uname())
 
 

@@ -371,7 +371,7 @@ def main():
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
-    state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1)
+    state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1, own_fs=chrooted)
     state["check"] = health.check
     _send(ctl, hello)
     del hello
