@@ -183,7 +183,7 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     whatever it keys on. Runs of other programs (code_f's answers) all end before the first control starts, so no
     run of the reference can hand anything to them, even through the clock. Then ``rounds - 1`` more rounds run the
     control again, each starting at least ``spread_s`` after the one before, so a program keyed on a fast clock must
-    give its validated output at several moments (docs/METHOD.md, "The clock")."""
+    give its validated output at several moments (docs/METHOD.md, "Determinism, and the clock")."""
     outcomes: list[Outcome | None] = [None] * len(answers)
     jobs: list[tuple[int, str, str]] = []  # (answer index, -1 for the control; code; gold output)
     parsed = []
