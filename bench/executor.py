@@ -27,8 +27,9 @@ Last line: one JSON object (``tasks_per_s``, ``speedup``, with ``--before`` ``no
 from __future__ import annotations
 
 import json
-import statistics
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -120,18 +121,35 @@ def isolation_cost(props: list[Proposal]) -> dict:
 # one unpacked by --before), starts the default executor, then validates the seeds once per line read on stdin and
 # prints how long that took. Written against the API every tree since the sandbox has, so any of them can serve.
 SERVER = """
-import json, sys, time
+import json, os, resource, sys, time
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES, Proposal, read_seed_file
 props = [Proposal("code_o", t.program, t.inputs) for t in read_seed_file(sys.argv[1], "code_o")]
 ex = SandboxExecutor(ExecutorConfig())
 for seed in (1, 2):
     ex.run_many(["_result = 0"] * ex.config.n_workers, hashseed=seed)
+tick = os.sysconf("SC_CLK_TCK")
+def cpu():
+    # this process, and each worker with the runs it reaped (utime, stime, cutime, cstime of /proc/PID/stat); a
+    # worker is the child of its `unshare` process
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    total = r.ru_utime + r.ru_stime
+    for w in ex._all:
+        try:
+            top = w.proc.pid
+            kids = open(f"/proc/{top}/task/{top}/children").read().split() or [str(top)]
+            for pid in kids:
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                total += sum(int(x) for x in fields[11:15]) / tick
+        except (OSError, AttributeError, IndexError, ValueError):
+            pass
+    return total
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     res = TASK_TYPES["code_o"].validate_many(props, ex)
-    print(json.dumps({"s": time.perf_counter() - t0, "valid": sum(hasattr(r, "outputs") for r in res)}), flush=True)
+    print(json.dumps({"s": time.perf_counter() - t0, "cpu": cpu() - c0,
+                      "valid": sum(hasattr(r, "outputs") for r in res)}), flush=True)
 ex.close()
 """
 
@@ -161,6 +179,11 @@ class Side:
         self.proc.wait(timeout=60)
 
 
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def unpack(ref: str) -> Path:
     """The lorapop package of git ``ref`` of this repository, in a temporary directory."""
     import tempfile
@@ -184,6 +207,7 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
         tmp = unpack(before)
         sides["before"] = Side(tmp, path)
     per: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}
+    cpu: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}  # tasks per CPU second
     valid: dict[str, int] = {}
     subset = props[:sub_n]
     arms = [*sides, "subprocess"]
@@ -191,12 +215,14 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
         for r in range(rounds):
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
                 if arm == "subprocess":
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), _children_cpu()
                     subprocess_validate(subset, 2, ["-I"], 5.0)
                     per[arm].append(len(subset) / (time.perf_counter() - t0))
+                    cpu[arm].append(len(subset) / max(_children_cpu() - c0, 1e-9))
                 else:
                     got = sides[arm].one_pass()
                     per[arm].append(len(props) / got["s"])
+                    cpu[arm].append(len(props) / max(got["cpu"], 1e-9))
                     valid[arm] = got["valid"]
     finally:
         for side in sides.values():
@@ -207,12 +233,18 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
     out = {"tasks_per_s": med["now"], "subprocess_tasks_per_s": med["subprocess"],
            "speedup": statistics.median(a / b for a, b in zip(per["now"], per["subprocess"])),
            "speedup_rounds": [round(a / b, 2) for a, b in zip(per["now"], per["subprocess"])],
-           "valid": valid["now"], "rounds": rounds}
+           "valid": valid["now"], "rounds": rounds,
+           # the same ratio in CPU time (the trainer's and every sandbox process's; the fresh interpreters'): what a
+           # task costs, whatever else the machine (or the hypervisor) does meanwhile
+           "speedup_cpu": statistics.median(a / b for a, b in zip(cpu["now"], cpu["subprocess"])),
+           "speedup_cpu_rounds": [round(a / b, 2) for a, b in zip(cpu["now"], cpu["subprocess"])]}
     if before:
         out.update({"before_tasks_per_s": med["before"], "before_valid": valid["before"],
                     "now_over_before": statistics.median(a / b for a, b in zip(per["now"], per["before"])),
                     "now_over_before_rounds": [round(a / b, 3) for a, b in zip(per["now"], per["before"])],
-                    "before_speedup": statistics.median(a / b for a, b in zip(per["before"], per["subprocess"]))})
+                    "before_speedup": statistics.median(a / b for a, b in zip(per["before"], per["subprocess"])),
+                    "now_over_before_cpu": statistics.median(a / b for a, b in zip(cpu["now"], cpu["before"])),
+                    "before_speedup_cpu": statistics.median(a / b for a, b in zip(cpu["before"], cpu["subprocess"]))})
     return out
 
 
@@ -237,11 +269,13 @@ def main() -> None:
     res = interleaved(path, props, args.rounds, args.before, args.subprocess_seeds)
     print(f"executor: {res['tasks_per_s']:.1f} tasks/s, valid {res['valid']}/{len(props)}; a fresh "
           f"{Path(sys.executable).name} -I per run: {res['subprocess_tasks_per_s']:.1f} tasks/s; speedup "
-          f"{res['speedup']:.1f}x (median of {args.rounds} rounds: {res['speedup_rounds']})")
+          f"{res['speedup']:.1f}x (median of {args.rounds} rounds: {res['speedup_rounds']}); in CPU time "
+          f"{res['speedup_cpu']:.1f}x (rounds: {res['speedup_cpu_rounds']})")
     if args.before:
         print(f"before ({args.before}): {res['before_tasks_per_s']:.1f} tasks/s, valid {res['before_valid']}; "
               f"now / before {res['now_over_before']:.3f} (rounds: {res['now_over_before_rounds']}); its speedup "
-              f"{res['before_speedup']:.1f}x")
+              f"{res['before_speedup']:.1f}x; in CPU time now / before {res['now_over_before_cpu']:.3f}, its speedup "
+              f"{res['before_speedup_cpu']:.1f}x")
     iso = {}
     if not args.no_isolation_cost:
         if os.geteuid() == 0:

@@ -141,9 +141,8 @@ def _clock_acceptance(ex, grain_ns: int, n: int, gap_s: float) -> float:
 def test_the_clock_rarely_buys_a_valid_task():
     """docs/METHOD.md, "Determinism, and the clock": a program keyed on a clock that changes between runs a few tens
     of milliseconds apart must give its validated value in every control round, each at least CONTROL_SPREAD_S after
-    the last, so a
-    fair bit passes with probability about 2 ** -CONTROL_ROUNDS; one keyed on a grain coarser than the time between
-    validation and check is the same in every run the verifier makes, and passes (what stays open)."""
+    the last, so a fair bit passes with probability about 2 ** -CONTROL_ROUNDS; one keyed on a grain coarser than the
+    time between validation and check is the same in every run the verifier makes, and passes (what stays open)."""
     from lorapop.tasks.common import CONTROL_ROUNDS
 
     with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
