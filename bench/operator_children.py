@@ -2,22 +2,25 @@
 (docs/METHOD.md, "Operators: what a child computes"): the figure the default operator mix follows from.
 
     PYTHONPATH=. .venv/bin/python bench/operator_children.py RUN_DIR --second-parent SOURCE
-        [--operators ...] [--answers 4] [--draws 8] [--replicates 2] [--seed 0] [--samples FILE]
+        [--operators ...] [--score-operators ...] [--answers 2] [--draws 8] [--replicates 2] [--seed 0]
+        [--samples FILE]
 
 Parent 1 is the best student of ``RUN_DIR``'s last checkpoint (single mode's agent), parent 2 ``--second-parent``
 (a PEFT directory, ``RUN_DIR:best``, ``RUN_DIR:<id>``), with their TrueSkill expose as fitness, as ``lorapop
-retention`` takes them. Per operator (every registered one by default), with ``dW = scaling B A`` summed over all
+retention`` takes them (equal exposes, e.g. two single-mode agents, which have no rating: fitness 1 and 0, parent 1
+first, as PBT orders a crossover's parents). Per operator (every registered one by default), with ``dW = scaling B A`` summed over all
 modules (dense, float64):
 
 - ``d_p1``, ``d_p2``, ``d_mean``: ``||dW_child - dW_x|| / ||dW_x||`` for parent 1, parent 2 and the parents' mean
-  ``(dW_1 + dW_2) / 2``, the mean over ``--draws`` children (seeded; the deterministic operators give one value);
+  ``(dW_1 + dW_2) / 2``, the mean over ``--draws`` children (seeded; an operator whose second draw equals its first counts one);
   a mutation has one parent, parent 1;
 - ``d_self``: for a crossover, ``||dW_child - dW_1|| / ||dW_1||`` of the child of parent 1 and parent 1
   re-factored (``B G, G^-1 A``, G a random invertible r x r of condition number <= 4): 0 for an operator that keeps
   what its parents compute (DARE: one draw, so not 0);
 - ``score``: the run's capability probe (its held-out family, its sampling, ``--answers`` answers a task) of the
-  first draw's child, right after the operator (step 0), beside the parents' own scores (``--replicates`` scorings of
-  parent 1, each with its own sampling seeds, whose spread is the floor a score difference must exceed).
+  first draw's child, right after the operator (step 0), for the ``--score-operators``, beside the parents' own
+  scores (``--replicates`` scorings of parent 1, each with its own sampling seeds, whose spread is the floor a score
+  difference must exceed). All scorings run in one probe call, each in its own engine slot.
 
 The table is printed, then one JSON line: ``{"parents": {...}, "operators": {op: {d_p1, d_p2, d_mean, d_self,
 score}}, "floor": spread, "seconds": s}``. ``--samples`` writes every scoring's per-task scores and replies (JSONL).
@@ -80,18 +83,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--second-parent", required=True)
     ap.add_argument("--operators", nargs="+", default=list(OPERATORS))
-    ap.add_argument("--answers", type=int, default=4)
+    ap.add_argument("--answers", type=int, default=2, help="answers per probe task (the run's probe_samples: 2)")
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--replicates", type=int, default=2, help="scorings of parent 1 (the floor: their spread)")
+    ap.add_argument("--probe-per-level", type=int, default=None,
+                    help="probe tasks per level (default: the run's run.probe_per_level); fewer for a quick check")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-parent-steps", type=int, default=1)
-    ap.add_argument("--no-score", action="store_true", help="distances only (no engine generation)")
+    ap.add_argument("--score-operators", nargs="*", default=None,
+                    help="operators whose child is scored by the probe (default: all of --operators; none: distances "
+                         "only)")
     ap.add_argument("--samples", help="write every scoring's per-task scores and replies here (JSONL)")
     args = ap.parse_args(argv)
+    if args.score_operators is None:
+        args.score_operators = list(args.operators)
 
     t0 = time.perf_counter()
+    n_scored = len([o for o in args.operators if o in args.score_operators])
     cfg = RetentionConfig(operators=list(args.operators), second_parent=args.second_parent, steps=1,
-                          answers=args.answers, min_parent_steps=args.min_parent_steps, group_size=2)
+                          answers=args.answers, min_parent_steps=args.min_parent_steps, group_size=2 + n_scored,
+                          probe_per_level=args.probe_per_level)
     study = plan_study(args.run_dir, cfg, {"seed": args.seed}, lambda m: print(m, file=sys.stderr))
     if study.second is None:
         raise SystemExit("no second parent")
@@ -101,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     p1, p2 = engine.get_adapter(0), engine.get_adapter(1)
     scaling = engine.scaling
     fit = [study.p_fit, study.second[2]]
+    if fit[0] == fit[1]:
+        # PBT hands a crossover its parents best first; parents that ratings do not tell apart (single mode's agent
+        # has no rating) get parent 1 ranked first, as given
+        fit = [1.0, 0.0]
     d1, d2 = dense(p1, scaling), dense(p2, scaling)
     mean = {n: (d1[n] + d2[n]) / 2 for n in d1}
     p1_again = refactored(p1, 1000 + args.seed)
@@ -121,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             c = child_of(op, k, [p1, p2])
             if k == 0:
                 firsts[op] = c
+            elif all(torch.equal(c[n][0], firsts[op][n][0]) and torch.equal(c[n][1], firsts[op][n][1]) for n in c):
+                break  # a deterministic operator: every draw is the first
             dc = dense(c, scaling)
             ds.append((rel(dc, d1), rel(dc, d2) if cross else None, rel(dc, mean) if cross else None))
         row = {"d_p1": statistics.fmean(d[0] for d in ds),
@@ -133,29 +150,31 @@ def main(argv: list[str] | None = None) -> int:
     scores: dict[str, float] = {}
     floor = None
     samples = []
-    if not args.no_score:
+    if args.score_operators:
+        # one probe call for every scoring: parent 1's replicates (its slot, scored again with other seeds), parent
+        # 2, and each operator's first child in a slot of its own, so the engine fills its batches across them
         executor = make_executor()
-        params = sampling_params(study.solve)
-
-        def score(name: str, slot: int, salt: str) -> float:
-            rng = random.Random(f"{args.seed}:{name}:{salt}:children-probe")
-            got = run_probe(engine, executor, [Member(name, slot, "student")], 0, params, args.answers,
-                            study.prefill, rng, per_level=study.per_level, style=study.style, answers=True)
-            samples.extend({"arm": name, "scoring": salt, "task": r["task"], "score": r["score"],
-                            "answers": r["answers"], "statuses": r["statuses"]} for r in got)
-            return statistics.fmean(r["score"] for r in got)
-
+        arms = [(f"parent1#{i}", 0) for i in range(args.replicates)] + [("parent2", 1)]
+        for k, op in enumerate(o for o in study.ops if o in args.score_operators):
+            engine.set_adapter(2 + k, firsts[op])
+            arms.append((op, 2 + k))
         try:
-            reps = [score("parent1", 0, f"#{i}") for i in range(args.replicates)]
-            scores["parent1"] = statistics.fmean(reps)
-            scores["parent2"] = score("parent2", 1, "#0")
-            floor = max(reps) - min(reps) if len(reps) > 1 else None
-            for op in study.ops:
-                engine.set_adapter(0, firsts[op])
-                rows[op]["score"] = scores[op] = score(op, 0, "#0")
-                print(f"{op}: score {scores[op]:.3f}", file=sys.stderr)
+            rng = random.Random(f"{args.seed}:children-probe")
+            got = run_probe(engine, executor, [Member(name, slot, "student") for name, slot in arms], 0,
+                            sampling_params(study.solve), args.answers, study.prefill, rng,
+                            per_level=study.per_level, style=study.style, answers=True)
         finally:
             executor.close()
+        by: dict[str, list[float]] = {}
+        for r in got:
+            by.setdefault(r["member"], []).append(r["score"])
+            samples.append({"arm": r["member"], "task": r["task"], "score": r["score"], "answers": r["answers"],
+                            "statuses": r["statuses"]})
+        reps = [statistics.fmean(by[f"parent1#{i}"]) for i in range(args.replicates)]
+        scores["parent1"], scores["parent2"] = statistics.fmean(reps), statistics.fmean(by["parent2"])
+        floor = max(reps) - min(reps) if len(reps) > 1 else None
+        for name, _ in arms[args.replicates + 1:]:
+            rows[name]["score"] = scores[name] = statistics.fmean(by[name])
     engine.close()
 
     d12 = rel(d2, d1)
