@@ -10,6 +10,7 @@ from floattol import assert_close_sums
 from lorapop.evolve.config import DEFAULT_OPERATORS, EvolveConfig
 from lorapop.evolve.operators import get_operator
 from lorapop.evolve.pbt import apply_plan, is_evolve_step, plan_replacements, quantile_size, too_few_matches
+from lorapop.evolve.svd import common_gauge
 
 
 def members(spec):
@@ -159,11 +160,15 @@ def test_apply_plan_reads_all_parents_before_writing():
 
     used = apply_plan(plan, lambda s: slots[s], set_adapter, generator=gen(1), scaling=1.0)
     assert sorted(writes) == sorted(r.slot for r in plan) and len(used) == len(plan)
-    # every child = 0.25 * (1/4 + lr w) weighted sum of the ORIGINAL parents, also the ones replaced this round
+    # every child = the coefficient-weighted sum of the ORIGINAL parents (also the ones replaced this round), in the
+    # common gauge aligned on the fittest of them
     for r, params in zip(plan, used):
         co = params["coefficients"]
-        exp = sum(c * original[s]["a"][0] for c, s in zip(co, r.parent_slots))
-        assert_close_sums(slots[r.slot]["a"][0], exp, len(co))  # a sum over the parents, in another order
+        ref = max(range(len(r.fitness)), key=lambda i: r.fitness[i])
+        aligned = common_gauge([original[s] for s in r.parent_slots], ref)
+        for f in (0, 1):
+            exp = sum(c * a["a"][f] for c, a in zip(co, aligned))
+            assert_close_sums(slots[r.slot]["a"][f], exp, len(co))  # a sum over the parents, in another order
         assert r.operator_id == "X5" and r.step == 20
 
 

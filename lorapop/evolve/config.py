@@ -5,19 +5,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# Default mix: three mutations and three crossovers, equal weights. These are the operators that keep most of a
-# trained parent (small relative noise, a rotation/rescale of the spectrum, whole modules or whole singular
-# subspaces of good parents, the plain factor mean). Left at 0 by default: M3 (drops 30% of the spectrum), M5
-# (A-only noise: no-op on dW of a fresh adapter), X1 DARE (keeps 30% of elements, noisy at rank 16), X4/X5
-# (extrapolation steps away from the worse parent), svd_merge (mostly redundant with average and X3) and clone
-# (PBT's plain exploit: an exact copy of a member adds no diversity). Turn any of them on by weight.
+# Default mix: three mutations and three crossovers, equal weights, from what each operator's child of two trained
+# parents computes (docs/METHOD.md, "What a child computes, and the default mix"; bench/operator_children.py). In:
+# M1, M2, M4 (children 0.41, 0.08, 0.21 of the parent's dW away from it), X2 and X3 (children made of whole modules or
+# whole singular components of the parents, as far from the parents' mean dW as a parent is) and svd_merge (the
+# child closest to the parents' mean, and to each parent). Left at 0: average (dominated by svd_merge on every
+# distance: its cross terms B_i A_j), M3 (drops 30% of the spectrum: 0.57), M5 (A-only noise larger than a trained
+# A: 2.46), X1 DARE (keeps 30% of factor elements: its child is right only on average, 1.9 away in one draw), X4
+# (steps away from both parents), X5 (with two parents the reference's weights give the good parent: a clone) and
+# clone (PBT's plain exploit: an exact copy adds no diversity). Turn any of them on by weight.
 DEFAULT_OPERATORS: dict[str, float] = {
     "svd_structured": 1.0,
     "layer_selective_gaussian": 1.0,
     "full_gaussian": 1.0,
     "layer_wise": 1.0,
     "svd_subspace": 1.0,
-    "average": 1.0,
+    "svd_merge": 1.0,
 }
 
 
@@ -28,7 +31,7 @@ class EvolveConfig:
         metadata={"help": "operator name -> weight; a child's operator is drawn with probability weight/sum. Names: "
                           "svd_structured (M1), layer_selective_gaussian (M2), component_masking (M3), full_gaussian "
                           "(M4), neftune_style (M5), dare (X1), layer_wise (X2), svd_subspace (X3), extrapolative "
-                          "(X4), xes (X5), average, svd_merge, clone. Default: M1, M2, M4, X2, X3, average at 1.0"})
+                          "(X4), xes (X5), average, svd_merge, clone. Default: M1, M2, M4, X2, X3, svd_merge at 1.0"})
     params: dict[str, dict[str, float]] = field(
         default_factory=dict,
         metadata={"help": "per-operator parameter overrides, e.g. {full_gaussian: {eps: 0.05}, dare: {p: 0.5}}; "

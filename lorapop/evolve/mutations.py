@@ -118,7 +118,11 @@ def neftune_style(parents, *, generator, scaling=None, fitness=None, log=None, a
 
 def component_masking(parents, *, generator, scaling=None, fitness=None, log=None, fraction: float = 0.3
                       ) -> Adapter:
-    """M3 (acts on dW): zero ``round(fraction * r)`` random singular components of each module's dW.
+    """M3 (acts on dW): zero ``ceil(fraction * r)`` random singular components of each module's dW.
+
+    ``ceil`` as in the reference implementation (lucidrains/populora): at the default 0.3, r = 8 masks 3 and r = 16
+    masks 5. The product is rounded to 1e-9 first, so 0.3 x 10 masks 3, not the 4 that float arithmetic's
+    3.0000000000000004 would give.
 
     Components are drawn per module, uniformly among the r. A masked component keeps its A row (``sqrt(S) v^T``)
     and gets a zero B column: its contribution to dW is exactly 0 as the spec asks, but it stays trainable (zeroing
@@ -137,7 +141,7 @@ def component_masking(parents, *, generator, scaling=None, fitness=None, log=Non
         As, Bs = [p[n][0] for n in names], [p[n][1] for n in names]
         d = modules_svd(As, Bs)
         n, m = d.S.shape
-        n_drop = round(fraction * m)
+        n_drop = min(m, math.ceil(fraction * m - 1e-9))
         # Random subset per module: rank of uniform keys < n_drop  <=>  among the n_drop smallest keys.
         keys = rand((n, m), generator, d.S.device)
         masked = keys.argsort(dim=-1).argsort(dim=-1) < n_drop

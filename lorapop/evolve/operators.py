@@ -17,7 +17,7 @@ X1   dare                         crossover   factors  >= 2      p 0.7
 X2   layer_wise                   crossover   factors  >= 2
 X3   svd_subspace                 crossover   dW       2         k ~ U{1..r-1}
 X4   extrapolative                crossover   factors  2         eta ~ U(1, 1.5)
-X5   xes                          crossover   factors  >= 2 even lr 0.5 (needs fitness)
+X5   xes                          crossover   factors  >= 2 even lr 1 (needs fitness)
 --   average                      crossover   factors  >= 2
 --   svd_merge                    crossover   dW       >= 2
 --   clone                        replacement factors  1
@@ -56,6 +56,7 @@ class Operator:
     fn: Callable[..., dict]
     defaults: dict[str, float] = field(default_factory=dict)
     needs_fitness: bool = False
+    keeps_function: str = "exact"  # "exact" | "expectation"
 
     def param_names(self) -> set[str]:
         """Keyword parameters ``fn`` accepts beyond the common ones (the overridable ones)."""
@@ -77,12 +78,13 @@ _register(Operator("layer_selective_gaussian", "M2", "mutation", "factors", 1, M
 _register(Operator("component_masking", "M3", "mutation", "dW", 1, M.component_masking, {"fraction": 0.3}))  # M3
 _register(Operator("full_gaussian", "M4", "mutation", "factors", 1, M.full_gaussian, {"eps": 0.15}))  # M4
 _register(Operator("neftune_style", "M5", "mutation", "factors", 1, M.neftune_style, {"alpha_n": 10.0}))  # M5
-_register(Operator("dare", "X1", "crossover", "factors", -1, X.dare, {"p": 0.7}))  # X1
+_register(Operator("dare", "X1", "crossover", "factors", -1, X.dare, {"p": 0.7},
+                   keeps_function="expectation"))  # X1
 _register(Operator("layer_wise", "X2", "crossover", "factors", -1, X.layer_wise, {}))  # X2
 _register(Operator("svd_subspace", "X3", "crossover", "dW", 2, X.svd_subspace, {}))  # X3
 _register(Operator("extrapolative", "X4", "crossover", "factors", 2, X.extrapolative,
                    {"eta_min": 1.0, "eta_max": 1.5}))  # X4
-_register(Operator("xes", "X5", "crossover", "factors", -1, X.xes, {"lr": 0.5}, needs_fitness=True))  # X5
+_register(Operator("xes", "X5", "crossover", "factors", -1, X.xes, {"lr": 1.0}, needs_fitness=True))  # X5
 _register(Operator("average", None, "crossover", "factors", -1, X.average, {}))
 _register(Operator("svd_merge", None, "crossover", "dW", -1, X.svd_merge, {}))
 _register(Operator("clone", None, "replacement", "factors", 1, X.clone, {}))

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lorapop.evolve._common import pmap
+from lorapop.evolve._common import Adapter, pmap, shape_groups
 
 # A singular value at most this fraction of the module's largest counts as zero (float32 QR/SVD leaves ~1e-7
 # relative noise on exactly-null directions; 1e-6 keeps a margin without touching real components).
@@ -118,3 +118,47 @@ def trainable_scales(S_new: Tensor, dead: Tensor, a_ref: Tensor, s_a_dead: Tenso
     s_b = torch.where(dead, torch.zeros_like(s), s)
     s_a = torch.where(dead, fill, s)
     return s_b, s_a
+
+
+def common_gauge(parents: Sequence[Adapter], ref: int = 0) -> list[Adapter]:
+    """Every parent's factors in one gauge, float32: what the factor-space crossovers combine.
+
+    A LoRA module's function is ``B A``; any invertible r x r ``G`` gives another factorisation ``(B G, G^-1 A)`` of
+    the same function, and members of one population hold theirs in different ones (PEFT's own per seed, or the
+    balanced SVD form the dW-space operators write). Combining factors across gauges mixes unrelated coordinates:
+    the factor mean of P and P re-factored is not P. So each parent is first put in balanced SVD form
+    (``B = Qb U sqrt(S)``, ``A = sqrt(S) Vh Qa^T``: the one form up to an orthogonal r x r, numerically null
+    components as in :func:`trainable_scales`), then turned by the orthogonal ``R_j`` that best maps it onto
+    ``parents[ref]``'s: ``argmax_R tr(R^T (B_j^T B_ref + A_j A_ref^T))``, the orthogonal Procrustes solution
+    ``R = W Z^T`` of the r x r SVD ``W S Z^T``. ``(B_j R, R^T A_j)`` has parent j's ``B A`` exactly (R is
+    orthogonal). Two parents with the same ``B A`` come out with the same factors (a sign, a permutation or a
+    rotation within equal singular values is an orthogonal map Procrustes recovers), so any weighted sum of the
+    aligned factors with weights summing to 1 has that ``B A`` too. Different parents are matched component by
+    component, the alignment that leaves the least between their factors.
+    """
+    n_par = len(parents)
+    rank = next(iter(parents[0].values()))[0].shape[0]
+    out: list[Adapter] = [{} for _ in range(n_par)]
+    for names in shape_groups(parents[0]):
+        n = len(names)
+        d = modules_svd([p[nm][0] for p in parents for nm in names], [p[nm][1] for p in parents for nm in names])
+        s_b, s_a = trainable_scales(d.S, null_mask(d.S), d.a_rms)
+        facs = rebuild(d, s_b, s_a, rank)  # parent-major: facs[j * n + i] is parent j's module names[i]
+        others = [(j, i) for j in range(n_par) if j != ref for i in range(n)]
+        if others:
+            def cross(ji):
+                (A, B), (Ar, Br) = facs[ji[0] * n + ji[1]], facs[ref * n + ji[1]]
+                return B.mT @ Br + A @ Ar.mT
+
+            W, _, Zh = torch.linalg.svd(torch.stack(pmap(cross, others)))
+            rot = W @ Zh
+
+            def turn(t):
+                A, B = facs[others[t][0] * n + others[t][1]]
+                return rot[t].mT @ A, B @ rot[t]
+
+            for (j, i), f in zip(others, pmap(turn, range(len(others)))):
+                out[j][names[i]] = f
+        for i, nm in enumerate(names):
+            out[ref][nm] = facs[ref * n + i]
+    return [{nm: o[nm] for nm in parents[0]} for o in out]
