@@ -18,6 +18,11 @@ one long-lived helper process (spawned, so it never inherits torch's threads), o
 math-verify's own timeouts on; the caller waits at most ``timeout_s`` for the answer, and a helper that does not
 answer in time is killed (the check counts as wrong, with ``"timeout": true``) and replaced on the next check. This
 holds from any thread of the caller, and never touches the caller's own SIGALRM.
+
+**Bounded memory.** The helper's address space is capped (``memory_mb``, RLIMIT_AS): an answer that makes sympy build
+a huge number or expression ends in a MemoryError inside the helper (the answer counts as wrong) or, when the helper
+itself dies of it, in a replaced helper. Nothing of an answer is parsed in the caller but by the regular expressions
+of :func:`extract_answer` and :func:`last_number`, whose time is linear in the text.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 # math-verify's own limits inside the helper (seconds); the caller's bound (timeout_s) sits above them.
 PARSE_TIMEOUT_S = 5
 VERIFY_TIMEOUT_S = 5
+# The helper's address-space cap (MiB): python, sympy and math-verify take about 190 MiB of it.
+MEMORY_MB = 2048
 
 
 def normalize_scientific(s: str) -> str:
@@ -107,10 +114,15 @@ def score_here(golds: list[str], output: str) -> dict:
     return {"pass": _matches(golds, pred, ans), "answer": ans}
 
 
-def _serve() -> None:
-    """The helper's loop: one JSON line ``[golds, output]`` in, one JSON line (the result) out."""
+def _serve(memory_mb: int = 0) -> None:
+    """The helper's loop: one JSON line ``[golds, output]`` in, one JSON line (the result) out; its address space
+    capped at ``memory_mb`` MiB (0: no cap)."""
     import json
     import logging
+    import resource
+
+    if memory_mb:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20,) * 2)
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "Timeout during comparison" is in our result
     import math_verify  # noqa: F401  (load sympy before saying ready)
@@ -122,7 +134,7 @@ def _serve() -> None:
         try:
             golds, output = json.loads(line)
             res = score_here(golds, output)
-        except Exception as e:  # a check that breaks counts as wrong, the helper lives on
+        except Exception as e:  # a check that breaks (MemoryError included) counts as wrong, the helper lives on
             res = {"pass": False, "answer": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
         out.write(json.dumps(res) + "\n")
         out.flush()
@@ -136,8 +148,8 @@ class MathChecker:
     The helper is a plain ``python -c`` child speaking JSON lines on its stdin/stdout (not multiprocessing, whose
     spawn re-imports the caller's main script)."""
 
-    def __init__(self, timeout_s: float = 20.0, startup_timeout_s: float = 120.0):
-        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+    def __init__(self, timeout_s: float = 20.0, startup_timeout_s: float = 120.0, memory_mb: int = MEMORY_MB):
+        self.timeout_s, self.startup_timeout_s, self.memory_mb = timeout_s, startup_timeout_s, memory_mb
         self._proc: subprocess.Popen | None = None
         self._buf = b""
         self._lock = threading.Lock()
@@ -159,7 +171,7 @@ class MathChecker:
 
     def _start(self) -> None:
         code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
-                "from lorapop.eval.mathcheck import _serve; _serve()")
+                f"from lorapop.eval.mathcheck import _serve; _serve({int(self.memory_mb)})")
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, bufsize=0)
         self._buf = b""

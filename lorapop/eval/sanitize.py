@@ -20,12 +20,19 @@ import ast
 
 # O(n^2) parses to find the longest valid block; above this many lines only prefixes and suffixes are tried.
 _MAX_QUADRATIC_LINES = 200
+# The search parses at most this many times the text's length plus PARSE_FLOOR_CHARS characters in all: a text
+# written so that every span fails only at its end ("(a +a" on each of 200 lines) would otherwise cost minutes of the
+# host's CPU. Past the budget the longest block found so far is kept (the spans are tried longest first).
+PARSE_BUDGET_FACTOR = 64
+PARSE_FLOOR_CHARS = 1 << 16
 
 
 def _parses(src: str) -> bool:
     try:
         ast.parse(src)
-    except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # ValueError: NUL bytes; RecursionError, MemoryError ("parser stack overflowed"): nesting past the parser's
+        # depth, which a program cannot run with either
         return False
     return True
 
@@ -44,11 +51,15 @@ def longest_valid_block(code: str) -> str:
     else:
         spans = [(i, j) for i in range(n) for j in range(i + 1, n + 1)]
     best, best_w = "", 0
+    budget = PARSE_BUDGET_FACTOR * len(code) + PARSE_FLOOR_CHARS
     for i, j in sorted(spans, key=lambda s: -(weight[s[1]] - weight[s[0]])):
         w = weight[j] - weight[i]
         if w <= best_w:
             break  # sorted by weight: nothing later can beat the best found
         block = "\n".join(lines[i:j])
+        budget -= len(block)
+        if budget < 0:
+            break
         if _parses(block):
             best, best_w = block, w
     return best
