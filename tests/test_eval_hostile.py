@@ -1,0 +1,69 @@
+"""Every eval judge is bounded and isolated per candidate: hostile results and texts (tests/eval_probe.py) fail
+their own candidate only, every honest candidate judged among them keeps its score, and the host's time and memory
+stay within bounds derived from the limits the judges set (lorapop/eval/harness.py, outputs.py, sanitize.py,
+mathcheck.py; docs/METHOD.md, "Which layer bounds what"). The code judges run as root in this process and as uid
+65534 (tests/unprivileged.py); the math checker, which runs no candidate code, in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import unprivileged  # tests/unprivileged.py: a script as uid 65534
+
+sys.path.insert(0, str(Path(__file__).parent))
+import eval_probe  # noqa: E402
+
+MIB = 1 << 20
+# Host memory a rebuilt result may take per character of its text: the worst pattern measured (a list of empty
+# sets) takes about 35 bytes; CPython's object sizes, the same on every 64-bit build.
+BYTES_PER_CHAR = 64
+# Slowest host parsing assumed, characters per second (ast and json run at several MB/s on this machine): a bound
+# for any CI machine, far below the seconds to minutes the unbounded judges took.
+CHARS_PER_S = 250_000
+JUDGE_WORKERS = 2
+
+
+def check_code(out: dict) -> None:
+    limits = out["limits"]
+    for label in ("mbpp", "humaneval", "lcb_functional", "lcb_stdio"):
+        r = out[label]
+        for name, v in r["verdicts"].items():
+            # every hostile candidate fails; every honest one judged beside them passes, every wrong one fails
+            assert v["pass"] == name.startswith("honest_after_"), (label, name, v)
+            assert v["host_s"] <= 2 + r["cap_chars"] / CHARS_PER_S, (label, name, v)
+        # the executor may read up to its result cap per worker (bytes, their join and the text), then each worker
+        # rebuilds at most one capped result
+        bound = JUDGE_WORKERS * (3 * limits["result_max_chars"] + BYTES_PER_CHAR * r["cap_chars"]) + 64 * MIB
+        assert r["growth_kb"] * 1024 <= bound, (label, r["growth_kb"] // 1024, bound // MIB)
+    for name, t in out["texts"].items():
+        assert t["error"] is None, (name, t)
+        budget = limits["parse_budget_factor"] * t["chars"] + limits["parse_floor_chars"]
+        assert t["s"] <= 2 + budget / CHARS_PER_S, (name, t)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root path needs root (the unprivileged path runs anyway)")
+def test_code_judges_as_root():
+    check_code(eval_probe.code_probe())
+
+
+def test_code_judges_as_an_unprivileged_user():
+    proc = unprivileged.run("tests/eval_probe.py", [], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["euid"] != 0
+    check_code(out["code"])
+
+
+def test_math_checker_on_hostile_answers():
+    res = eval_probe.math_probe(timeout_s=10.0)
+    for name, a in res["answers"].items():
+        assert not a["pass"] and a["honest_after"] and not a["wrong_after"], (name, a)
+        assert a["s"] <= res["timeout_s"] + 2, (name, a)  # the caller's bound, whatever sympy does
+        assert a["helper_hwm_kb"] is None or a["helper_hwm_kb"] <= res["memory_mb"] * 1024, (name, a)
+    assert res["growth_kb"] < 64 * 1024, res["growth_kb"]  # nothing of an answer is parsed in the caller
