@@ -64,6 +64,7 @@ HOSTILE_TEXTS = {
     "unary_nesting": "```python\n" + "-" * 100_000 + "1\n```",
     "attribute_chain": "```python\n" + "a" + ".b" * 200_000 + "\n```",
     "open_fences": "```python\n" * 5_000,
+    "fence_blanks": "```" + " " * 20_000 + "x\n",
 }
 
 # Math answers built to be costly for sympy (huge powers, deep nesting, long sums)

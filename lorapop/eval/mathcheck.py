@@ -127,7 +127,11 @@ def _serve(memory_mb: int = 0) -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "Timeout during comparison" is in our result
     import math_verify  # noqa: F401  (load sympy before saying ready)
 
-    out = sys.stdout
+    # The results go out on a private copy of stdout; fd 1 itself now leads to stderr (discarded), so nothing a
+    # library prints while it reads an answer can pass for a result line.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
