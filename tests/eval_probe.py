@@ -133,9 +133,8 @@ def judge_mixed(judge, problem, named: dict[str, str]) -> dict:
 
 
 def code_probe() -> dict:
-    from lorapop.eval import code as codeh
     from lorapop.eval.data import load_benchmark
-    from lorapop.eval.harness import RESULT_MAX_CHARS, CodeJudge, make_executor, result_cap
+    from lorapop.eval.harness import RESULT_MAX_CHARS, CodeJudge, candidate_program, make_executor, result_cap
     from lorapop.eval.sanitize import PARSE_BUDGET_FACTOR, PARSE_FLOOR_CHARS
 
     out: dict = {"limits": {"result_max_chars": RESULT_MAX_CHARS, "parse_budget_factor": PARSE_BUDGET_FACTOR,
@@ -189,8 +188,7 @@ def code_probe() -> dict:
         for k, text in HOSTILE_TEXTS.items():
             t = time.monotonic()
             try:
-                codeh.extract_solution(text, "f")
-                err = None
+                err = None if isinstance(candidate_program(text, "f"), str) else "no program"
             except Exception as e:  # noqa: BLE001 - recorded: the test asserts there is none
                 err = type(e).__name__
             texts[k] = {"s": time.monotonic() - t, "chars": len(text), "error": err}

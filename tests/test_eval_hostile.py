@@ -7,9 +7,12 @@ mathcheck.py; docs/METHOD.md, "Which layer bounds what"). The code judges run as
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import random
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,34 @@ def test_math_checker_on_hostile_answers():
         assert a["s"] <= res["timeout_s"] + 2, (name, a)  # the caller's bound, whatever sympy does
         assert a["helper_hwm_kb"] is None or a["helper_hwm_kb"] <= res["memory_mb"] * 1024, (name, a)
     assert res["growth_kb"] < 64 * 1024, res["growth_kb"]  # nothing of an answer is parsed in the caller
+
+
+def test_only_one_string_literal_passes_the_one_pass_check():
+    # generated: the reprs of random strings all pass and read back; random texts over quotes, backslashes, line
+    # ends and letters pass only when they parse to one string constant
+    from lorapop.eval.outputs import is_one_string_literal
+
+    rng = random.Random(0)
+    alphabet = ["'", '"', "\\", "\n", "\r", "a", " ", "\x00", "\u20ac", "\U0001f600", "[", "1", ","]
+    for _ in range(3000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        assert is_one_string_literal(repr(s)) and ast.literal_eval(repr(s)) == s, s
+        t = rng.choice(["'", '"', ""]) + s + rng.choice(["'", '"', ""])
+        if is_one_string_literal(t):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "invalid escape sequence": repr never writes one, a forger may
+                node = ast.parse(t, mode="eval").body
+            assert isinstance(node, ast.Constant) and isinstance(node.value, str), t
+
+
+def test_a_text_that_breaks_extraction_is_its_own_failure(monkeypatch):
+    from lorapop.eval import code as codeh
+    from lorapop.eval.harness import candidate_program
+
+    def boom(text, entry_point):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(codeh, "extract_solution", boom)
+    prog = candidate_program("def f(): pass", "f")
+    compile(prog, "<p>", "exec")
+    assert "answer could not be extracted: RecursionError" in prog

@@ -150,6 +150,15 @@ def candidate_outputs(value: str | None, max_chars: int) -> tuple[dict, list]:
     return res, cmp.decode_all(res.get("outs") or [])
 
 
+def candidate_program(text: str, entry_point: str | None) -> str:
+    """The program judged for a completion (:func:`~lorapop.eval.code.extract_solution`); a text that makes the
+    extraction raise gives a program that fails with the reason, in the sandbox like any other."""
+    try:
+        return codeh.extract_solution(text, entry_point)
+    except Exception as e:  # noqa: BLE001 - whatever an answer's text makes the host raise is that answer's failure
+        return f"raise SyntaxError({('answer could not be extracted: ' + type(e).__name__)!r})\n"
+
+
 def _failure(e: Exception) -> str:
     return str(e)[:300] if isinstance(e, cmp.WireError) else f"unjudgeable output: {type(e).__name__}"
 
@@ -298,8 +307,8 @@ def evaluate_benchmark(engine: Engine, spec: BenchmarkSpec, problems: list[Probl
         if judge is None:
             raise ValueError("code benchmarks need a CodeJudge")
         flat = [(a, i) for a in adapter_ids for i in range(len(problems))]
-        programs = [codeh.extract_solution(prompts[i].response_prefix + comps[a][i].text,
-                                           problems[i].gold.get("entry_point")) for a, i in flat]
+        programs = [candidate_program(prompts[i].response_prefix + comps[a][i].text,
+                                      problems[i].gold.get("entry_point")) for a, i in flat]
         verdicts = judge.judge([problems[i] for _, i in flat], programs, desc=spec.name)
         for a in adapter_ids:
             res.passed[a], res.extra[a] = [], []

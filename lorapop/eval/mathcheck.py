@@ -201,12 +201,13 @@ class MathChecker:
             try:
                 self._proc.stdin.write((json.dumps([list(golds), output]) + "\n").encode())
                 line = self._readline(self.timeout_s)
-                if line is not None:
-                    return json.loads(line)
+                res = json.loads(line) if line is not None else None
+                if isinstance(res, dict) and isinstance(res.get("pass"), bool):
+                    return res
             except (OSError, ValueError):
                 pass
             self.n_timeouts += 1
-            self._stop()  # a stuck helper is replaced on the next check
+            self._stop()  # a stuck (or garbled) helper is replaced on the next check
             return {"pass": False, "answer": extract_answer(output) or last_number(output), "timeout": True}
 
     def close(self) -> None:

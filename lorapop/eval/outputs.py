@@ -124,11 +124,11 @@ def few_per_hash(items: list) -> list:
 
 
 def is_one_string_literal(text: str) -> bool:
-    """Whether ``text`` is one quoted string literal as ``repr(str)`` writes it (one line, no prefix, no triple
-    quotes, no second literal), checked in one pass over its characters. Its parse is then one constant: memory
+    """Whether ``text`` is one quoted string literal as ``repr(str)`` writes it (one line, no NUL, no prefix, no
+    triple quotes, no second literal), checked in one pass over its characters. Its parse is then one constant: memory
     about the text's size, however the text was forged (a list literal of the same size would build an object per
     item)."""
-    if len(text) < 2 or text[0] not in "'\"" or text[-1] != text[0] or "\n" in text or "\r" in text:
+    if len(text) < 2 or text[0] not in "'\"" or text[-1] != text[0] or any(c in text for c in "\n\r\x00"):
         return False
     body = text[1:-1].replace("\\\\", "")  # escaped backslashes; any backslash left escapes the character after it
     return not body.endswith("\\") and text[0] not in body.replace("\\" + text[0], "")
