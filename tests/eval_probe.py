@@ -32,6 +32,11 @@ def forge(entry: str, value_expr: str) -> str:
     return f"def {entry}(*args):\n" + _FORGE.format(value=value_expr)
 
 
+def forge_prepared(entry: str, value_expr: str) -> str:
+    """:func:`forge` with the text built when the program loads (a large one would overrun the per-input limit)."""
+    return f"_V = {value_expr}\n" + forge(entry, "_V")
+
+
 def returning(entry: str, expr: str, prelude: str = "") -> str:
     return prelude + f"def {entry}(*args):\n    return {expr}\n"
 
@@ -46,6 +51,8 @@ def hostile_returns(entry: str) -> dict[str, str]:
         "forge_unhashable_literal": forge(entry, "'{[1]: 2}'"),
         "forge_list_literal_3mib": forge(entry, "'[' + '0,' * (3 << 19) + ']'"),
         "forge_string_24mib": forge(entry, "repr('x' * (24 << 20))"),
+        # as many 4-byte characters as the executor takes: the most it reads of a result
+        "forge_wide_string_at_cap": forge_prepared(entry, "repr(chr(0x1F600) * ((16 << 20) - 2))"),
         "forge_deep_json": forge(entry, "repr('{\"outs\": ' + '[' * 100000 + ']' * 100000 + '}')"),
         "forge_fraction_exponent": forge(entry, "repr('{\"outs\": [[\"Q\", \"1e10000000\"]], \"error\": null}')"),
         "forge_colliding_set": forge(entry, "repr('{\"outs\": [[\"S\", [' + ','.join(str(k * (2**61 - 1)) "
@@ -95,6 +102,13 @@ class _Timed:
             return self.ex.run(code, **kw)
         finally:
             self.local.s = getattr(self.local, "s", 0.0) + time.monotonic() - t
+
+
+def as_method(program: str, name: str) -> str:
+    """A function candidate made LCB's ``Solution().<name>``: the lines before the def stay at the top."""
+    head, _, body = program.partition(f"def {name}(*args):\n")
+    return (head + f"class Solution:\n    def {name}(self, *args):\n"
+            + "".join("    " + line + "\n" for line in body.splitlines()))
 
 
 def judge_mixed(judge, problem, named: dict[str, str]) -> dict:
@@ -164,11 +178,7 @@ def code_probe() -> dict:
         for label, p in (("lcb_functional", functional), ("lcb_stdio", stdio)):
             honest = lcb_sols[p.id]
             if p.gold["fn_name"]:
-                hostile = {k: "class Solution:\n" + "\n".join("    " + line for line in
-                                                               v.replace(f"def {p.gold['fn_name']}(*args)",
-                                                                         f"def {p.gold['fn_name']}(self, *args)")
-                                                               .splitlines()) + "\n"
-                           for k, v in hostile_returns(p.gold["fn_name"]).items()
+                hostile = {k: as_method(v, p.gold["fn_name"]) for k, v in hostile_returns(p.gold["fn_name"]).items()
                            if not k.startswith(("fraction_subclass", "signaling_nan"))}
                 hostile["signaling_nan"] = ("import decimal\nclass Solution:\n    def %s(self, *a):\n"
                                             "        return decimal.Decimal('sNaN')\n" % p.gold["fn_name"])

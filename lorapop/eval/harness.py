@@ -31,8 +31,9 @@ EVAL_PRELOAD = ("pickle", "io", "time", "sys", "copy", "random", "statistics", "
 
 
 # The longest result a sandbox run may return: the executor refuses a longer one before the host parses anything
-# (the largest of the shipped canonical results, Mbpp/630's, is 9.2 MiB).
-RESULT_MAX_CHARS = 32 << 20
+# (the largest of the shipped canonical results, Mbpp/630's, is 9.2 MiB). The executor reads up to 4 bytes a
+# character of it, so a forged result can hold about 12 times this many bytes of the host while it is read.
+RESULT_MAX_CHARS = 16 << 20
 # A candidate's result may be at most this many characters more than RESULT_FACTOR times the expected outputs' JSON
 # (a right answer's outputs encode to about the expected ones' size: floats within tolerance up to 8 times longer,
 # and repr may double a JSON text's backslashes); a longer one fails unread, so what the host spends rebuilding and
