@@ -101,3 +101,53 @@ def test_a_text_that_breaks_extraction_is_its_own_failure(monkeypatch):
     prog = candidate_program("def f(): pass", "f")
     compile(prog, "<p>", "exec")
     assert "answer could not be extracted: RecursionError" in prog
+
+
+CODE_PIECES = ["def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total",
+               "import math\n\ndef g(n):\n    return math.isqrt(n) ** 2 == n",
+               "class A:\n    def h(self, s):\n        return s[::-1]", "x = [1, 2,\n     3]", "print(f([1, 2]))"]
+PROSE = ["Here is the solution:", "This works because every element is visited once.", "Example: f([1, 2]) == 3",
+         "Complexity: O(n).", "1. First, read the input", "Note that (a) and (b) hold.", "", "Let's think step by step.",
+         "    indented explanation", "x is the input (a list"]
+CUT = ["    return x +", "def broken(:", "    if x ==", "'''unterminated", "(a, b"]
+
+
+def _plain_search(code: str) -> str:
+    """The longest block that parses, by trying every block longest first (EvalPlus's search), with no budget."""
+    if ast_parses(code):
+        return code
+    lines = code.splitlines()
+    n = len(lines)
+    w = [0]
+    for line in lines:
+        w.append(w[-1] + bool(line.strip()))
+    for i, j in sorted(((i, j) for i in range(n) for j in range(i + 1, n + 1)), key=lambda s: -(w[s[1]] - w[s[0]])):
+        if w[j] - w[i] == 0:
+            break
+        if ast_parses("\n".join(lines[i:j])):
+            return "\n".join(lines[i:j])
+    return ""
+
+
+def ast_parses(src: str) -> bool:
+    try:
+        ast.parse(src)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def test_the_parse_budget_leaves_ordinary_answers_alone():
+    # generated: answers made of prose, code and prose, some cut off at the end; the bounded search (its budget and
+    # its skipping of blocks that must fail) finds the block the plain search finds
+    from lorapop.eval.sanitize import longest_valid_block
+
+    rng = random.Random(1)
+    for _ in range(120):
+        parts = [rng.choice(PROSE) for _ in range(rng.randint(0, 20))]
+        parts += [rng.choice(CODE_PIECES) for _ in range(rng.randint(1, 4))]
+        parts += [rng.choice(PROSE) for _ in range(rng.randint(0, 20))]
+        if rng.random() < 0.5:
+            parts.append(rng.choice(CUT))
+        text = "\n".join(parts)
+        assert longest_valid_block(text) == _plain_search(text), text
