@@ -8,6 +8,10 @@ equality for eight tasks, "not None" for three); HumanEval's ``find_zero`` check
 the exact match fails and ``atol`` is non-zero (or the expected value ``is_floats``, which sets atol = 1e-6 for this
 and every later input, as EvalPlus's loop does) the types and lengths must match and ``np.allclose(out, exp,
 rtol=1e-7, atol)`` (written here in the standard library) must hold.
+
+A candidate chooses its result's text, so it is read within bounds that keep the host's time and memory linear in
+the text's size (:func:`read_result`, :func:`decode`), and any exception of a comparison is the candidate's failure
+(docs/METHOD.md, "Which layer bounds what, on the host").
 """
 
 from __future__ import annotations
