@@ -151,3 +151,43 @@ def test_the_parse_budget_leaves_ordinary_answers_alone():
             parts.append(rng.choice(CUT))
         text = "\n".join(parts)
         assert longest_valid_block(text) == _plain_search(text), text
+
+
+def _random_tree(rng: random.Random, depth: int = 0):
+    leaves = [0, -1, 2 ** 61 - 1, 10 ** 30, 1.5, -0.0, 1e308, "x", "", "1e10000000", "sNaN", "NaN", "Infinity",
+              "-3/4", "1/0", "ff" * 50, None, True]
+    if depth > 3 or rng.random() < 0.3:
+        return rng.choice(leaves)
+    tag = rng.choice("LTSFDICBQMOHXZ")
+    kids = [_random_tree(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    if tag == "D":
+        return [tag, [[_random_tree(rng, depth + 1), _random_tree(rng, depth + 1)] for _ in range(rng.randint(0, 3))]]
+    if tag in "LTSF":
+        return [tag, kids] if rng.random() < 0.9 else [tag] + kids
+    return [tag] + kids
+
+
+def test_generated_results_fail_only_their_candidate():
+    # generated: result texts built from every tag with odd payloads, some mangled; reading and comparing them raises
+    # nothing but WireError, and the comparisons answer (True or False) for every one of them
+    from lorapop.eval import outputs as cmp
+    from lorapop.eval.harness import candidate_outputs
+
+    rng = random.Random(2)
+    expected = [[(1, 2)], [3], [0.5], ["a"], [{1: 2}]]
+    tests = [{"input": "1", "output": "[1, 2]"}, {"input": "2", "output": "3\n"}]
+    for _ in range(3000):
+        res = {"outs": [_random_tree(rng) for _ in range(rng.randint(0, 3))], "error": _random_tree(rng)}
+        text = repr(json.dumps(res)) if rng.random() < 0.8 else rng.choice(
+            [json.dumps(res), repr(json.dumps(res))[:-1], "{[1]: 2}", repr(res), "'" + json.dumps(res) + "' 'x'"])
+        try:
+            _, outs = candidate_outputs(text, 1 << 20)
+        except cmp.WireError:
+            continue
+        for exp in expected:
+            for entry in ("similar_elements", "sum_div", "surface_Area", "check_str", "f"):
+                ok, _ = cmp.evalplus_check("mbpp", entry, [[1, 2]] * len(exp), outs, exp, rng.choice([0, 1e-6]))
+                assert isinstance(ok, bool)
+        ok, _ = cmp.evalplus_check("humaneval", "find_zero", [[[1, 2]]], outs, [0.5], 1e-6)
+        for functional in (True, False):
+            assert isinstance(cmp.lcb_check(tests, outs, functional)[0], bool)
