@@ -115,8 +115,8 @@ def score_here(golds: list[str], output: str) -> dict:
 
 
 def _serve(memory_mb: int = 0) -> None:
-    """The helper's loop: one JSON line ``[golds, output]`` in, one JSON line (the result) out; its address space
-    capped at ``memory_mb`` MiB (0: no cap)."""
+    """The helper's loop: one JSON line ``[id, golds, output]`` in, one JSON line (the result, with that id) out;
+    its address space capped at ``memory_mb`` MiB (0: no cap)."""
     import json
     import logging
     import resource
@@ -135,12 +135,13 @@ def _serve(memory_mb: int = 0) -> None:
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
+        rid = None
         try:
-            golds, output = json.loads(line)
+            rid, golds, output = json.loads(line)
             res = score_here(golds, output)
         except Exception as e:  # a check that breaks (MemoryError included) counts as wrong, the helper lives on
             res = {"pass": False, "answer": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-        out.write(json.dumps(res) + "\n")
+        out.write(json.dumps({**res, "id": rid}) + "\n")
         out.flush()
 
 
@@ -158,6 +159,7 @@ class MathChecker:
         self._buf = b""
         self._lock = threading.Lock()
         self.n_timeouts = 0
+        self._next_id = 0  # each request's id, echoed in its reply: a reply out of step is never taken for another
 
     def _readline(self, timeout_s: float) -> bytes | None:
         deadline = time.monotonic() + timeout_s
@@ -199,10 +201,12 @@ class MathChecker:
                 self._stop()
                 self._start()
             try:
-                self._proc.stdin.write((json.dumps([list(golds), output]) + "\n").encode())
+                self._next_id += 1
+                rid = self._next_id
+                self._proc.stdin.write((json.dumps([rid, list(golds), output]) + "\n").encode())
                 line = self._readline(self.timeout_s)
                 res = json.loads(line) if line is not None else None
-                if isinstance(res, dict) and isinstance(res.get("pass"), bool):
+                if isinstance(res, dict) and res.pop("id", None) == rid and isinstance(res.get("pass"), bool):
                     return res
             except (OSError, ValueError):
                 pass
