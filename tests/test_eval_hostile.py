@@ -107,8 +107,8 @@ CODE_PIECES = ["def f(xs):\n    total = 0\n    for x in xs:\n        total += x\
                "import math\n\ndef g(n):\n    return math.isqrt(n) ** 2 == n",
                "class A:\n    def h(self, s):\n        return s[::-1]", "x = [1, 2,\n     3]", "print(f([1, 2]))"]
 PROSE = ["Here is the solution:", "This works because every element is visited once.", "Example: f([1, 2]) == 3",
-         "Complexity: O(n).", "1. First, read the input", "Note that (a) and (b) hold.", "", "Let's think step by step.",
-         "    indented explanation", "x is the input (a list"]
+         "Complexity: O(n).", "1. First, read the input", "Note that (a) and (b) hold.", "",
+         "Let's think step by step.", "    indented explanation", "x is the input (a list"]
 CUT = ["    return x +", "def broken(:", "    if x ==", "'''unterminated", "(a, b"]
 
 
