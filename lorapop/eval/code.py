@@ -36,7 +36,9 @@ import re
 
 from lorapop.eval.sanitize import sanitize
 
-_BLOCK = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# The blank after the language only where there is a language: two blank runs side by side ("[ \t]*(py)?[ \t]*")
+# can split a run of blanks in quadratically many ways before a missing newline fails the match.
+_BLOCK = re.compile(r"```[ \t]*(?:(python3?|py)[ \t]*)?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _OPEN = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n", re.IGNORECASE)
 
 

@@ -9,6 +9,7 @@ bounded time (:mod:`lorapop.eval.mathcheck`); code runs in the sandbox and is co
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,13 +30,36 @@ EVAL_PRELOAD = ("pickle", "io", "time", "sys", "copy", "random", "statistics", "
                 "decimal", "cmath", "string", "calendar", "queue", "array", "struct", "base64", "zlib")
 
 
+# The longest result a sandbox run may return: the executor refuses a longer one before the host parses anything
+# (the largest of the shipped canonical results, Mbpp/630's, is 9.2 MiB). The executor reads up to 4 bytes a
+# character of it, so a forged result can hold about 12 times this many bytes of the host while it is read.
+RESULT_MAX_CHARS = 16 << 20
+# A candidate's result may be at most this many characters more than RESULT_FACTOR times the expected outputs' JSON
+# (a right answer's outputs encode to about the expected ones' size: floats within tolerance up to 8 times longer,
+# and repr may double a JSON text's backslashes); a longer one fails unread, so what the host spends rebuilding and
+# comparing a candidate's outputs is bounded by the benchmark's own expected outputs, not by the candidate.
+RESULT_FLOOR_CHARS = 1 << 20
+RESULT_FACTOR = 16
+
+
+def result_cap(expected_chars: int) -> int:
+    """The longest result (``repr`` of its JSON) a candidate may return when the expected outputs take
+    ``expected_chars`` characters of JSON."""
+    return min(RESULT_MAX_CHARS, RESULT_FLOOR_CHARS + RESULT_FACTOR * expected_chars)
+
+
 def make_executor(workers: int = 2, memory_mb: int = 4096) -> Any:
     """A SandboxExecutor sized for benchmark judging (large verdict/expected-output reprs, more memory)."""
     from lorapop.executor.sandbox import DEFAULT_PRELOAD, ExecutorConfig, SandboxExecutor
 
     preload = tuple(DEFAULT_PRELOAD) + tuple(m for m in EVAL_PRELOAD if m not in DEFAULT_PRELOAD)
     return SandboxExecutor(ExecutorConfig(n_workers=workers, memory_mb=memory_mb, preload=preload,
-                                          max_repr_chars=64 << 20, max_output_chars=1 << 20, fsize_mb=16))
+                                          max_repr_chars=RESULT_MAX_CHARS, max_output_chars=1 << 20, fsize_mb=16))
+
+
+def _text(x: Any, n: int = 300) -> str | None:
+    """A run's own error message, as it sent it (a string, cut short), or None."""
+    return x[:n] if isinstance(x, str) and x else None
 
 
 @dataclass(frozen=True)
@@ -117,6 +141,27 @@ class Expected:
     outs: dict[str, list]  # "base" | "plus" -> decoded outputs
     times: dict[str, list[float]]
     inputs: dict[str, list]
+    chars: dict[str, int]  # "base" | "plus" -> characters of the outputs' JSON (what a candidate's result is capped by)
+
+
+def candidate_outputs(value: str | None, max_chars: int) -> tuple[dict, list]:
+    """A candidate run's result (``repr`` of its JSON, at most ``max_chars`` characters) -> (the result object, its
+    outputs rebuilt within :mod:`lorapop.eval.outputs`' bounds)."""
+    res = cmp.read_result(value, max_chars)
+    return res, cmp.decode_all(res.get("outs") or [])
+
+
+def candidate_program(text: str, entry_point: str | None) -> str:
+    """The program judged for a completion (:func:`~lorapop.eval.code.extract_solution`); a text that makes the
+    extraction raise gives a program that fails with the reason, in the sandbox like any other."""
+    try:
+        return codeh.extract_solution(text, entry_point)
+    except Exception as e:  # noqa: BLE001 - whatever an answer's text makes the host raise is that answer's failure
+        return f"raise SyntaxError({('answer could not be extracted: ' + type(e).__name__)!r})\n"
+
+
+def _failure(e: Exception) -> str:
+    return str(e)[:300] if isinstance(e, cmp.WireError) else f"unjudgeable output: {type(e).__name__}"
 
 
 class CodeJudge:
@@ -145,17 +190,18 @@ class CodeJudge:
             try:
                 if r.status != "ok":
                     raise cmp.WireError(f"{r.status} {r.error}")
-                res = cmp.read_result(r.value)
+                res = cmp.read_result(r.value, RESULT_MAX_CHARS)
                 dataset = codeh.dataset_of(p.benchmark)
                 inputs = {w: (self._deserialize(p.gold["task_id"], p.gold[w + "_input"]) if dataset == "mbpp"
                               else p.gold[w + "_input"]) for w in ("base", "plus")}
                 if p.gold["base_input"] is None:  # HumanEval: recorded from its check() (lorapop/eval/code.py)
                     inputs["base"] = res["inputs"]
-                self._expected[key] = Expected({w: cmp.decode_all(res[w]["outs"]) for w in ("base", "plus")},
-                                               {w: [float(t) for t in res[w]["times"]] for w in ("base", "plus")},
-                                               inputs)
-            except (cmp.WireError, KeyError, TypeError) as e:
-                self._expected[key] = f"canonical solution of {p.id} failed in the sandbox: {e}"
+                self._expected[key] = Expected(
+                    {w: cmp.decode_all(res[w]["outs"], max_int_bits=None) for w in ("base", "plus")},
+                    {w: [float(t) for t in res[w]["times"]] for w in ("base", "plus")}, inputs,
+                    {w: len(json.dumps(res[w]["outs"])) for w in ("base", "plus")})
+            except Exception as e:  # noqa: BLE001 - a broken canonical solution is that problem's harness error
+                self._expected[key] = f"canonical solution of {p.id} failed in the sandbox: {type(e).__name__}: {e}"
         return self._expected[key]
 
     def _evalplus_part(self, p: Problem, cand: str, exp: Expected, which: str) -> tuple[bool, str | None]:
@@ -171,16 +217,15 @@ class CodeJudge:
         if r.status != "ok":
             return False, f"{which}: {r.status}: {r.error or ''}"[:300]
         try:
-            res = cmp.read_result(r.value)
-            outs = cmp.decode_all(res.get("outs") or [])
-        except cmp.WireError as e:
-            return False, f"{which}: {e}"
-        ok, err = cmp.evalplus_check(codeh.dataset_of(p.benchmark), p.gold["entry_point"], exp.inputs[which], outs,
-                                     exp.outs[which], p.gold["atol"])
+            res, outs = candidate_outputs(r.value, result_cap(exp.chars[which]))
+            ok, err = cmp.evalplus_check(codeh.dataset_of(p.benchmark), p.gold["entry_point"], exp.inputs[which],
+                                         outs, exp.outs[which], p.gold["atol"])
+        except Exception as e:  # noqa: BLE001 - whatever a candidate's result makes the host raise is its failure
+            return False, f"{which}: {_failure(e)}"
         if ok:
             return True, None
         # the run's own error (exception, timeout) explains a missing output better than "no output"
-        return False, (str(res.get("error")) if res.get("error") and len(outs) < len(exp.inputs[which])
+        return False, (_text(res.get("error")) if _text(res.get("error")) and len(outs) < len(exp.inputs[which])
                        else f"{which} {err}")
 
     def judge_one(self, p: Problem, cand: str) -> dict:
@@ -191,12 +236,12 @@ class CodeJudge:
             if r.status != "ok":
                 return {"pass": False, "error": f"{r.status}: {r.error or ''}"[:300]}
             try:
-                res = cmp.read_result(r.value)
-                outs = cmp.decode_all(res.get("outs") or [])
-            except cmp.WireError as e:
-                return {"pass": False, "error": str(e)}
-            ok, err = cmp.lcb_check(p.gold["tests"], outs, functional=bool(p.gold["fn_name"]))
-            return {"pass": ok, "error": None if ok else (res.get("error") or err)}
+                res, outs = candidate_outputs(r.value, result_cap(sum(len(json.dumps(t["output"]))
+                                                                      for t in p.gold["tests"])))
+                ok, err = cmp.lcb_check(p.gold["tests"], outs, functional=bool(p.gold["fn_name"]))
+            except Exception as e:  # noqa: BLE001 - whatever a candidate's result makes the host raise is its failure
+                return {"pass": False, "error": _failure(e)}
+            return {"pass": ok, "error": None if ok else (_text(res.get("error")) or err)}
         exp = self.expected(p)
         if isinstance(exp, str):
             return {"pass": False, "base": False, "error": exp, "harness_error": True}
@@ -263,8 +308,8 @@ def evaluate_benchmark(engine: Engine, spec: BenchmarkSpec, problems: list[Probl
         if judge is None:
             raise ValueError("code benchmarks need a CodeJudge")
         flat = [(a, i) for a in adapter_ids for i in range(len(problems))]
-        programs = [codeh.extract_solution(prompts[i].response_prefix + comps[a][i].text,
-                                           problems[i].gold.get("entry_point")) for a, i in flat]
+        programs = [candidate_program(prompts[i].response_prefix + comps[a][i].text,
+                                      problems[i].gold.get("entry_point")) for a, i in flat]
         verdicts = judge.judge([problems[i] for _, i in flat], programs, desc=spec.name)
         for a in adapter_ids:
             res.passed[a], res.extra[a] = [], []

@@ -18,6 +18,11 @@ one long-lived helper process (spawned, so it never inherits torch's threads), o
 math-verify's own timeouts on; the caller waits at most ``timeout_s`` for the answer, and a helper that does not
 answer in time is killed (the check counts as wrong, with ``"timeout": true``) and replaced on the next check. This
 holds from any thread of the caller, and never touches the caller's own SIGALRM.
+
+**Bounded memory.** The helper's address space is capped (``memory_mb``, RLIMIT_AS): an answer that makes sympy build
+a huge number or expression ends in a MemoryError inside the helper (the answer counts as wrong) or, when the helper
+itself dies of it, in a replaced helper. Nothing of an answer is parsed in the caller but by the regular expressions
+of :func:`extract_answer` and :func:`last_number`, whose time is linear in the text.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 # math-verify's own limits inside the helper (seconds); the caller's bound (timeout_s) sits above them.
 PARSE_TIMEOUT_S = 5
 VERIFY_TIMEOUT_S = 5
+# The helper's address-space cap (MiB): python, sympy and math-verify take about 190 MiB of it.
+MEMORY_MB = 2048
 
 
 def normalize_scientific(s: str) -> str:
@@ -107,24 +114,34 @@ def score_here(golds: list[str], output: str) -> dict:
     return {"pass": _matches(golds, pred, ans), "answer": ans}
 
 
-def _serve() -> None:
-    """The helper's loop: one JSON line ``[golds, output]`` in, one JSON line (the result) out."""
+def _serve(memory_mb: int = 0) -> None:
+    """The helper's loop: one JSON line ``[id, golds, output]`` in, one JSON line (the result, with that id) out;
+    its address space capped at ``memory_mb`` MiB (0: no cap)."""
     import json
     import logging
+    import resource
+
+    if memory_mb:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20,) * 2)
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "Timeout during comparison" is in our result
     import math_verify  # noqa: F401  (load sympy before saying ready)
 
-    out = sys.stdout
+    # The results go out on a private copy of stdout; fd 1 itself now leads to stderr (discarded), so nothing a
+    # library prints while it reads an answer can pass for a result line.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
+        rid = None
         try:
-            golds, output = json.loads(line)
+            rid, golds, output = json.loads(line)
             res = score_here(golds, output)
-        except Exception as e:  # a check that breaks counts as wrong, the helper lives on
+        except Exception as e:  # a check that breaks (MemoryError included) counts as wrong, the helper lives on
             res = {"pass": False, "answer": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-        out.write(json.dumps(res) + "\n")
+        out.write(json.dumps({**res, "id": rid}) + "\n")
         out.flush()
 
 
@@ -136,12 +153,13 @@ class MathChecker:
     The helper is a plain ``python -c`` child speaking JSON lines on its stdin/stdout (not multiprocessing, whose
     spawn re-imports the caller's main script)."""
 
-    def __init__(self, timeout_s: float = 20.0, startup_timeout_s: float = 120.0):
-        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+    def __init__(self, timeout_s: float = 20.0, startup_timeout_s: float = 120.0, memory_mb: int = MEMORY_MB):
+        self.timeout_s, self.startup_timeout_s, self.memory_mb = timeout_s, startup_timeout_s, memory_mb
         self._proc: subprocess.Popen | None = None
         self._buf = b""
         self._lock = threading.Lock()
         self.n_timeouts = 0
+        self._next_id = 0  # each request's id, echoed in its reply: a reply out of step is never taken for another
 
     def _readline(self, timeout_s: float) -> bytes | None:
         deadline = time.monotonic() + timeout_s
@@ -159,7 +177,7 @@ class MathChecker:
 
     def _start(self) -> None:
         code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
-                "from lorapop.eval.mathcheck import _serve; _serve()")
+                f"from lorapop.eval.mathcheck import _serve; _serve({int(self.memory_mb)})")
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, bufsize=0)
         self._buf = b""
@@ -183,14 +201,17 @@ class MathChecker:
                 self._stop()
                 self._start()
             try:
-                self._proc.stdin.write((json.dumps([list(golds), output]) + "\n").encode())
+                self._next_id += 1
+                rid = self._next_id
+                self._proc.stdin.write((json.dumps([rid, list(golds), output]) + "\n").encode())
                 line = self._readline(self.timeout_s)
-                if line is not None:
-                    return json.loads(line)
+                res = json.loads(line) if line is not None else None
+                if isinstance(res, dict) and res.pop("id", None) == rid and isinstance(res.get("pass"), bool):
+                    return res
             except (OSError, ValueError):
                 pass
             self.n_timeouts += 1
-            self._stop()  # a stuck helper is replaced on the next check
+            self._stop()  # a stuck (or garbled) helper is replaced on the next check
             return {"pass": False, "answer": extract_answer(output) or last_number(output), "timeout": True}
 
     def close(self) -> None:

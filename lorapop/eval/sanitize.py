@@ -20,14 +20,44 @@ import ast
 
 # O(n^2) parses to find the longest valid block; above this many lines only prefixes and suffixes are tried.
 _MAX_QUADRATIC_LINES = 200
+# The search's work is bounded by characters parsed: each failed parse is charged the text up to the line where the
+# parser stopped (a block that fails at its first line of prose costs that line, so chatty answers stay cheap), or
+# all of it where the parser had to read to the end to know (a bracket never closed, a string never ended), and
+# the search stops once PARSE_BUDGET_FACTOR times the text's length plus PARSE_FLOOR_CHARS is spent. A second bound
+# counts every block whole (PARSE_BACKSTOP_FACTOR, PARSE_BACKSTOP_FLOOR_CHARS), whatever the parser reported. A
+# text written so that every block fails only at its end ("(a +a" on each of 200 lines: 128 s before) thereby
+# costs about a second. Past either bound the longest block found so far is kept (blocks are tried longest first).
+PARSE_BUDGET_FACTOR = 64
+PARSE_FLOOR_CHARS = 1 << 16
+PARSE_BACKSTOP_FACTOR = 256
+PARSE_BACKSTOP_FLOOR_CHARS = 4 << 20
+_READ_TO_THE_END = ("never closed", "unterminated triple-quoted", "EOF", "incomplete input")
+
+
+def _parse_cost(src: str) -> tuple[bool, int, int | None]:
+    """(whether ``src`` parses, the characters charged for finding out, the line the parser stopped at when it did
+    not need the rest of the text to fail, else None)."""
+    try:
+        ast.parse(src)
+        return True, len(src), None
+    except SyntaxError as e:  # IndentationError included
+        line = max(e.lineno or 0, e.end_lineno or 0)
+        if line <= 0 or any(w in str(e.msg) for w in _READ_TO_THE_END):
+            return False, len(src), None
+        end = -1
+        for _ in range(line):
+            end = src.find("\n", end + 1)
+            if end < 0:
+                return False, len(src), None
+        return False, end + 1, line
+    except (ValueError, RecursionError, MemoryError):
+        # ValueError: NUL bytes; RecursionError, MemoryError ("parser stack overflowed"): nesting past the parser's
+        # depth, which a program cannot run with either
+        return False, len(src), None
 
 
 def _parses(src: str) -> bool:
-    try:
-        ast.parse(src)
-    except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
-        return False
-    return True
+    return _parse_cost(src)[0]
 
 
 def longest_valid_block(code: str) -> str:
@@ -44,13 +74,27 @@ def longest_valid_block(code: str) -> str:
     else:
         spans = [(i, j) for i in range(n) for j in range(i + 1, n + 1)]
     best, best_w = "", 0
+    budget = PARSE_BUDGET_FACTOR * len(code) + PARSE_FLOOR_CHARS
+    backstop = PARSE_BACKSTOP_FACTOR * len(code) + PARSE_BACKSTOP_FLOOR_CHARS
+    # A block that failed before its last line fails again with more lines after that one: the parser reads left to
+    # right and stopped before them. dead[i]: every block from line i that ends past this line fails.
+    dead: dict[int, int] = {}
     for i, j in sorted(spans, key=lambda s: -(weight[s[1]] - weight[s[0]])):
         w = weight[j] - weight[i]
         if w <= best_w:
             break  # sorted by weight: nothing later can beat the best found
+        if j > dead.get(i, n):
+            continue
         block = "\n".join(lines[i:j])
-        if _parses(block):
+        backstop -= len(block)
+        if budget < 0 or backstop < 0:
+            break
+        ok, cost, stop = _parse_cost(block)
+        budget -= cost
+        if ok:
             best, best_w = block, w
+        elif stop is not None and stop < j - i:
+            dead[i] = min(dead.get(i, n), i + stop)
     return best
 
 
