@@ -211,8 +211,9 @@ def _step_inputs(eng, cache, lengths: list[int], reads) -> tuple:
 
 
 def _compiled_step(eng):
-    dec = eng.decoder()
-    eng.refresh_inference_copies()
+    """The engine's compiled decode step (its own without --compile), its dense LoRA stacks filled."""
+    dec = eng.refresh_inference_copies()
+    dec.refresh_dense()  # the step runs the dense LoRA path, compiled or not
     eng._decode_step()
     return eng.decode_compile.step if eng.decode_compile else dec.decode_step
 

@@ -98,9 +98,10 @@ def _scores_values(qp: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, addr: t
 
     ``fused`` (the compiled step on CUDA): the read is written as a product and a sum over the gathered pool, which
     inductor fuses into one kernel that loads each key and value where it lies, in bf16, and accumulates in float32:
-    no copy of the chunk is made. Otherwise (eager, the plan's fake tensors, and the compiled step on CPU, where
-    inductor's C++ reductions over a gather ran slower than one batched matmul) the chunk is gathered once in the
-    cache's dtype and multiplied in float32: the same sums in another order."""
+    no copy of the chunk is made. Otherwise (eager, the plan's fake tensors, and the compiled step on CPU, which keeps
+    the batched matmul its BLAS runs; the fused form is for the GPU, where the bytes a decode step reads bound its
+    time) the chunk is gathered once in the cache's dtype and multiplied in float32: the same sums in another
+    order."""
     n = addr.shape[0]
     n_kv, d = kc.shape[1], kc.shape[2]
     if fused:
