@@ -101,6 +101,8 @@ def test_compiled_once_before_the_first_step_then_never_again():
     from lorapop.engine.kvsize import PAGE, token_bytes
 
     dims, dtype = compiled.cache_dims()
+    for i in range(compiled.n_adapters):  # the rounds above trained the compiled engine's adapters
+        eager.set_adapter(i, compiled.get_adapter(i))
     for e in (compiled, eager):
         e.kv.release()
         e.cfg.kv_cache_gib = 41 * PAGE * token_bytes(*dims, dtype) / 2**30
