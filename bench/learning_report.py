@@ -257,7 +257,14 @@ def main(argv=None) -> int:
     units, _ = load_run(args.copy or args.run)
     status = r["registered"]["primary"]["verdict"] if units else "no units yet"
     if args.svg:
-        args.svg.write_text(figure(units, r["yardsticks"], status), encoding="utf-8")
+        if units:
+            svg = figure(units, r["yardsticks"], status)
+        else:
+            from lorapop.report.svg import no_data
+
+            svg = no_data("Registered learning experiment: held-out readings per step",
+                          "awaits data: no (seed, arm) unit has finished yet")
+        args.svg.write_text(svg, encoding="utf-8")
     print(json.dumps(r))
     return 0
 
