@@ -247,6 +247,17 @@ def _learning_state() -> dict[str, str]:
     return {"units": str(r["units"]), "of": str(r["of"])}
 
 
+def _units_table() -> dict[str, str]:
+    r = learning()["registered"]
+    order = {"trained": 0, "shuffled": 1, "control": 2}
+    cells = []
+    for arm in sorted(r["primary"]["per_arm"], key=order.get):
+        for seed, p in sorted(r["primary"]["per_arm"][arm]["per_seed"].items()):
+            sv = r["secondary"]["per_arm"][arm]["per_seed"].get(seed)
+            cells.append((int(seed), order[arm], f"seed {seed} {arm}: P {p:.3f}, S {'-' if sv is None else f'{sv:.3f}'}"))
+    return {"unit_table": "; ".join(c for *_, c in sorted(cells)) or "none yet"}
+
+
 def _signal() -> dict[str, str]:
     from lorapop.tasks.compute_family import COMPUTE
 
@@ -304,6 +315,8 @@ CLAIMS: list[Claim] = [
                "the tasks it is scored on (a ceiling): {hindsight}", _first_learning),
     # RESULTS: the registered experiment
     Claim(RES, "The registered learning experiment: incomplete, {units} of {of} units", _learning_state),
+    Claim(RES, "The finished units, as the registered rule reads them (P: held-out compute solve rate after the unit's "
+               "steps; S: right / (right + another shown value) on the page tasks): {unit_table}.", _units_table),
     Claim(RES, "the base answered {sig_right} of its {sig_answers} answers to the {sig_cands} compute candidates "
                "(arithmetic, string transforms, compositions) right; it solved some of {sig_solved} and none of the "
                "others", _signal),

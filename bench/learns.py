@@ -272,8 +272,10 @@ def heldout_yardsticks(seeds: list[int], setting: dict, executor) -> dict:
     per_seed = {s: task_yardsticks(draw(s, setting)[3], executor) for s in seeds}
     mean = {k: round(statistics.mean(y["strategies"].get(k, {}).get("score") or 0.0 for y in per_seed.values()), 4)
             for k in STRATEGIES}
+    kinds = three_kinds({s: {k: v["score"] for k, v in y["strategies"].items()} for s, y in per_seed.items()})
     return {"per_seed": per_seed, "mean": mean,
-            "best_per_seed_mean": round(statistics.mean(y["best_score"] for y in per_seed.values()), 4)}
+            "best_per_seed_mean": round(statistics.mean(y["best_score"] for y in per_seed.values()), 4),
+            "three_kinds": kinds}
 
 
 SIGNAL_SEED = 1000  # the base-signal measurement's tasks: training arguments of a seed no registered unit uses
@@ -357,6 +359,10 @@ def table(s: dict) -> str:
         lines += [f"seed {k}: {describe(v)}" for k, v in y["per_seed"].items()]
         lines.append("trivial yardsticks, mean over seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in y["mean"].items())
                      + f"; the best strategy of each seed, mean {y['best_per_seed_mean']:.3f}")
+        k = y["three_kinds"]
+        lines.append("three kinds: each rule fixed in advance " + ", ".join(f"{r} {v:.3f}" for r, v in k["fixed"].items())
+                     + f"; chosen on the other seeds {k['chosen_on_other_seeds'] or 0:.3f}; hindsight best per seed "
+                       f"(a ceiling) {k['hindsight_best']:.3f}")
     return "\n".join(lines)
 
 
