@@ -15,9 +15,14 @@ The last line is one JSON object, ``{"claims": N, "figures": F, "not_recomputabl
 exit status is 1 when any claim or not-recomputable statement is missing or wrong. No model runs and no sandbox starts:
 a rule's answer is compared with the expected output by value, as code_o's checker compares any answer.
 
-Scope: the science sentences of the README (learning, dynamics, operator retention) and of docs/RESULTS.md's
-sections on the learning experiments, the dynamics verdicts and the retention verdicts. Timings, memory and speed
-figures are measurements of machines, checked by their own bench scripts, not here.
+Scope: every figure of the README's science paragraphs (learning, dynamics, operator retention); in docs/RESULTS.md
+the registered learning experiment's state, signal and finished units, the first learning experiment's yardsticks,
+the second dynamics design's per-seed table and criteria table, the first design's criteria table, and the
+yardstick and collapse sentences of the dynamics and retention sections. The criteria tables are checked against
+the committed criteria.json files (bench/arms.py --report-only and bench/dynamics.py write them from the raw runs
+beside them). Not yet encoded: the prose of the older RESULTS sections (the step-0 gate, the retention parents and
+per-operator tables, which bench/retention_table.py regenerates into docs/results/retention49/tables.md). Timings,
+memory and speed figures are measurements of machines, checked by their own bench scripts, not here.
 """
 
 from __future__ import annotations
@@ -277,6 +282,67 @@ def _signal() -> dict[str, str]:
             "sig_page": f3(sum(r["status"] == "correct" for r in page) / len(page))}
 
 
+def arms38_row(seed: str, arm: str) -> str:
+    """A row of RESULTS' per-seed table of the second dynamics design, from arms.json's curves: block means of steps
+    1-10 and 21-30 and the probe at each probe step."""
+    x = arms38()[0]["per_seed"][seed]["arms"][arm]
+
+    def block(key: str, lo: int, hi: int, digits: int) -> str:
+        return f"{statistics.fmean(v for k, v in _lit(x[key]) if lo <= k <= hi and v is not None):.{digits}f}"
+
+    cells = [f"{block(k, 1, 10, d)} / {block(k, 21, 30, d)}" for k, d in
+             (("matched_solve_rate", 3), ("mixed_share", 2), ("valid_rate", 2), ("ast_depth", 2))]
+    probe = " / ".join(f3(v) for _, v in _lit(x["probe"]))
+    return f"| {seed[-1]} | {arm} | " + " | ".join(cells) + f" | {probe} |"
+
+
+_RENAME = {"noise_floor": "floor", "single_tail": "single", "null_tail": "null"}
+
+
+def _num(v) -> str:
+    return str(v) if isinstance(v, int) else f3(v)
+
+
+def arms38_criterion_row(name: str) -> str:
+    """A row of RESULTS' criteria table of the second dynamics design, from the committed criteria.json (which
+    bench/arms.py --report-only writes from the raw runs beside it)."""
+    crit = arms38()[1]
+
+    def cell(c: dict) -> str:
+        v = c["value"]
+        inner = (", ".join(f"{_RENAME.get(k, k)} {_num(x)}" for k, x in v.items() if k not in ("step", "n_tasks"))
+                 if isinstance(v, dict) else _num(v))
+        return f"{'yes' if c['held'] else 'no'} ({inner})"
+
+    held = sum(crit["per_seed"][s][name]["held"] for s in SEEDS38)
+    holds = "**yes**" if crit["across_seeds"][name]["holds"] else "no"
+    return f"| `{name}` | " + " | ".join(cell(crit["per_seed"][s][name]) for s in SEEDS38) + f" | {held} of 3 | {holds} |"
+
+
+_FIRST_DYNAMICS = {  # criterion -> how RESULTS writes its measured value
+    "self_calibration.solve": lambda v: f"head {v['head']:.3f}, tail {v['tail']:.3f}",
+    "self_calibration.trivial": lambda v: f"{v:.3f}",
+    "self_calibration.simpler": lambda v: f"head {v['head']:.2f}, tail {v['tail']:.2f}",
+    "arms_race.band": lambda v: f"{v:.3f}",
+    "arms_race.reversals": lambda v: f"{v}",
+    "arms_race.complexity": lambda v: f"slope {v['slope']:.3f}, lower bound {v['ci_low']:.3f}",
+    "arms_race.coverage": lambda v: ", ".join(f"{k} {x:+.3f}" if x else f"{k} 0" for k, x in v.items()),
+    "arms_race.not_tied": lambda v: f"{v:.3f}",
+    "capability": lambda v: f"diff {v['diff']:+.3f}, lower bound {v['ci_low']:.3f}",
+}
+
+
+def dynamics_criterion_row(name: str) -> str:
+    """The start of a row of RESULTS' criteria table of the first dynamics design (up to its "holds" cell, whose
+    comment is prose), from each seed's committed criteria.json."""
+    cells, held = [], 0
+    for seed in SEEDS38:
+        c = json.loads((RESULTS / "dynamics" / seed / "criteria.json").read_text(encoding="utf-8"))[name]
+        held += c["held"]
+        cells.append(f"{'held' if c['held'] else 'failed'}: {_FIRST_DYNAMICS[name](c['value'])}")
+    return f"| `{name}` | " + " | ".join(cells) + f" | {'yes' if held >= 2 else 'no'}"
+
+
 README, RES = "README.md", "docs/RESULTS.md"
 CLAIMS: list[Claim] = [
     # README: the learning summary
@@ -330,12 +396,24 @@ CLAIMS: list[Claim] = [
     Claim(RES, "the probe's rules fixed in advance: the last element {last}, the first {first}", _probe_rules),
 ]
 
+CLAIMS += [Claim(RES, "{row}", lambda s=s, a=a: {"row": arms38_row(s, a)})
+           for s in SEEDS38 for a in ("single", "1T+1S", "2T+2S", "null")]
+CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": arms38_criterion_row(n)}) for n in (
+    "null.flat", "learning.single", "learning.1T+1S", "learning.2T+2S", "self_calibration.solve",
+    "self_calibration.simpler", "arms_race.band.1T+1S", "arms_race.harder.1T+1S", "arms_race.reversals.1T+1S",
+    "arms_race.not_tied.1T+1S", "arms_race.band.2T+2S", "arms_race.harder.2T+2S", "arms_race.reversals.2T+2S",
+    "arms_race.not_tied.2T+2S", "population.vs_single", "population.vs_1T+1S", "role_split.vs_single")]
+CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": dynamics_criterion_row(n)}) for n in _FIRST_DYNAMICS]
+
 # Figures a document states whose raw data were never committed: the fragment must be there, with the words saying so.
 NOT_RECOMPUTABLE = [
     (README, "An earlier run's 0.116 to 0.221 held-out solve rate in 8 updates (over the lr-0 control: +0.105, SD "
              "0.048, higher in 3 of 3 seeds; shuffled rewards: 0.026) cannot be checked: its answers were not kept"),
     (RES, "**Not recomputable.** The answers behind this section's figures were not kept"),
 ]
+
+
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 
 def normalise(text: str) -> str:
@@ -347,7 +425,6 @@ def check(root: Path = ROOT) -> dict:
     mismatches, figures = [], 0
     for i, c in enumerate(CLAIMS):
         names = [f for _, f, _, _ in string.Formatter().parse(c.text) if f]
-        figures += len(names) or 1
         try:
             values = c.compute()
             missing = [n for n in names if n not in values]
@@ -355,6 +432,7 @@ def check(root: Path = ROOT) -> dict:
         except Exception as e:  # a claim whose data cannot be read is a mismatch, not a crash
             mismatches.append({"claim": i, "doc": c.doc, "text": c.text, "error": f"{type(e).__name__}: {e}"})
             continue
+        figures += sum(len(NUMBER.findall(str(values[n]))) or 1 for n in names if n in values) or 1
         if missing or normalise(filled) not in docs[c.doc]:
             mismatches.append({"claim": i, "doc": c.doc, "text": c.text,
                                "recomputed": {k: v for k, v in values.items() if k in names},
