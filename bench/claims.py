@@ -101,22 +101,25 @@ def jsonl_gz(path: Path) -> list[dict]:
 def rule_scores_of(style: str) -> dict[str, float]:
     """The capability probe of ``style``'s fixed-rule scores (its 90 tasks drawn by committed code from the probe's
     seed), each rule's answer compared by value with the expected output."""
-    from lorapop.tasks.styles import proposal_style
-    from lorapop.train.probe import PROBE_SEED
     from lorapop.train.yardsticks import rule_scores
 
-    return rule_scores([t for _, t in proposal_style(style).probe_tasks(30, PROBE_SEED)])
+    return rule_scores(_probe_tasks(style))
+
+
+def first_learning_heldout(seed: int):
+    """The first learning experiment's held-out set of ``seed``, drawn by committed code."""
+    import learns
+
+    return learns.draw(seed, learns.SETTING)[3]
 
 
 @cache
 def first_learning_yardsticks() -> dict:
     """The first learning experiment's held-out sets (bench/learns.py's templates design, seeds 0-2, drawn by
     committed code): each rule's score per seed and the three kinds of yardstick."""
-    import learns
-
     from lorapop.train.yardsticks import rule_scores, three_kinds
 
-    per = {s: rule_scores(learns.draw(s, learns.SETTING)[3]) for s in (0, 1, 2)}
+    per = {s: rule_scores(first_learning_heldout(s)) for s in (0, 1, 2)}
     return three_kinds(per)
 
 
@@ -343,6 +346,30 @@ def dynamics_criterion_row(name: str) -> str:
     return f"| `{name}` | " + " | ".join(cells) + f" | {'yes' if held >= 2 else 'no'}"
 
 
+def yardstick_cells(tasks) -> str:
+    """The cells of RESULTS' yardstick table for one set: its size, then each rule's score (first, last, max, min, the
+    most common answer with its value, copy), the best in bold, ``-`` where the rule has no answer."""
+    from lorapop.train.yardsticks import rule_scores, strategy_answers
+
+    answers, mode = strategy_answers(tasks)
+    score = rule_scores(tasks)
+    order = ("first", "last", "max", "min", "most_common", "copy")
+    applies = [r for r in order if any(a is not None for a in answers[r])]
+    best = max(applies, key=lambda r: (score[r], -order.index(r)))
+    out = []
+    for r in order:
+        v = "-" if r not in applies else f"**{f3(score[r])}**" if r == best else f3(score[r])
+        out.append(v + (f" (`{mode}`)" if r == "most_common" and r in applies else ""))
+    return f"| {len(tasks)} | " + " | ".join(out) + " |"
+
+
+def _probe_tasks(style: str):
+    from lorapop.tasks.styles import proposal_style
+    from lorapop.train.probe import PROBE_SEED
+
+    return [t for _, t in proposal_style(style).probe_tasks(30, PROBE_SEED)]
+
+
 README, RES = "README.md", "docs/RESULTS.md"
 CLAIMS: list[Claim] = [
     # README: the learning summary
@@ -404,6 +431,10 @@ CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": arms38_criterion_row(n)}) for
     "arms_race.not_tied.1T+1S", "arms_race.band.2T+2S", "arms_race.harder.2T+2S", "arms_race.reversals.2T+2S",
     "arms_race.not_tied.2T+2S", "population.vs_single", "population.vs_1T+1S", "role_split.vs_single")]
 CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": dynamics_criterion_row(n)}) for n in _FIRST_DYNAMICS]
+CLAIMS += [Claim(RES, "{row}", lambda st=st: {"row": yardstick_cells(_probe_tasks(st))})
+           for st in ("selection", "expression")]
+CLAIMS += [Claim(RES, "{row}", lambda seed=seed: {"row": yardstick_cells(first_learning_heldout(seed))})
+           for seed in (0, 1, 2)]
 
 # Figures a document states whose raw data were never committed: the fragment must be there, with the words saying so.
 NOT_RECOMPUTABLE = [
