@@ -370,6 +370,26 @@ def _probe_tasks(style: str):
     return [t for _, t in proposal_style(style).probe_tasks(30, PROBE_SEED)]
 
 
+def retention_rule_row(arm: str) -> str:
+    """A row of RESULTS' table of the registered retention rule applied per arm, from the committed retention.json."""
+    r = _rule(arm)
+    n = r["parents"]
+    yn = {True: "yes", False: "no"}
+    label = "continuation (against the clone)" if arm == "continuation" else arm
+    return (f"| {label} | {n} | {r['lost_on']}/{n} | {r['back_on']}/{n} | {r['not_recovered_on']}/{n} | "
+            f"{r['final_beyond_on']}/{n} | {yn[r['loses']]} | {yn[r['for']]} | {yn[r['against_not_recovered']]} | "
+            f"{yn[r['final_beyond']]} |")
+
+
+def _power() -> dict[str, str]:
+    p = retention_verdict()["power"]
+    per = [p["per_parent"][n] for n in RETENTION_PARENTS]
+    return {"beyond": str(p["null_final_beyond"]), "nulls": str(p["null_arms"]),
+            "shares": ", ".join(f"{x['null_final_beyond']} of {x['null_arms']}" for x in per),
+            "prob": f"{p['null_meets_final_beyond']:.2f}",
+            "mdl": ", ".join(f3(x["min_detectable_loss"]) for x in per[:-1]) + f" and {f3(per[-1]['min_detectable_loss'])}"}
+
+
 README, RES = "README.md", "docs/RESULTS.md"
 CLAIMS: list[Claim] = [
     # README: the learning summary
@@ -431,6 +451,15 @@ CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": arms38_criterion_row(n)}) for
     "arms_race.not_tied.1T+1S", "arms_race.band.2T+2S", "arms_race.harder.2T+2S", "arms_race.reversals.2T+2S",
     "arms_race.not_tied.2T+2S", "population.vs_single", "population.vs_1T+1S", "role_split.vs_single")]
 CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": dynamics_criterion_row(n)}) for n in _FIRST_DYNAMICS]
+CLAIMS += [Claim(RES, "{row}", lambda arm=arm: {"row": retention_rule_row(arm)}) for arm in (
+    "full_gaussian", "dare", "layer_wise", "svd_subspace", "xes", "average", "svd_merge", "component_masking@3x",
+    "extrapolative@3x", "xes@3x", "clone", "continuation")]
+CLAIMS += [
+    Claim(RES, "Arms that lost nothing at the operator ended beyond the floor {beyond} times in {nulls} ({shares}). "
+               "From these per-parent shares, an operator with no effect meets \"final gap beyond the floor on all "
+               "parents but one\" with probability {prob}", _power),
+    Claim(RES, "tells a persisting loss from training noise only from {mdl} on", _power),
+]
 CLAIMS += [Claim(RES, "{row}", lambda st=st: {"row": yardstick_cells(_probe_tasks(st))})
            for st in ("selection", "expression")]
 CLAIMS += [Claim(RES, "{row}", lambda seed=seed: {"row": yardstick_cells(first_learning_heldout(seed))})
