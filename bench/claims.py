@@ -381,6 +381,20 @@ def retention_rule_row(arm: str) -> str:
             f"{yn[r['final_beyond']]} |")
 
 
+def retention_loss_row(arm: str) -> str:
+    """A row of RESULTS' table of the arms that lost beyond the floor (the first retention verdict): per parent the
+    drop, the recovered step and the final gap where the arm lost, ``-`` where it did not; on how many it lost."""
+    from lorapop.commands.retention.verdict import arm_outcome
+
+    cells, lost = [], 0
+    for name in RETENTION_PARENTS:
+        o = arm_outcome(retention()[name], arm)
+        lost += o["lost"]
+        rec = "not recovered" if o["recovered_step"] is None else f"step {o['recovered_step']}"
+        cells.append(f"{f3(o['drop'])}; {rec}; {f3(o['final_gap'])}" if o["lost"] else "-")
+    return f"| `{arm}` | " + " | ".join(cells) + f" | {lost} of {len(RETENTION_PARENTS)} |"
+
+
 def _power() -> dict[str, str]:
     p = retention_verdict()["power"]
     per = [p["per_parent"][n] for n in RETENTION_PARENTS]
@@ -454,6 +468,8 @@ CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": dynamics_criterion_row(n)}) f
 CLAIMS += [Claim(RES, "{row}", lambda arm=arm: {"row": retention_rule_row(arm)}) for arm in (
     "full_gaussian", "dare", "layer_wise", "svd_subspace", "xes", "average", "svd_merge", "component_masking@3x",
     "extrapolative@3x", "xes@3x", "clone", "continuation")]
+CLAIMS += [Claim(RES, "{row}", lambda arm=arm: {"row": retention_loss_row(arm)})
+           for arm in ("svd_subspace", "full_gaussian", "component_masking@3x")]
 CLAIMS += [
     Claim(RES, "Arms that lost nothing at the operator ended beyond the floor {beyond} times in {nulls} ({shares}). "
                "From these per-parent shares, an operator with no effect meets \"final gap beyond the floor on all "
