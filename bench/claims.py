@@ -251,8 +251,35 @@ def _first_learning() -> dict[str, str]:
 
 
 def _learning_state() -> dict[str, str]:
+    """"incomplete, N of 15 units" until every unit exists; then what the registered rule reads, with the paired
+    margin of trained over control on the compute tasks."""
     r = learning()["registered"]
-    return {"units": str(r["units"]), "of": str(r["of"])}
+    if r["units"] < r["of"]:
+        return {"state": f"incomplete, {r['units']} of {r['of']} units"}
+    m = r["primary"]["trained-control"]
+    return {"state": f"complete; the registered rule reads H1 (compute) {r['primary']['verdict']}, H2 (which shown "
+                     f"value) {r['secondary']['verdict']}; trained - control on the held-out compute tasks "
+                     f"{m['mean']:+.3f} (SD {m['sd']:.3f}, higher in {m['x_higher']} of {len(m['seeds'])} seeds)"}
+
+
+def _learning_yardsticks() -> dict[str, str]:
+    """The three kinds of yardstick on the finished seeds' held-out sets (compute and page tasks)."""
+    ys = learning()["yardsticks"]
+    if not ys:
+        return {"ys": "none yet"}
+    c, p = ys["compute"]["three_kinds"], ys["page"]["three_kinds"]
+
+    def chosen(k: dict) -> str:
+        return "(none: one seed)" if k["chosen_on_other_seeds"] is None else f3(k["chosen_on_other_seeds"])
+
+    fixed_c = "every rule fixed in advance " + ("0.000" if not any(c["fixed"].values()) else ", ".join(
+        f"{k} {f3(v)}" for k, v in c["fixed"].items()))
+    return {"ys": f"on the compute tasks {fixed_c}, the rule chosen on the other seeds "
+                  f"{chosen(c)}, the best rule of each seed in hindsight (a ceiling) "
+                  f"{f3(c['hindsight_best'])}; on the page tasks each rule fixed in advance "
+                  + ", ".join(f"{k} {f3(v)}" for k, v in p["fixed"].items() if k != "copy")
+                  + f", the rule chosen on the other seeds {chosen(p)}, the best rule of "
+                    f"each seed in hindsight (a ceiling) {f3(p['hindsight_best'])}"}
 
 
 def _units_table() -> dict[str, str]:
@@ -407,8 +434,7 @@ def _power() -> dict[str, str]:
 README, RES = "README.md", "docs/RESULTS.md"
 CLAIMS: list[Claim] = [
     # README: the learning summary
-    Claim(README, "[registered](docs/results/learning/REGISTRATION.md), incomplete, {units} of {of} units",
-          _learning_state),
+    Claim(README, "[registered](docs/results/learning/REGISTRATION.md), {state}", _learning_state),
     # README: the dynamics experiments
     Claim(README, "{ties}% of its tasks were solved by all or none of their answers", _dynamics_first),
     Claim(README, "its students' probe scores ({probe} at every probe of every member) stayed around the {common} of "
@@ -441,7 +467,8 @@ CLAIMS: list[Claim] = [
                "the rule chosen on the other two seeds: {chosen}; the best rule of each seed, picked in hindsight on "
                "the tasks it is scored on (a ceiling): {hindsight}", _first_learning),
     # RESULTS: the registered experiment
-    Claim(RES, "The registered learning experiment: incomplete, {units} of {of} units", _learning_state),
+    Claim(RES, "The registered learning experiment: {state}", _learning_state),
+    Claim(RES, "Yardsticks of the finished seeds' held-out sets: {ys}.", _learning_yardsticks),
     Claim(RES, "The finished units, as the registered rule reads them (P: held-out compute solve rate after the unit's "
                "steps; S: right / (right + another shown value) on the page tasks): {unit_table}.", _units_table),
     Claim(RES, "the base answered {sig_right} of its {sig_answers} answers to the {sig_cands} compute candidates "
