@@ -207,16 +207,20 @@ def figure(units: list[dict], ys: dict, status: str) -> str:
         if part and ys.get(part):
             k = ys[part]["three_kinds"]
             fixed_top = max(k["fixed"], key=lambda r: k["fixed"][r]) if k["fixed"] else None
-            lines = [(f"best rule fixed in advance ({fixed_top})", k["fixed"].get(fixed_top, 0.0), "#888888", "4 2"),
-                     ("rule chosen on the other seeds", k["chosen_on_other_seeds"], "#aa7700", "2 2"),
-                     ("hindsight best rule per seed (ceiling)", k["hindsight_best"], "#cc0000", "6 3")]
+            top = k["fixed"].get(fixed_top, 0.0)
+            label = (f"{part}: best rule fixed in advance ({fixed_top})" if top else
+                     f"{part}: every rule fixed in advance (first, last, max, min, copy)")
+            lines = [(label, top, "#888888", "4 2"),
+                     (f"{part}: rule chosen on the other seeds", k["chosen_on_other_seeds"], "#aa7700", "2 2"),
+                     (f"{part}: hindsight best rule per seed (a ceiling)", k["hindsight_best"], "#cc0000", "6 3")]
             for label, v, col, dash in lines:
                 if v is not None:
                     series.append(Series(label, [(0.0, v), (float(steps), v)], color=col, dash=dash))
         for s in series:
             legend.setdefault(s.label, s)
+        top = max((y for sr in series for _, y in sr.points if y is not None), default=0.0)
         plots.append((title, plot_svg(series, title, xlabel="update steps", ylabel="share of answers",
-                                      y_range=(0.0, 1.0))))
+                                      y_range=(0.0, min(1.0, max(0.2, round(top * 1.2 + 0.05, 1)))))))
     return figure_svg(plots, cols=3, legend=list(legend.values()),
                       title=f"Registered learning experiment: held-out readings per step ({status})")
 
