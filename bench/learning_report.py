@@ -240,12 +240,40 @@ def copy_finished(run: Path, dest: Path) -> list[str]:
     return new
 
 
+def descriptive(units: list[dict], rows: dict[tuple[int, str], list[dict]]) -> dict:
+    """The registration's descriptive readings (no verdict), per (seed, arm) at its last evaluation: the solve rate
+    per group of families (arithmetic, composition, selection), and the compute solve rate on the held-out tasks
+    whose expected output is no output of the seed's training pool (drawn again from the seed by committed code)."""
+    from learns import draw
+
+    from lorapop.tasks.compute_family import CANDIDATES
+
+    out: dict = {}
+    pools: dict[int, set[str]] = {}
+    for u in units:
+        seed, arm, steps = u["seed"], u["arm"], u["setting"]["steps"]
+        if seed not in pools:
+            pools[seed] = {t.outputs[0] for t in draw(seed, u["setting"])[2]}
+        last = max(int(k) for k in u["readings"])
+        final = [r for r in rows[seed, arm] if eval_step(r, steps) == last]
+        groups: dict[str, list[bool]] = {}
+        for r in final:
+            groups.setdefault(CANDIDATES[r["template"]].group, []).append(r["status"] == "correct")
+        novel = [r["status"] == "correct" for r in final
+                 if CANDIDATES[r["template"]].kind == "compute" and r["expected"] not in pools[seed]]
+        out[f"seed{seed}-{arm}"] = {"groups": {g: {"n": len(v), "solve_rate": _mean([float(x) for x in v])}
+                                               for g, v in sorted(groups.items())},
+                                    "novel_output_compute": {"n": len(novel),
+                                                             "solve_rate": _mean([float(x) for x in novel])}}
+    return out
+
+
 def report(run: Path) -> dict:
     """The registered verdict, the yardsticks and the curves of the units in ``run``."""
     units, rows = load_run(run)
     ys = yardsticks(rows)
     return {"registered": registered_verdict(units), "yardsticks": ys, "curves": curves(units),
-            "units": sorted(f"seed{u['seed']}-{u['arm']}" for u in units)}
+            "descriptive": descriptive(units, rows), "units": sorted(f"seed{u['seed']}-{u['arm']}" for u in units)}
 
 
 def main(argv=None) -> int:
