@@ -376,6 +376,22 @@ _FIRST_DYNAMICS = {  # criterion -> how RESULTS writes its measured value
 }
 
 
+def lr1e3_criterion_row(name: str) -> str:
+    """A row of RESULTS' criteria table of the first dynamics design at lr 1e-3 (three significant digits), from each
+    seed's committed criteria.json."""
+    def g(v) -> str:
+        return str(v) if isinstance(v, int) else format(v, ".3g")
+
+    cells, held = [], 0
+    for seed in SEEDS38:
+        c = json.loads((RESULTS / "dynamics-lr1e-3" / seed / "criteria.json").read_text(encoding="utf-8"))[name]
+        held += c["held"]
+        v = c["value"]
+        inner = ", ".join(f"{k} {g(x)}" for k, x in v.items()) if isinstance(v, dict) else g(v)
+        cells.append(f"{'held' if c['held'] else 'failed'}: {inner}")
+    return f"| `{name}` | " + " | ".join(cells) + f" | {'**yes**' if held >= 2 else 'no'} |"
+
+
 def dynamics_criterion_row(name: str) -> str:
     """The start of a row of RESULTS' criteria table of the first dynamics design (up to its "holds" cell, whose
     comment is prose), from each seed's committed criteria.json."""
@@ -509,6 +525,7 @@ CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": arms38_criterion_row(n)}) for
     "arms_race.not_tied.1T+1S", "arms_race.band.2T+2S", "arms_race.harder.2T+2S", "arms_race.reversals.2T+2S",
     "arms_race.not_tied.2T+2S", "population.vs_single", "population.vs_1T+1S", "role_split.vs_single")]
 CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": dynamics_criterion_row(n)}) for n in _FIRST_DYNAMICS]
+CLAIMS += [Claim(RES, "{row}", lambda n=n: {"row": lr1e3_criterion_row(n)}) for n in _FIRST_DYNAMICS]
 CLAIMS += [Claim(RES, "{row}", lambda arm=arm: {"row": retention_rule_row(arm)}) for arm in (
     "full_gaussian", "dare", "layer_wise", "svd_subspace", "xes", "average", "svd_merge", "component_masking@3x",
     "extrapolative@3x", "xes@3x", "clone", "continuation")]
