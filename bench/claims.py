@@ -219,6 +219,17 @@ def _dynamics_blocks() -> dict[str, str]:
     return out
 
 
+def _lr1e3_blocks() -> dict[str, str]:
+    """The same at lr 1e-3, as RESULTS writes it: an exact 0 as ``0``, a block without a valid task left out."""
+    out = {}
+    for seed in SEEDS38:
+        c = json.loads((RESULTS / "dynamics-lr1e-3" / seed / "compare.json").read_text(encoding="utf-8"))
+        pairs = list(zip(c["curves"]["population"]["step"], c["curves"]["population"]["student/matched_solve_rate"]))
+        blocks = [[y for x, y in pairs if 10 * b < x <= 10 * b + 10 and y is not None] for b in range(6)]
+        out[seed] = ", ".join("0" if statistics.fmean(v) == 0 else f"{statistics.fmean(v):.2f}" for v in blocks if v)
+    return out
+
+
 def _arms38_probe() -> dict[str, str]:
     trained = [probe38(s, a)[30] for s in SEEDS38 for a in ("single", "1T+1S", "2T+2S")]
     base = [probe38(s, a)[0] for s in SEEDS38 for a in ("single", "1T+1S", "2T+2S", "null")]
@@ -510,6 +521,8 @@ CLAIMS: list[Claim] = [
     Claim(RES, "Matched solve rate per 10-step block (steps 1-10 ... 51-60; the mean of the steps' rates, recomputed from "
                "`compare.json`: seed 1's first block is 0.085, written 0.09 before): seed 0 {seed0}; seed 1 {seed1}; "
                "seed 2 {seed2}.", _dynamics_blocks),
+    Claim(RES, "Matched solve rate per block: seed 0 {seed0}; seed 1 {seed1}, and no valid task in steps 51-60; seed 2 "
+               "{seed2}.", _lr1e3_blocks),
     Claim(RES, "{collapsed_word} of the {children} operator children on the two `single` parents ended at 0.000",
           _collapses),
     Claim(RES, "students at every probe: {probe} (3 seeds)", _dynamics_first),
