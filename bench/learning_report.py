@@ -140,7 +140,9 @@ def rule_scores(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def load_run(run: Path) -> tuple[list[dict], dict[tuple[int, str], list[dict]]]:
-    """The compute-design units in ``run`` (its units/ and answers/) and their answer rows, by (seed, arm)."""
+    """The compute-design units in ``run`` (its units/ and answers/) and their answer rows, by (seed, arm). Each
+    unit's readings are recomputed from its answers here, so every figure drawn from them rests on the raw answers,
+    not on what the run wrote into the unit file."""
     from learns import read_answers
 
     units, rows = [], {}
@@ -148,8 +150,9 @@ def load_run(run: Path) -> tuple[list[dict], dict[tuple[int, str], list[dict]]]:
         u = json.loads(path.read_text(encoding="utf-8"))
         if u["setting"].get("design") != "compute":
             continue
-        units.append(u)
         rows[u["seed"], u["arm"]] = read_answers(run / "answers" / f"seed{u['seed']}-{u['arm']}.jsonl.gz")
+        u["readings"] = {str(k): v for k, v in compute_readings(rows[u["seed"], u["arm"]], u["setting"]["steps"]).items()}
+        units.append(u)
     return units, rows
 
 
