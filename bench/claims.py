@@ -212,10 +212,10 @@ def _dynamics_blocks() -> dict[str, str]:
     the steps' rates in compare.json's curves)."""
     out = {}
     for seed in SEEDS38:
-        c = json.loads((RESULTS / "dynamics" / seed / "compare.json").read_text(encoding="utf-8"))["curves"]["population"]
-        pairs = list(zip(c["step"], c["student/matched_solve_rate"]))
-        out[seed] = ", ".join(f"{statistics.fmean(y for x, y in pairs if 10 * b < x <= 10 * b + 10 and y is not None):.2f}"
-                              for b in range(6))
+        c = json.loads((RESULTS / "dynamics" / seed / "compare.json").read_text(encoding="utf-8"))
+        pairs = list(zip(c["curves"]["population"]["step"], c["curves"]["population"]["student/matched_solve_rate"]))
+        blocks = [[y for x, y in pairs if 10 * b < x <= 10 * b + 10 and y is not None] for b in range(6)]
+        out[seed] = ", ".join(f"{statistics.fmean(v):.2f}" for v in blocks)
     return out
 
 
@@ -314,7 +314,8 @@ def _units_table() -> dict[str, str]:
     for arm in sorted(r["primary"]["per_arm"], key=order.get):
         for seed, p in sorted(r["primary"]["per_arm"][arm]["per_seed"].items()):
             sv = r["secondary"]["per_arm"][arm]["per_seed"].get(seed)
-            cells.append((int(seed), order[arm], f"seed {seed} {arm}: P {p:.3f}, S {'-' if sv is None else f'{sv:.3f}'}"))
+            s_text = "-" if sv is None else f"{sv:.3f}"
+            cells.append((int(seed), order[arm], f"seed {seed} {arm}: P {p:.3f}, S {s_text}"))
     return {"unit_table": "; ".join(c for *_, c in sorted(cells)) or "none yet"}
 
 
@@ -371,7 +372,8 @@ def arms38_criterion_row(name: str) -> str:
 
     held = sum(crit["per_seed"][s][name]["held"] for s in SEEDS38)
     holds = "**yes**" if crit["across_seeds"][name]["holds"] else "no"
-    return f"| `{name}` | " + " | ".join(cell(crit["per_seed"][s][name]) for s in SEEDS38) + f" | {held} of 3 | {holds} |"
+    cells = " | ".join(cell(crit["per_seed"][s][name]) for s in SEEDS38)
+    return f"| `{name}` | {cells} | {held} of 3 | {holds} |"
 
 
 _FIRST_DYNAMICS = {  # criterion -> how RESULTS writes its measured value
@@ -469,7 +471,8 @@ def _power() -> dict[str, str]:
     return {"beyond": str(p["null_final_beyond"]), "nulls": str(p["null_arms"]),
             "shares": ", ".join(f"{x['null_final_beyond']} of {x['null_arms']}" for x in per),
             "prob": f"{p['null_meets_final_beyond']:.2f}",
-            "mdl": ", ".join(f3(x["min_detectable_loss"]) for x in per[:-1]) + f" and {f3(per[-1]['min_detectable_loss'])}"}
+            "mdl": ", ".join(f3(x["min_detectable_loss"]) for x in per[:-1])
+            + f" and {f3(per[-1]['min_detectable_loss'])}"}
 
 
 README, RES = "README.md", "docs/RESULTS.md"
@@ -518,9 +521,9 @@ CLAIMS: list[Claim] = [
     Claim(RES, "The registered compute families are those four, {sig_registered} (the base: {sig_reg_rate} of their "
                "answers right), beside the five page families (the base: {sig_page})", _signal),
     # RESULTS: the retention verdict sections
-    Claim(RES, "Matched solve rate per 10-step block (steps 1-10 ... 51-60; the mean of the steps' rates, recomputed from "
-               "`compare.json`: seed 1's first block is 0.085, written 0.09 before): seed 0 {seed0}; seed 1 {seed1}; "
-               "seed 2 {seed2}.", _dynamics_blocks),
+    Claim(RES, "Matched solve rate per 10-step block (steps 1-10 ... 51-60; the mean of the steps' rates, recomputed "
+               "from `compare.json`: seed 1's first block is 0.085, written 0.09 before): seed 0 {seed0}; seed 1 "
+               "{seed1}; seed 2 {seed2}.", _dynamics_blocks),
     Claim(RES, "Matched solve rate per block: seed 0 {seed0}; seed 1 {seed1}, and no valid task in steps 51-60; seed 2 "
                "{seed2}.", _lr1e3_blocks),
     Claim(RES, "{collapsed_word} of the {children} operator children on the two `single` parents ended at 0.000",

@@ -151,7 +151,8 @@ def load_run(run: Path) -> tuple[list[dict], dict[tuple[int, str], list[dict]]]:
         if u["setting"].get("design") != "compute":
             continue
         rows[u["seed"], u["arm"]] = read_answers(run / "answers" / f"seed{u['seed']}-{u['arm']}.jsonl.gz")
-        u["readings"] = {str(k): v for k, v in compute_readings(rows[u["seed"], u["arm"]], u["setting"]["steps"]).items()}
+        readings = compute_readings(rows[u["seed"], u["arm"]], u["setting"]["steps"])
+        u["readings"] = {str(k): v for k, v in readings.items()}
         units.append(u)
     return units, rows
 

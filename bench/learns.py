@@ -360,7 +360,8 @@ def table(s: dict) -> str:
         lines.append("trivial yardsticks, mean over seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in y["mean"].items())
                      + f"; the best strategy of each seed, mean {y['best_per_seed_mean']:.3f}")
         k = y["three_kinds"]
-        lines.append("three kinds: each rule fixed in advance " + ", ".join(f"{r} {v:.3f}" for r, v in k["fixed"].items())
+        fixed = ", ".join(f"{r} {v:.3f}" for r, v in k["fixed"].items())
+        lines.append(f"three kinds: each rule fixed in advance {fixed}"
                      + f"; chosen on the other seeds {k['chosen_on_other_seeds'] or 0:.3f}; hindsight best per seed "
                        f"(a ceiling) {k['hindsight_best']:.3f}")
     return "\n".join(lines)
