@@ -8,6 +8,8 @@ Sets: the capability probe of ``selection`` (cpu_selection, the dynamics second 
 experiment: 90 tasks) and of ``expression`` (cpu_dynamics: 90 tasks); bench/learns.py's held-out set of each seed
 (96 tasks each); with ``--gsm8k``, the shipped GSM8K (1319 problems, judged by lorapop eval's math checker).
 MBPP+ and the other code benchmarks have none: their answer is a program, and no fixed answer passes their tests.
+For bench/learns.py's seeds, the three kinds of yardstick (lorapop/train/yardsticks.py's ``three_kinds``): each rule
+fixed in advance, the rule chosen on the other seeds, and the best rule of each seed picked in hindsight (a ceiling).
 The last line is one JSON object: per set, each strategy's score.
 """
 
@@ -51,8 +53,16 @@ def main(argv=None) -> int:
             out[f"learns_seed{seed}"] = {k: v["score"] for k, v in ys["strategies"].items()}
         print("bench/learns.py, mean over seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in learns["mean"].items())
               + f"; each seed's best strategy, mean {learns['best_per_seed_mean']:.3f}")
+        k = learns["three_kinds"]
+        print("bench/learns.py, the three kinds of yardstick: each rule fixed in advance, mean over seeds: "
+              + ", ".join(f"{r} {v:.3f}" for r, v in k["fixed"].items())
+              + f"; the rule fixed in advance chosen on the other seeds: {k['chosen_on_other_seeds']:.3f}"
+              + f"; the best rule of each seed picked in hindsight (a ceiling): {k['hindsight_best']:.3f}")
         out["learns_mean"] = learns["mean"]
         out["learns_best_per_seed_mean"] = learns["best_per_seed_mean"]
+        out["learns_fixed_in_advance"] = k["fixed"]
+        out["learns_chosen_on_other_seeds"] = k["chosen_on_other_seeds"]
+        out["learns_hindsight_best"] = k["hindsight_best"]
     finally:
         executor.close()
     if args.gsm8k:

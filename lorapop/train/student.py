@@ -180,7 +180,8 @@ class ArmResult:
 
 def run_arm(engine: Engine, executor: Executor, cfg: StudentLoopConfig, arm: str, *, train_tasks: Sequence[Task],
             heldout: Sequence[Task], slot: int = 0, sink: Callable[[str, int, list[SolveJob]], None] | None = None,
-            log: Callable[[int, dict[str, float]], None] | None = None, flip: bool = False) -> ArmResult:
+            log: Callable[[int, dict[str, float]], None] | None = None, flip: bool = False,
+            eval_every: int = 0) -> ArmResult:
     """One arm of the learning experiment (bench/learns.py) in engine slot ``slot``, then its held-out score.
 
     ``trained``: ``cfg.steps`` steps at ``cfg.lr``. ``shuffled``: the same steps with the rewards permuted within
@@ -190,7 +191,9 @@ def run_arm(engine: Engine, executor: Executor, cfg: StudentLoopConfig, arm: str
     answers the held-out tasks with the same sampling seeds; the trained and shuffled arms draw the same training
     tasks and sampling seeds per step. ``sink(phase, step, jobs)`` gets every answered job ("train" per step,
     "heldout" at step -1). ``flip`` negates the trained arm's rewards (learning broken on purpose, for checking
-    that a test notices)."""
+    that a test notices). ``eval_every`` > 0 also answers the held-out tasks after every ``eval_every``-th step
+    before the last (``sink("heldout_step", k, jobs)`` after k steps), with the final evaluation's sampling seeds, so
+    a per-step curve differs between points only by the adapter: an arm's step 0 is the control's answers."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; known: {', '.join(ARMS)}")
     cfg.validate()
@@ -206,6 +209,11 @@ def run_arm(engine: Engine, executor: Executor, cfg: StudentLoopConfig, arm: str
         curve.append(row[arm])
         if log is not None:
             log(step, row[arm])
+        if eval_every > 0 and (step + 1) % eval_every == 0 and step + 1 < cfg.steps and sink is not None:
+            sink("heldout_step", step + 1, answer(engine, executor, member, heldout, step=-1, seed=cfg.seed,
+                                                  n_samples=cfg.eval_samples, temperature=cfg.eval_temperature,
+                                                  max_new_tokens=cfg.max_new_tokens,
+                                                  response_prefill=cfg.response_prefill))
     jobs = answer(engine, executor, member, heldout, step=-1, seed=cfg.seed, n_samples=cfg.eval_samples,
                   temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
                   response_prefill=cfg.response_prefill)

@@ -93,6 +93,19 @@ def task_yardsticks(tasks: Sequence[Task], executor: Any) -> dict[str, Any]:
     return _summary(len(tasks), correct, applies, mode)
 
 
+def rule_scores(tasks: Sequence[Task]) -> dict[str, float]:
+    """Each strategy's score on code_o ``tasks`` without a sandbox: its answer read as a literal and compared by value
+    with the expected output, which is what code_o's checker decides for an answer (lorapop/tasks/values.py); the
+    sandbox's part, running the trusted program again, adds nothing for tasks whose output was computed by trusted
+    code. For reports that recompute yardsticks from saved tasks (bench/claims.py, bench/learning_report.py)."""
+    from lorapop.tasks.values import same_text
+
+    answers, _ = strategy_answers(tasks)
+    n = max(len(tasks), 1)
+    return {s: sum(a is not None and same_text(t.outputs[0], a, 10_000) for t, a in zip(tasks, got)) / n
+            for s, got in answers.items()}
+
+
 def math_yardsticks(questions: Sequence[str], golds: Sequence[Sequence[str]],
                     check: Callable[[Sequence[str], str], bool] | None = None) -> dict[str, Any]:
     """The same for a math benchmark: the first, last, largest and smallest number written in the question, and the
@@ -147,3 +160,44 @@ def describe(ys: dict[str, Any] | None, what: str = "") -> str:
     parts = [f"{s}{' (' + str(st[s]['answer']) + ')' if s == 'most_common' else ''} {st[s]['score']:.3f}"
              for s in order]
     return f"trivial yardsticks{' ' + what if what else ''} ({ys['n_tasks']} tasks): " + ", ".join(parts)
+
+
+FIXED_IN_ADVANCE = ("first", "last", "max", "min", "copy")  # rules a reader could name before seeing any answer
+
+
+def three_kinds(per_seed: dict[Any, dict[str, float]], rules: Sequence[str] = STRATEGIES) -> dict[str, Any]:
+    """The three kinds of yardstick a claim over seeds is shown beside, from each seed's score per rule:
+
+    * ``fixed``: each rule fixed in advance (:data:`FIXED_IN_ADVANCE`), its mean over the seeds. A claim is
+      "beyond the rules" only when it beats every one of these.
+    * ``chosen_on_other_seeds``: per seed, the rule fixed in advance with the best mean on the *other* seeds, scored
+      on this one (ties: the first listed); the mean over seeds. What a reader who tuned a rule on the rest of the
+      data would score on held-out data. The most common answer is not carried over: its constant is each set's own.
+    * ``hindsight_best``: per seed, the best rule on that seed itself, scored on it; the mean over seeds. A ceiling
+      picked with the answers known: no policy could name it in advance.
+
+    Returns those, each seed's chosen and best rule, and the seeds."""
+    seeds = list(per_seed)
+    names = [r for r in rules if any(r in per_seed[s] for s in seeds)]
+
+    def mean(xs):
+        xs = list(xs)
+        return sum(xs) / len(xs) if xs else None
+
+    def score(s, r):
+        return per_seed[s].get(r) or 0.0
+
+    fixed = {r: mean(score(s, r) for s in seeds) for r in FIXED_IN_ADVANCE if r in names}
+    chosen, best = {}, {}
+    for s in seeds:
+        others = [o for o in seeds if o != s]
+        fixed_names = [r for r in names if r in FIXED_IN_ADVANCE]
+        if others and fixed_names:
+            pick = max(fixed_names, key=lambda r: (mean(score(o, r) for o in others), -fixed_names.index(r)))
+            chosen[s] = {"rule": pick, "score": score(s, pick)}
+        top = max(names, key=lambda r: (score(s, r), -names.index(r)))
+        best[s] = {"rule": top, "score": score(s, top)}
+    return {"seeds": seeds, "fixed": fixed,
+            "chosen_on_other_seeds": mean(c["score"] for c in chosen.values()) if chosen else None,
+            "chosen_per_seed": chosen, "hindsight_best": mean(b["score"] for b in best.values()),
+            "best_per_seed": best}
