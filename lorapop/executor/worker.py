@@ -203,11 +203,16 @@ def _nondumpable(path):
     fs.suid_dumpable, 2 where apport is installed): without ctypes, which the worker forgot, through the _ctypes
     extension CPython keeps cached (the same route a run has; the filter, not this, is what bounds native code)."""
     import _imp
+    import gc
 
     m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
-    cint = type("c_int", (m._SimpleCData,), {"_type_": "i"})
-    fn = type("prctl", (m.CFuncPtr,), {"_flags_": m.FUNCFLAG_CDECL, "_restype_": cint})
-    if fn(m.dlsym(m.dlopen(None, 2), "prctl"))(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+    fn = type("prctl", (m.CFuncPtr,), {"_flags_": m.FUNCFLAG_CDECL})  # no restype: a C int
+    rc = fn(m.dlsym(m.dlopen(None, 2), "prctl"))(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    # nothing of it stays for the program: a run starts as the worker left it (no _ctypes module, no ctypes type)
+    del m, fn
+    sys.modules.pop("_ctypes", None)
+    gc.collect()
+    if rc != 0:
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
 
 
