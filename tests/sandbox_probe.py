@@ -97,6 +97,13 @@ CALL_ARGS.update({
 EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
 
 
+# Real-time signals queued by kill() to itself count against the user's pending-signal budget (the host user's, in
+# a user namespace); the run queues 2000 and counts what it can take back
+SIGQUEUE = ("import signal, os\nsig = signal.SIGRTMIN\nsignal.pthread_sigmask(signal.SIG_BLOCK, {sig})\n"
+            "for i in range(2000):\n    os.kill(os.getpid(), sig)\nn = 0\n"
+            "while signal.sigtimedwait({sig}, 0) is not None:\n    n += 1\n_result = n")
+
+
 def syscall_program(arch: str) -> str:
     """A program (it needs ctypes preloaded) that makes every refused call and returns {name: errno or 0}."""
     return (
@@ -223,6 +230,8 @@ def probe(host: dict) -> dict:
         bomb = ex.run(FORK_BOMB, timeout_s=3.0)
         out["fork_bomb"] = [bomb.status, bomb.value, bomb.duration_s, ex.config.max_procs]
         out["at_worker"] = [[r.status, r.value, r.error] for r in (ex.run(c) for c in AT_WORKER)]
+        q = ex.run(SIGQUEUE)
+        out["sigqueue"] = [q.status, q.value, q.error]
     finally:
         ex.close()
     with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, preload=(*DEFAULT_PRELOAD, *KIN_MODULES),

@@ -51,6 +51,7 @@ _HDR = struct.Struct(">I")
 _repr, _len, _isinstance, _str = repr, len, isinstance, str
 HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
 _SIGCHLD = {signal.SIGCHLD}
+SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 
 
 class _OutputLimit(BaseException):
@@ -221,9 +222,13 @@ def _worker_limits(cfg):
     worker itself: it writes only to its socket and keeps a handful of descriptors."""
     if resource is None:
         return
+    # Queued real-time signals are counted per user (up the user-namespace chain to the host user, whose own
+    # sigqueue and timers fail once the count reaches their limit) and a run can queue one per kill() to itself; a
+    # program's own handlers need none queued (standard signals do not queue).
     for which, val in ((resource.RLIMIT_FSIZE, (cfg["fsize_bytes"],) * 2),
                        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
-                       (resource.RLIMIT_CORE, (0, 0))):
+                       (resource.RLIMIT_CORE, (0, 0)),
+                       (resource.RLIMIT_SIGPENDING, (SIGPENDING,) * 2)):
         resource.setrlimit(which, val)
 
 
