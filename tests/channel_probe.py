@@ -173,10 +173,18 @@ NATIVE = (
     "        rc = call(*[long(a) for a in [nr] + args])\n"
     "        out.append((rc, m.get_errno()))\n"
     "    return out")
-# getppid (allowed: the native call works; the worker, pid 1), then unshare(CLONE_NEWUSER), shmget(IPC_CREAT), setxattr(NULL...),
-# pipe2(NULL, 0), refused: x86_64 numbers
-NATIVE_CALLS = [(110, []), (272, [0x10000000]), (29, [0x10C0FFEE, 4096, 0o1000 | 0o600]), (188, [0, 0, 0, 0, 0]),
-                (293, [0, 0])]
+# getppid (allowed: the native call works; the worker, pid 1), prctl(PR_GET_DUMPABLE) (0: a crashing run starts no
+# core helper on the host), then unshare(CLONE_NEWUSER), shmget(IPC_CREAT), setxattr(NULL...),
+# pipe2(NULL, 0), refused; then the calls that draw on a budget of the machine or of the host user: io_setup(1, NULL)
+# and the rest of the aio calls, io_uring, inotify and fanotify instances and watches, file handles, kcmp, sync,
+# and a MAP_HUGETLB mapping (x86_64 numbers; without the filter the first two aio calls and inotify_init would take
+# from fs.aio-max-nr and max_user_instances)
+NATIVE_CALLS = [(110, []), (157, [3, 0, 0, 0, 0]), (272, [0x10000000]), (29, [0x10C0FFEE, 4096, 0o1000 | 0o600]), (188, [0, 0, 0, 0, 0]),
+                (293, [0, 0]), (206, [1, 0]), (207, [0]), (208, [0, 0, 1, 0, 0]), (209, [0, 0, 0]), (210, [0, 0, 0]),
+                (333, [0, 0, 1, 0, 0, 0]), (425, [1, 0]), (426, [-1, 0, 0, 0, 0, 0]), (427, [-1, 0, 0, 0]),
+                (253, []), (294, [0]), (254, [-1, 0, 0]), (255, [-1, 0]), (300, [0, 0]), (301, [-1, 0, 0, 0, 0]),
+                (303, [-1, 0, 0, 0, 0]), (312, [1, 1, 0, 0, 0]), (162, []), (306, [-1]),
+                (9, [0, 1 << 21, 3, 0x22 | 0x40000, -1, 0])]
 
 
 def wrap(body: str, pre: str = "import os, sys, signal, resource\n") -> str:

@@ -44,7 +44,13 @@ for _name, (_x86, _arm) in {
         "sched_setaffinity": (203, 122), "sched_setattr": (314, 274), "ioprio_set": (251, 30),
         "sethostname": (170, 161), "setdomainname": (171, 162), "setxattr": (188, 5), "lsetxattr": (189, 6),
         "fsetxattr": (190, 7), "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16),
-        "pipe2": (293, 59), "pidfd_open": (434, 434), "setxattrat": (463, 463), "removexattrat": (466, 466)}.items():
+        "pipe2": (293, 59), "pidfd_open": (434, 434), "setxattrat": (463, 463), "removexattrat": (466, 466),
+        "io_setup": (206, 0), "io_destroy": (207, 1), "io_getevents": (208, 4), "io_submit": (209, 2),
+        "io_cancel": (210, 3), "io_pgetevents": (333, 292), "io_uring_enter": (426, 426),
+        "io_uring_register": (427, 427), "inotify_init1": (294, 26), "inotify_add_watch": (254, 27),
+        "inotify_rm_watch": (255, 28), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
+        "name_to_handle_at": (303, 264), "kcmp": (312, 272), "sync": (162, 81), "syncfs": (306, 267),
+        "mmap_hugetlb": (9, 222)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 # Arguments chosen so that, without the filter, each call fails with something other than EPERM or does nothing
 # harmful (CLONE_NEWUSER|CLONE_FS is EINVAL; reboot with a wrong magic is EINVAL; prlimit64 on pid 1 only reads).
@@ -76,7 +82,26 @@ CALL_ARGS = {
 }
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 CALL_ARGS["pipe"] = (0,)
+SYSCALLS["x86_64"]["inotify_init"] = 253  # aarch64 has inotify_init1 only
+# Zero events, context 0, bad descriptors, bad flags, pid 0: EINVAL, EBADF or ESRCH without the filter (inotify_init
+# makes a descriptor, closed below; sync flushes the machine's dirty pages once). mmap of one page with MAP_HUGETLB:
+# ENOMEM where the machine has no huge pages, a mapping where it has.
+CALL_ARGS.update({
+    "io_setup": (0, 0), "io_destroy": (0,), "io_getevents": (0, 0, 0, 0, 0), "io_submit": (0, 0, 0),
+    "io_cancel": (0, 0, 0), "io_pgetevents": (0, 0, 0, 0, 0, 0), "io_uring_enter": (-1, 0, 0, 0, 0, 0),
+    "io_uring_register": (-1, 0, 0, 0), "inotify_init": (), "inotify_init1": (-1,), "inotify_add_watch": (-1, 0, 0),
+    "inotify_rm_watch": (-1, 0), "fanotify_init": (0xFFFFFFFF, 0), "fanotify_mark": (-1, 0, 0, 0, 0),
+    "name_to_handle_at": (-1, 0, 0, 0, 0), "kcmp": (0, 0, 99, 0, 0), "sync": (), "syncfs": (-1,),
+    "mmap_hugetlb": (0, 4096, 3, 0x22 | 0x40000, -1, 0),
+})
 EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
+
+
+# Real-time signals queued by kill() to itself count against the user's pending-signal budget (the host user's, in
+# a user namespace); the run queues 2000 and counts what it can take back
+SIGQUEUE = ("import signal, os\nsig = signal.SIGRTMIN\nsignal.pthread_sigmask(signal.SIG_BLOCK, {sig})\n"
+            "for i in range(2000):\n    os.kill(os.getpid(), sig)\nn = 0\n"
+            "while signal.sigtimedwait({sig}, 0) is not None:\n    n += 1\n_result = n")
 
 
 def syscall_program(arch: str) -> str:
@@ -94,7 +119,7 @@ def syscall_program(arch: str) -> str:
         "    ctypes.set_errno(0)\n"
         "    rc = libc.syscall(ctypes.c_long(nr), *a)\n"
         "    out[name] = ctypes.get_errno() if rc == -1 else 0\n"
-        "    if rc > 0 and name in ('socket', 'userfaultfd', 'io_uring_setup', 'fsopen'):\n"
+        "    if rc > 0 and name in ('socket', 'userfaultfd', 'io_uring_setup', 'fsopen', 'inotify_init'):\n"
         "        os.close(rc)\n"
         "_result = out\n"
     )
@@ -205,6 +230,8 @@ def probe(host: dict) -> dict:
         bomb = ex.run(FORK_BOMB, timeout_s=3.0)
         out["fork_bomb"] = [bomb.status, bomb.value, bomb.duration_s, ex.config.max_procs]
         out["at_worker"] = [[r.status, r.value, r.error] for r in (ex.run(c) for c in AT_WORKER)]
+        q = ex.run(SIGQUEUE)
+        out["sigqueue"] = [q.status, q.value, q.error]
     finally:
         ex.close()
     with SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, preload=(*DEFAULT_PRELOAD, *KIN_MODULES),

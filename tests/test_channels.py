@@ -64,13 +64,15 @@ def check(out: dict) -> None:
             continue
         for c in got["checks"]:
             assert c == ["void"] * 5 or (c[:3] == ["correct"] * 3 and c[4] == "wrong"), (name, got)
-    # native code from the extension cache passes the static check and validates as a task; every call it makes
-    # that the filter refuses fails with EPERM
+    # native code from the extension cache passes the static check and validates as a task; the run is not dumpable;
+    # every call it makes that the filter refuses fails with EPERM (the aio, inotify and fanotify calls among them)
     if "native" in out:
         nat = out["native"]
         assert nat["static_ok"] and nat["valid"], nat
-        (pid, e0), *refused = ast.literal_eval(nat["output"][0])
-        assert pid == 1 and e0 == 0 and refused == [(-1, 1)] * (len(channel_probe.NATIVE_CALLS) - 1), nat
+        (pid, e0), (dumpable, e1), *refused = ast.literal_eval(nat["output"][0])
+        assert pid == 1 and e0 == 0 and (dumpable, e1) == (0, 0), nat
+        assert refused == [(-1, 1)] * (len(channel_probe.NATIVE_CALLS) - 2), list(
+            zip(channel_probe.NATIVE_CALLS[2:], refused))
     # students that compute nothing and read what the reference left: wrong
     for name, got in out["students"].items():
         assert got["valid"] and got["checks"] == ["wrong"] * 4, (name, got)

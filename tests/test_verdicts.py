@@ -41,6 +41,12 @@ def check(out: dict) -> None:
                                  else got["output"] == ["10"]), got
         want = ["correct" if name == "fake_result_gold" else "wrong", "correct", "correct"]
         assert got["checks"] == want, (name, got)
+    # code_i: an answer equal to the task's input by value but written in another order (a set of strings that
+    # iterates in that order in the sandbox) is wrong, as AZR's run of it is; the task's own text respelled is right
+    assert len(out["set_order"]) >= 3, out["set_order"]
+    for given, got in out["set_order"].items():
+        assert got["valid"] and got["output"] != [got["azr_other"]], (given, got)
+        assert got["checks"] == ["wrong", "correct", "correct"], (given, got)
     # code_o: a program whose output depends on the pid is refused as nondeterministic when its two validation runs
     # saw different pids, and voided when they saw the same one and its controls another: never "wrong" for the
     # right prediction; no file can be left (a read-only filesystem), and the host name is the sandbox's own
@@ -242,9 +248,9 @@ def test_a_hidden_input_that_is_a_shown_one_respelled_is_a_duplicate():
 
 def test_value_keys_agree_with_the_verdicts_equality():
     """values.value_key is equal exactly when AZR's == is, over generated literal values (numbers of every kind,
-    strings, bytes, nested containers, sets and dicts); the exact key only when the values are also of the same types
-    in the same order."""
-    from lorapop.tasks.values import literal_value, value_key
+    strings, bytes, nested containers, sets and dicts); the syntax-tree form of their text only when the texts are
+    the same literal (the same types, in the same order)."""
+    from lorapop.tasks.values import NotLiteral, call_form, literal_value, value_key
 
     rng = random.Random(2)
     vals = _values(rng, 60) + [1, 1.0, True, 0, -0.0, 0.0, False, 1 + 0j, [1], [1.0], (1,), {1: 2}, {1.0: 2}, {2, 1},
@@ -253,5 +259,17 @@ def test_value_keys_agree_with_the_verdicts_equality():
     for a in parsed:
         for b in parsed:
             assert (value_key(a) == value_key(b)) == (a == b), (a, b)
-            if value_key(a, exact=True) == value_key(b, exact=True):
-                assert a == b and repr(a) == repr(b), (a, b)
+    forms = []
+    for v in vals:
+        try:
+            forms.append((call_form(repr(v)), call_form(f" ( {v!r} ) "), v))
+        except NotLiteral:  # inf, nan
+            pass
+    assert len(forms) > 60
+    for fa, _, va in forms:
+        for _, fb, vb in forms:
+            if fa == fb:
+                assert va == vb and repr(va) == repr(vb), (va, vb)
+    # the adversary's pair: equal values, other orders in the sandbox
+    assert call_form("{'w0', 'w1'}") != call_form("{'w1', 'w0'}")
+    assert call_form("{'w0', 'w1'}") == call_form(" ({ 'w0' ,\"w1\" })") != call_form("({'w0', 'w1'},)")

@@ -166,6 +166,44 @@ def _statuses(ty, task, replies: list[str], ex) -> list[str]:
     return [o.status for o in ty.check_many(task, [ty.parse_answer(r) for r in replies], ex)]
 
 
+# A set of two strings whose iteration order is the order they were written in under the checks' hash seed (they
+# share a slot) and the same either way under the other validation seed: f(s) = list(s)[0] on {a, b} validates with
+# output a, and {b, a}, equal by value, gives b in the sandbox: AZR's wrong answer. The trainer's own process has
+# another hash seed, where the two spellings mostly iterate alike.
+ORDER_PROGRAM = "def f(s):\n    return list(s)[0]"
+PAIRS = ("ws = ['w%d' % i for i in range(300)]\n_result = [(a, b) for a in ws for b in ws if a < b"
+         " and list(set([a, b]))[0] == a and list(set([b, a]))[0] == b][:{n}]")
+SAME = "_result = [(a, b) for a, b in {pairs!r} if list(set([a, b]))[0] == list(set([b, a]))[0] == a]"
+
+
+def set_order(code_i, ex, n: int = 24, keep: int = 6) -> dict:
+    """Pairs found by running in the sandbox itself under each seed; each becomes a code_i task, checked with the
+    answer respelled the other way round, and with the task's own text in other white space and parentheses."""
+    from lorapop.tasks import Task
+    from lorapop.tasks.common import DETERMINISM_SEEDS
+
+    pairs = ast_eval(ex.run(PAIRS.format(n=n), hashseed=DETERMINISM_SEEDS[0]).value)
+    pairs = ast_eval(ex.run(SAME.format(pairs=pairs), hashseed=DETERMINISM_SEEDS[1]).value)[:keep]
+    out = {}
+    for a, b in pairs:
+        given, other = f"{{{a!r}, {b!r}}}", f"{{{b!r}, {a!r}}}"
+        task = _task(code_i, ORDER_PROGRAM, [given], ex)
+        azr = ex.run(f"{ORDER_PROGRAM}\n_result = f({other})", hashseed=DETERMINISM_SEEDS[0])
+        out[given] = {"valid": isinstance(task, Task), "output": getattr(task, "outputs", None),
+                      "azr_other": azr.value,
+                      "checks": _statuses(code_i, task, [f"```input\n{other}\n```",
+                                                         f"```input\n ( {{ {a!r} ,{b!r} }} )\n```",
+                                                         f"```input\n{given}\n```"], ex)
+                      if isinstance(task, Task) else task.reason}
+    return out
+
+
+def ast_eval(text):
+    import ast
+
+    return ast.literal_eval(text)
+
+
 def probe() -> dict:
     from lorapop.executor import ExecutorConfig, SandboxExecutor
     from lorapop.executor.sandbox import DEFAULT_PRELOAD
@@ -219,6 +257,7 @@ def probe() -> dict:
             progs = [FAKE_F.get(n) or RIGHT_F[n] for n in names]
             got = _statuses(code_f, task, [f"```python\n{p}\n```" for p in progs], ex)
             out["code_f"] = dict(zip(names, got))
+        out["set_order"] = set_order(code_i, ex)
         # a set of strings prints in hash-seed order: still one value, valid, and any order of it is right
         task = _task(code_o, "def f(s):\n    return set(s.split())", ["'kiwi fig plum pear apple'"], ex)
         out["set_output"] = {"valid": isinstance(task, Task),

@@ -49,6 +49,17 @@ _STATE = {
     # which a run could move for the next run to read (pidfd_open: the same through the pid's inode).
     "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
     "lremovexattr": (198, 15), "fremovexattr": (199, 16), "pipe2": (293, 59),
+    # Budgets the kernel keeps for the whole machine or for the host user, not for the run: asynchronous I/O
+    # contexts count against fs.aio-max-nr (every process on the machine; a run that takes them all makes every
+    # other io_setup fail with EAGAIN), inotify instances and watches against the user's max_user_instances and
+    # max_user_watches (charged up the user-namespace chain to the user who runs the trainer), fanotify groups and
+    # marks likewise. Handles and kernel-object comparisons (name_to_handle_at, kcmp) name things outside the run;
+    # sync and syncfs flush every dirty page of the machine's filesystems. A code-reasoning task needs none of them.
+    "io_setup": (206, 0), "io_destroy": (207, 1), "io_getevents": (208, 4), "io_submit": (209, 2),
+    "io_cancel": (210, 3), "io_pgetevents": (333, 292), "inotify_init1": (294, 26),
+    "inotify_add_watch": (254, 27), "inotify_rm_watch": (255, 28), "fanotify_init": (300, 262),
+    "fanotify_mark": (301, 263), "name_to_handle_at": (303, 264), "kcmp": (312, 272), "sync": (162, 81),
+    "syncfs": (306, 267),
 }
 DENIED = {
     "x86_64": {
@@ -57,7 +68,7 @@ DENIED = {
         "init_module": 175, "delete_module": 176, "kexec_load": 246, "add_key": 248, "request_key": 249,
         "keyctl": 250, "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,
         "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320,
-        "bpf": 321, "execveat": 322, "userfaultfd": 323, **_COMMON,
+        "bpf": 321, "execveat": 322, "userfaultfd": 323, "inotify_init": 253, **_COMMON,
         **{name: nrs[0] for name, nrs in _STATE.items()},
     },
     "aarch64": {
@@ -73,6 +84,7 @@ DENIED = {
 CLONE = {"x86_64": 56, "aarch64": 220}
 CLONE3 = 435
 PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
+MMAP, MAP_HUGETLB = {"x86_64": 9, "aarch64": 222}, 0x40000
 # clone() flags that make a new namespace (CLONE_NEWTIME only exists for clone3/unshare)
 CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -82,7 +94,7 @@ _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 _X32_BIT = 0x40000000
 
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 22, 2, 38
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE = 22, 2, 38, 4
 PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 28, 47, 4
 # NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each with its lock, and KEEP_CAPS locked off: nothing the
 # process does later (setuid, exec) can hand capabilities back
@@ -128,6 +140,13 @@ def build_filter(arch: str) -> bytes:
         _ins(_JEQ_K, 0, 3, CLONE[arch]),
         _ins(_LD_W_ABS, 0, 0, 16),
         _ins(_JSET_K, 0, 1, CLONE_NEW_MASK),
+        _ins(_RET_K, 0, 0, eperm),
+        # mmap(..., flags, ...) with MAP_HUGETLB: huge pages come from a pool the whole machine shares
+        # (vm.nr_hugepages), outside every limit of the run; flags is args[3]
+        _ins(_LD_W_ABS, 0, 0, 0),
+        _ins(_JEQ_K, 0, 3, MMAP[arch]),
+        _ins(_LD_W_ABS, 0, 0, 40),
+        _ins(_JSET_K, 0, 1, MAP_HUGETLB),
         _ins(_RET_K, 0, 0, eperm),
         # prlimit64(pid, ...) on anything but itself (pid 0): with one mapped uid a run could otherwise cut its own
         # worker's limits (setrlimit is prlimit64 with pid 0 in libc, so programs keep it)
@@ -197,6 +216,14 @@ def install_seccomp() -> str:
         e = ctypes.get_errno()
         raise Unsupported(f"the kernel refused the seccomp filter: {errno.errorcode.get(e, e)}")
     return arch
+
+
+def nondumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0), inherited by every fork: where the machine's core_pattern is a pipe (apport,
+    systemd-coredump), a crashing run would otherwise make the kernel start that helper on the host, whatever
+    RLIMIT_CORE says."""
+    ctypes, libc = _libc()
+    _check(ctypes, libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
 
 
 def drop_capabilities() -> None:

@@ -51,6 +51,7 @@ _HDR = struct.Struct(">I")
 _repr, _len, _isinstance, _str = repr, len, isinstance, str
 HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
 _SIGCHLD = {signal.SIGCHLD}
+SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 
 
 class _OutputLimit(BaseException):
@@ -163,6 +164,8 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
             os.setgroups([])
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+            if cfg["ctypes_path"]:
+                _nondumpable(cfg["ctypes_path"])
         os.chdir(cfg["work"])
         code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
         os.close(code_fd)
@@ -196,14 +199,36 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
     os._exit(0)
 
 
+def _nondumpable(path):
+    """prctl(PR_SET_DUMPABLE, 0) again after the run's uid changed (the kernel then resets the flag to the machine's
+    fs.suid_dumpable, 2 where apport is installed): without ctypes, which the worker forgot, through the _ctypes
+    extension CPython keeps cached (the same route a run has; the filter, not this, is what bounds native code)."""
+    import _imp
+    import gc
+
+    m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
+    fn = type("prctl", (m.CFuncPtr,), {"_flags_": m.FUNCFLAG_CDECL})  # no restype: a C int
+    rc = fn(m.dlsym(m.dlopen(None, 2), "prctl"))(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    # nothing of it stays for the program: a run starts as the worker left it (no _ctypes module, no ctypes type)
+    del m, fn
+    sys.modules.pop("_ctypes", None)
+    gc.collect()
+    if rc != 0:
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def _worker_limits(cfg):
     """Limits that hold for every run alike, set once on the worker and inherited by each fork. None of them binds the
     worker itself: it writes only to its socket and keeps a handful of descriptors."""
     if resource is None:
         return
+    # Queued real-time signals are counted per user (up the user-namespace chain to the host user, whose own
+    # sigqueue and timers fail once the count reaches their limit) and a run can queue one per kill() to itself; a
+    # program's own handlers need none queued (standard signals do not queue).
     for which, val in ((resource.RLIMIT_FSIZE, (cfg["fsize_bytes"],) * 2),
                        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
-                       (resource.RLIMIT_CORE, (0, 0))):
+                       (resource.RLIMIT_CORE, (0, 0)),
+                       (resource.RLIMIT_SIGPENDING, (SIGPENDING,) * 2)):
         resource.setrlimit(which, val)
 
 
@@ -363,7 +388,7 @@ def main():
     run_cfg = {"pid1": is_pid1, "work": work, "uid": cfg["uid"], "drop_uid": drop, "nproc": nproc,
                "memory_bytes": cfg["memory_bytes"], "max_output_chars": cfg["max_output_chars"],
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
-               "timeout_s": cfg["timeout_s"]}
+               "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None)}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "nproc": nproc, **locked}
@@ -438,6 +463,11 @@ def _lockdown(cfg, loaded):
     if isinstance(mod, Exception):
         errors.append(f"lockdown: {_describe(mod)}")
     else:
+        try:
+            mod.nondumpable()
+            out["ctypes_path"] = sys.modules["_ctypes"].__file__  # for a run that changes its uid (_nondumpable)
+        except Exception as exc:
+            errors.append(f"dumpable: {_describe(exc)}")
         if cfg.get("drop_caps"):
             try:
                 mod.drop_capabilities()

@@ -9,7 +9,7 @@ from lorapop.tasks import azr_prompts
 from lorapop.tasks.common import ProgramInputTask, check_answers, fence
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import call_code, check_call_args
-from lorapop.tasks.values import NotLiteral, call_key
+from lorapop.tasks.values import NotLiteral, call_form
 
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
@@ -37,7 +37,7 @@ class CodeI(ProgramInputTask):
         """The teacher's validated f runs on the student's literal arguments in a fresh sandbox process and returns
         only its output's text; the trainer compares that value with the stored output (lorapop/tasks/values.py), so
         f cannot reach the comparison that judges the answer. The control runs f on the task's own input."""
-        gold = _exact(task.inputs[0])
+        gold = _form(task.inputs[0])
 
         def prepare(a: Answer) -> list[tuple[str, str]] | Outcome:
             bad = check_call_args(a.text)
@@ -45,16 +45,18 @@ class CodeI(ProgramInputTask):
                 return Outcome("wrong", f"input {bad.reason}")
             # The task's own input, however it is spelled ("5", " 5", "(5)"), runs as the task's own text: the run is
             # then the control's, byte for byte, and counts as one (lorapop/tasks/common.py, check_answers), so f
-            # cannot treat a student giving its input otherwise than the control without voiding the task.
-            text = task.inputs[0] if gold is not None and _exact(a.text) == gold else a.text
+            # cannot treat a student giving its input otherwise than the control without voiding the task. Only the
+            # same syntax tree counts as the same input, never an equal value: {'w1', 'w0'} equals {'w0', 'w1'} but
+            # may iterate otherwise in the sandbox (its hash seed), and then it is AZR's wrong answer.
+            text = task.inputs[0] if gold is not None and _form(a.text) == gold else a.text
             return [(call_code(task.program, text), task.outputs[0])]
 
         return check_answers(answers, prepare, self.control(task), executor, program=task.program)
 
 
-def _exact(text: str):
-    """The argument list's values as a program sees them (lorapop/tasks/values.py, call_key), or None."""
+def _form(text: str):
+    """The argument list's syntax tree (lorapop/tasks/values.py, call_form), or None."""
     try:
-        return call_key(text, exact=True)
+        return call_form(text)
     except NotLiteral:
         return None

@@ -86,35 +86,28 @@ def same_text(gold: str, text: str | None, max_chars: int) -> bool:
         return False
 
 
-def value_key(v: Any, exact: bool = False) -> Any:
+def value_key(v: Any) -> Any:
     """A hashable key of a parsed literal value such that ``value_key(a) == value_key(b)`` exactly when ``a == b``
     (AZR's equality, :func:`same_value`): ``1``, ``1.0``, ``True`` and ``1+0j`` share one, as do ``0.0`` and ``-0.0``;
     sets and dicts compare whatever order the literal listed them in. Used wherever inputs must be told apart by value
-    (duplicate inputs, the task buffer). With ``exact``, equal only for values no program can tell apart: the same
-    types all the way down (``1``, ``1.0`` and ``True`` differ; so do ``0.0`` and ``-0.0``), dicts and sets in the
-    same iteration order."""
+    (duplicate inputs, the task buffer)."""
     if isinstance(v, (bool, int, float, complex)):
-        if exact:
-            return type(v).__name__, repr(v)
         c = complex(v) if not isinstance(v, int) else None
         if c is not None and c.imag != 0:
             return "c", value_key(c.real)[1], value_key(c.imag)[1]
         r = int(v) if c is None else c.real
         return "n", int(r) if isinstance(r, float) and r.is_integer() else r  # 1.0 == 1, -0.0 == 0
     if isinstance(v, (list, tuple)):
-        return type(v).__name__, tuple(value_key(x, exact) for x in v)
-    if isinstance(v, (set, frozenset)):  # exact: in iteration order, which a program sees
-        keys = [value_key(x, exact) for x in v]
-        return "set", tuple(keys) if exact else frozenset(keys)
+        return type(v).__name__, tuple(value_key(x) for x in v)
+    if isinstance(v, (set, frozenset)):
+        return "set", frozenset(value_key(x) for x in v)
     if isinstance(v, dict):
-        items = [(value_key(k, exact), value_key(x, exact)) for k, x in v.items()]
-        return "dict", tuple(items) if exact else frozenset(items)
+        return "dict", frozenset((value_key(k), value_key(x)) for k, x in v.items())
     return type(v).__name__, v  # str, bytes, None, Ellipsis
 
 
-def call_value(text: str) -> tuple[tuple, dict]:
-    """The positional and keyword argument values of an argument list ``text`` (the inside of ``f(...)``), read by
-    the literal parser alone; raises :class:`NotLiteral` when it is not one made of literals."""
+def _call(text: str) -> ast.Call:
+    """The parsed ``f(text)`` of an argument list made of literals; raises :class:`NotLiteral` otherwise."""
     if not isinstance(text, str) or len(text) > MAX_CALL_CHARS:
         raise NotLiteral("not_literal", "not an argument list of at most %d chars" % MAX_CALL_CHARS)
     try:
@@ -125,18 +118,33 @@ def call_value(text: str) -> tuple[tuple, dict]:
             raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
             raise NotLiteral("not_literal", "unpacking in an argument list")
-        return (tuple(ast.literal_eval(a) for a in call.args),
-                {k.arg: ast.literal_eval(k.value) for k in call.keywords})
+        for node in (*call.args, *(k.value for k in call.keywords)):
+            ast.literal_eval(node)
+        return call
     except NotLiteral:
         raise
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
         raise NotLiteral("not_literal", f"{type(exc).__name__}: {text[:80]}") from None
 
 
-def call_key(text: str, exact: bool = False) -> Any:
+def call_value(text: str) -> tuple[tuple, dict]:
+    """The positional and keyword argument values of an argument list ``text`` (the inside of ``f(...)``), read by
+    the literal parser alone; raises :class:`NotLiteral` when it is not one made of literals."""
+    call = _call(text)
+    return (tuple(ast.literal_eval(a) for a in call.args), {k.arg: ast.literal_eval(k.value) for k in call.keywords})
+
+
+def call_form(text: str) -> str:
+    """The syntax tree of an argument list without its positions (``ast.dump``): equal for two spellings only when
+    they differ in white space, redundant parentheses, or the spelling of one constant (``0x10`` and ``16``, ``'a'``
+    and ``"a"``), so that the same code runs either way. Sets and dicts keep the order the text lists them in, and
+    nothing is computed in this process: the order a set of strings iterates in depends on the hash seed of the
+    process that builds it, which here is not the sandbox's. Raises :class:`NotLiteral` as :func:`call_value`."""
+    return ast.dump(_call(text))
+
+
+def call_key(text: str) -> Any:
     """:func:`value_key` of an argument list: equal for calls that pass equal values in the same positions and
-    keywords (with ``exact``: values no program can tell apart, keywords in the same order, which a program taking
-    ``**kwargs`` sees)."""
+    keywords."""
     args, kwargs = call_value(text)
-    kw = tuple((k, value_key(v, exact)) for k, v in kwargs.items())
-    return tuple(value_key(a, exact) for a in args), kw if exact else frozenset(kw)
+    return tuple(value_key(a) for a in args), frozenset((k, value_key(v)) for k, v in kwargs.items())
