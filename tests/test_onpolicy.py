@@ -209,7 +209,8 @@ def test_entropy_bonus_gradient_points_up_the_entropy_gradient():
     eng.cfg.entropy_coeff = 0.0
     eng.optimizer.zero_grad()
     assert eng.accumulate_gradients(samples)[0]["n_scored"] == 0  # not even forwarded
-    assert all(p.grad is None for p in eng._params)
+    # nothing accumulated: gradients stay unset, or zero where the engine keeps them allocated for the run
+    assert all(p.grad is None or not p.grad.any() for p in eng._params)
 
 
 def test_entropy_is_measured_at_the_scoring_temperature():
