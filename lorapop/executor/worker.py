@@ -28,9 +28,8 @@ processes), drops to the run uid as root, reads its program, runs it as a fresh 
 ``repr(_result)`` or its error. The worker waits for the child's exit up to the wall clock, then kills every other
 process of the namespace (as its PID 1; else the run's process group), reaps, and re-reads everything of itself a run
 could reach (:func:`_observable`: the runs' read-only filesystem whole, its limits, priority, scheduler, CPU set, host
-name; the pid counter where runs may fork). Anything changed and it answers ``retire`` and exits, so the trainer
-starts a fresh worker: the tmpfs and the namespaces die with it, whole.
-"""
+name; the pid counter where runs may fork). Anything changed and it answers ``retire`` and exits, so the trainer starts
+a fresh worker: the tmpfs and the namespaces die with it, whole."""
 
 import builtins
 import json
@@ -205,7 +204,6 @@ def _nondumpable(path):
     extension CPython keeps cached (the same route a run has; the filter, not this, is what bounds native code)."""
     import _imp
     import gc
-
     m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
     fn = type("prctl", (m.CFuncPtr,), {"_flags_": m.FUNCFLAG_CDECL})  # no restype: a C int
     rc = fn(m.dlsym(m.dlopen(None, 2), "prctl"))(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
