@@ -92,10 +92,15 @@ class ExecResult:
 
 
 class Executor(Protocol):
-    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult: ...
+    """``max_result_chars``: this call's cap on ``repr(_result)``, below the config's ``max_repr_chars`` (a judge
+    that knows how long a right answer can be): a longer result is ``output_limit`` and is never read past the cap,
+    so a forged one costs the host no more than the caller allows."""
 
-    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
-                 hashseed: int | None = None) -> list[ExecResult]: ...
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
+            max_result_chars: int | None = None) -> ExecResult: ...
+
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None, hashseed: int | None = None,
+                 max_result_chars: int | None = None) -> list[ExecResult]: ...
 
     def close(self) -> None: ...
 

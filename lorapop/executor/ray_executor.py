@@ -33,8 +33,9 @@ class _SandboxActor:
     def protections(self) -> dict:
         return self.ex.protections
 
-    def run_many(self, codes: list[str], timeout_s: float | None, hashseed: int | None) -> list[ExecResult]:
-        return self.ex.run_many(codes, timeout_s=timeout_s, hashseed=hashseed)
+    def run_many(self, codes: list[str], timeout_s: float | None, hashseed: int | None,
+                 max_result_chars: int | None = None) -> list[ExecResult]:
+        return self.ex.run_many(codes, timeout_s=timeout_s, hashseed=hashseed, max_result_chars=max_result_chars)
 
     def close(self) -> None:
         self.ex.close()
@@ -84,18 +85,20 @@ class RayExecutor:
             raise RuntimeError(f"a Ray sandbox actor was lost twice in a row ({str(e).splitlines()[0][:200]}); "
                                "check the cluster's nodes") from e
 
-    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
-        return self.run_many([code], timeout_s=timeout_s, hashseed=hashseed)[0]
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
+            max_result_chars: int | None = None) -> ExecResult:
+        return self.run_many([code], timeout_s=timeout_s, hashseed=hashseed, max_result_chars=max_result_chars)[0]
 
-    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
-                 hashseed: int | None = None) -> list[ExecResult]:
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None, hashseed: int | None = None,
+                 max_result_chars: int | None = None) -> list[ExecResult]:
         if self._closed:
             raise RuntimeError("executor is closed")
         codes = list(codes)
         if not codes:
             return []
         ranges = [(lo, hi) for lo, hi in cut([len(c) + 200 for c in codes], len(self.actors)) if hi > lo]
-        refs = [a.run_many.remote(codes[lo:hi], timeout_s, hashseed) for a, (lo, hi) in zip(self.actors, ranges)]
+        refs = [a.run_many.remote(codes[lo:hi], timeout_s, hashseed, max_result_chars)
+                for a, (lo, hi) in zip(self.actors, ranges)]
         return [r for part in self._get(refs) for r in part]
 
     def close(self) -> None:
