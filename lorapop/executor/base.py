@@ -21,7 +21,9 @@ DEFAULT_PRELOAD = (
 @dataclass
 class ExecutorConfig:
     n_workers: int = field(default=2, metadata={"help": "worker processes per hash seed (parallel runs)"})
-    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds"})
+    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds; a task's "
+                                                            "validation runs must end within half of it (every "
+                                                            "check runs it again: lorapop/tasks/common.py)"})
     memory_mb: int = field(default=512, metadata={"help": "address-space limit per run (RLIMIT_AS), MiB, "
                                                           "interpreter included; 0 = none"})
     disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB (the runs' root "
