@@ -230,6 +230,17 @@ def note_program(detect: str, leave: str) -> str:
             "    return 2 * x + (1 if found else 0)")
 
 
+# code_i programs honest on their own input (f(5) == 10) that, on any other input, add a bit read from a channel no
+# sandbox closes (the run's pid, a fast clock), so that a student giving another right input (15, 25, ...) would fail
+# by chance if each input ran once. Each input runs CONTROL_ROUNDS times: runs that disagree void the task.
+KEYED = {"pid": "os.getpid() % 2", "clock": "time.time_ns() // 1_000_000 % 2"}
+KEYED_ANSWERS = ["5"] + [str(10 * k + 5) for k in range(1, 9)] + ["3"]  # the own input, 8 right ones, a wrong one
+
+
+def keyed_program(bit: str) -> str:
+    return _PRE + f"    if x == 5:\n        return 10\n    return x % 10 * 2 + {bit}"
+
+
 # code_f: the reference leaves its output through a channel; a student that computes nothing reads it back.
 LEAKS = {
     "file": ("os.write(os.open('/w/out', os.O_CREAT | os.O_WRONLY), repr(a + b).encode())",
@@ -289,6 +300,16 @@ def probe() -> dict:
                 got["checks"] = [[o.status for o in code_i.check_many(
                     task, [code_i.parse_answer(_fence("input", a)) for a in answers], ex)] for _ in range(3)]
             out["teachers"][name] = got
+        # teachers keyed on a channel on every input but their own: checked five times each
+        out["keyed"] = {}
+        for name, bit in KEYED.items():
+            prop = code_i.parse_proposal(_fence("python", keyed_program(bit)) + "\n" + _fence("input", "5"))
+            task = code_i.validate_many([prop], ex)[0]
+            got = {"valid": isinstance(task, Task), "reason": getattr(task, "reason", None)}
+            if isinstance(task, Task):
+                got["checks"] = [[o.status for o in code_i.check_many(
+                    task, [code_i.parse_answer(_fence("input", a)) for a in KEYED_ANSWERS], ex)] for _ in range(5)]
+            out["keyed"][name] = got
         # code_f: students that read what the reference left
         code_f = CodeF(n_inputs=4, n_shown=1)
         out["students"] = {}

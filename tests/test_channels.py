@@ -64,6 +64,14 @@ def check(out: dict) -> None:
             continue
         for c in got["checks"]:
             assert c == ["void"] * 5 or (c[:3] == ["correct"] * 3 and c[4] == "wrong"), (name, got)
+    # teachers honest on their own input and keyed on a channel on every other input: every check is void, or judges
+    # every right input right (all of an input's runs agreed: for a fair bit about 1 in 4 per input, so a check of
+    # nine keyed inputs stays unvoided about once in 260,000), never a right input wrong
+    for name, got in out["keyed"].items():
+        assert got["valid"], (name, got)
+        for c in got["checks"]:
+            assert c == ["void"] * 10 or c == ["correct"] * 9 + ["wrong"], (name, got)
+        assert any(c == ["void"] * 10 for c in got["checks"]), (name, got)  # the channel does change its runs
     # native code from the extension cache passes the static check and validates as a task; the run is not dumpable;
     # every call it makes that the filter refuses fails with EPERM (the aio, inotify and fanotify calls among them)
     if "native" in out:

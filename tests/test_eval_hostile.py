@@ -40,9 +40,11 @@ def check_code(out: dict) -> None:
             # every hostile candidate fails; every honest one judged beside them passes, every wrong one fails
             assert v["pass"] == name.startswith("honest_after_"), (label, name, v)
             assert v["host_s"] <= 2 + r["cap_chars"] / CHARS_PER_S, (label, name, v)
-        # per worker, the executor may hold a result of up to its cap in characters of up to 4 bytes three times (the
-        # bytes read, their join, the text), then the judge rebuilds at most one result within the candidate's cap
-        bound = JUDGE_WORKERS * (12 * limits["result_max_chars"] + BYTES_PER_CHAR * r["cap_chars"]) + 64 * MIB
+        # per worker, the executor reads a candidate's result only up to the candidate's own cap (harness.result_cap,
+        # passed to the executor: a forged result at the executor's 16 MiB cap grew the host by 220-270 MB when it
+        # was read whole) in characters of up to 4 bytes, held three times (the bytes read, their join, the text);
+        # then the judge rebuilds at most one result within that cap
+        bound = JUDGE_WORKERS * (12 + BYTES_PER_CHAR) * r["cap_chars"] + 64 * MIB
         assert r["growth_kb"] * 1024 <= bound, (label, r["growth_kb"] // 1024, bound // MIB)
     for name, t in out["texts"].items():
         assert t["error"] is None, (name, t)

@@ -106,3 +106,24 @@ def test_max_procs_counts_the_run_itself(max_procs):
         assert e.run(bomb, timeout_s=3).value == str(max_procs - 1)
         thread = e.run("import _thread\n_thread.start_new_thread(print, ())\n_result = 1")
         assert thread.ok == (max_procs > 1), thread
+
+
+# writes a well-formed result of ``value`` straight onto the result pipe (whichever descriptor it is), then leaves
+_FORGE = ("import os\nbody = ('ok' + chr(0) + '1' + {value} + chr(0) + '0').encode()\nfor fd in range(64):\n"
+          "    try:\n        os.write(fd, len(body).to_bytes(4, 'big') + body)\n    except OSError:\n        pass\n"
+          "os._exit(0)\n")
+
+
+def test_a_call_caps_its_result_below_the_config(ex):
+    """run(max_result_chars=n): a longer result, returned or forged onto the result pipe, is output_limit with n in
+    its error; a cap above the config's max_repr_chars does not raise it."""
+    assert ex.run("_result = 'x' * 98", max_result_chars=100).value == "'" + "x" * 98 + "'"
+    for code in ("_result = 'x' * 99", _FORGE.format(value="'y' * 300"),
+                 _FORGE.format(value="chr(0x1F600) * 5000")):
+        r = ex.run(code, max_result_chars=100)
+        assert r.status == "output_limit" and r.error.endswith(("> 100", "over 100 chars")), (code[:40], r)
+    assert ex.run(_FORGE.format(value="'y' * 300")).value == "y" * 300  # the config's 400 takes it
+    r = ex.run("_result = 'x' * 500", max_result_chars=10 ** 6)
+    assert r.status == "output_limit" and "400" in r.error, r
+    got = ex.run_many(["_result = 'x' * 20", "_result = 'x' * 200"], max_result_chars=100)
+    assert [g.status for g in got] == ["ok", "output_limit"], got

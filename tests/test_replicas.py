@@ -237,6 +237,13 @@ def test_executor_on_ray_actors_matches_the_local_sandbox(cluster):
         assert [r.status for r in got[:3]] == ["ok", "error", "timeout"]
         assert got[3].status == "error" and got[4].status == "error"  # no network, no host files, as locally
         assert remote.run("_result = 6 * 7").value == "42"
+        assert remote.run("_result = 'x' * 50", max_result_chars=20).status == "output_limit"
+        # a check's rounds: single runs from several threads, spread over the actors
+        from lorapop.tasks.common import run_rounds
+
+        rounds = run_rounds(remote, ["_result = 7", "_result = 8"], 3, 0.025)
+        assert {c: [r.value for r in rs] for c, rs in rounds.items()} == {"_result = 7": ["7"] * 3,
+                                                                          "_result = 8": ["8"] * 3}
     with pytest.raises(RuntimeError, match="closed"):
         remote.run("_result = 1")
 

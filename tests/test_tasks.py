@@ -269,3 +269,34 @@ def test_bad_student_input_gives_typed_results(ex, bad):
 def test_deeply_nested_input_is_not_literal_not_an_exception(ex):
     r = TASK_TYPES["code_o"].validate(Proposal("code_o", "def f(a):\n    return a", ["[" * 3000 + "]" * 3000]), ex)
     assert isinstance(r, Invalid) and r.reason in ("not_literal", "too_long")
+
+
+SLEEPER = "import fractions\ndef f(s):\n    fractions.sys.modules['time'].sleep(s)\n    return s"
+
+
+def test_a_task_whose_runs_take_over_half_the_wall_clock_is_too_slow(ex):
+    """Every check runs a task's program CONTROL_ROUNDS more times, so validation bounds its runs at MAX_RUN_SHARE of
+    the wall clock (1 s here); a run that ends in time but past the share makes the proposal ``too_slow``."""
+    from lorapop.tasks.common import MAX_RUN_SHARE
+
+    assert MAX_RUN_SHARE == 0.5
+    got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", SLEEPER, [s]) for s in ("0.7", "0.05")], ex)
+    assert isinstance(got[0], Invalid) and got[0].reason == "too_slow", got[0]
+    assert isinstance(got[1], Task) and got[1].outputs == ["0.05"], got[1]
+
+
+def test_the_runs_of_one_input_start_spread_apart_and_overlap(ex):
+    """run_rounds, as every check runs the task's program: each run of an input is handed to a worker at least
+    CONTROL_SPREAD_S after the one before it, so the program sees its runs start that far apart (less the difference
+    of two forks' start-up, a few milliseconds at most); and it does not wait for the one before it to end (here
+    each run lasts 0.3 s: the second starts long before the first ends), so a slow task's check costs about one run
+    on two workers, not three in a row."""
+    from lorapop.tasks.common import CONTROL_ROUNDS, CONTROL_SPREAD_S, run_rounds
+
+    code = "import fractions\nt = fractions.sys.modules['time']\n_result = t.monotonic()\nt.sleep(0.3)"
+    got = run_rounds(ex, [code], CONTROL_ROUNDS, CONTROL_SPREAD_S)
+    assert [r.status for r in got[code]] == ["ok"] * CONTROL_ROUNDS, got
+    starts = sorted(float(r.value) for r in got[code])
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(g >= CONTROL_SPREAD_S - 0.01 for g in gaps), gaps
+    assert gaps[0] < 0.25, gaps  # two workers: the first two runs overlap

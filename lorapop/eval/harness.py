@@ -32,12 +32,15 @@ EVAL_PRELOAD = ("pickle", "io", "time", "sys", "copy", "random", "statistics", "
 
 # The longest result a sandbox run may return: the executor refuses a longer one before the host parses anything
 # (the largest of the shipped canonical results, Mbpp/630's, is 9.2 MiB). The executor reads up to 4 bytes a
-# character of it, so a forged result can hold about 12 times this many bytes of the host while it is read.
+# character of it, so a result can hold about 12 times this many bytes of the host while it is read; a candidate's
+# run is read only up to its own cap (result_cap, passed to the executor), so a forged one holds at most about 12
+# times that.
 RESULT_MAX_CHARS = 16 << 20
 # A candidate's result may be at most this many characters more than RESULT_FACTOR times the expected outputs' JSON
 # (a right answer's outputs encode to about the expected ones' size: floats within tolerance up to 8 times longer,
 # and repr may double a JSON text's backslashes); a longer one fails unread, so what the host spends rebuilding and
-# comparing a candidate's outputs is bounded by the benchmark's own expected outputs, not by the candidate.
+# comparing a candidate's outputs, and reading them, is bounded by the benchmark's own expected outputs, not by the
+# candidate.
 RESULT_FLOOR_CHARS = 1 << 20
 RESULT_FACTOR = 16
 
@@ -212,12 +215,13 @@ class CodeJudge:
         # EvalPlus's per-task budget: min(60 s, sum of the limits) + 1 s, + 1 s to collect results; +1 s here for
         # starting the run (fork, reading the inputs).
         budget = min(self.task_timeout_s, sum(limits)) + 3.0
+        cap = result_cap(exp.chars[which])
         r = self.executor.run(codeh.evalplus_candidate_program(gold, p.benchmark, cand, which, limits),
-                              timeout_s=budget)
+                              timeout_s=budget, max_result_chars=cap)
         if r.status != "ok":
             return False, f"{which}: {r.status}: {r.error or ''}"[:300]
         try:
-            res, outs = candidate_outputs(r.value, result_cap(exp.chars[which]))
+            res, outs = candidate_outputs(r.value, cap)
             ok, err = cmp.evalplus_check(codeh.dataset_of(p.benchmark), p.gold["entry_point"], exp.inputs[which],
                                          outs, exp.outs[which], p.gold["atol"])
         except Exception as e:  # noqa: BLE001 - whatever a candidate's result makes the host raise is its failure
@@ -232,12 +236,13 @@ class CodeJudge:
         """The verdict for one candidate program: ``{"pass", "base"?, "error"}``; pass is the benchmark's pass
         (EvalPlus: base and plus inputs)."""
         if p.benchmark == "livecodebench":
-            r = self.executor.run(codeh.lcb_candidate_program(p.gold, cand), timeout_s=self.lcb_timeout_s)
+            cap = result_cap(sum(len(json.dumps(t["output"])) for t in p.gold["tests"]))
+            r = self.executor.run(codeh.lcb_candidate_program(p.gold, cand), timeout_s=self.lcb_timeout_s,
+                                  max_result_chars=cap)
             if r.status != "ok":
                 return {"pass": False, "error": f"{r.status}: {r.error or ''}"[:300]}
             try:
-                res, outs = candidate_outputs(r.value, result_cap(sum(len(json.dumps(t["output"]))
-                                                                      for t in p.gold["tests"])))
+                res, outs = candidate_outputs(r.value, cap)
                 ok, err = cmp.lcb_check(p.gold["tests"], outs, functional=bool(p.gold["fn_name"]))
             except Exception as e:  # noqa: BLE001 - whatever a candidate's result makes the host raise is its failure
                 return {"pass": False, "error": _failure(e)}

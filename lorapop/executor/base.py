@@ -21,7 +21,9 @@ DEFAULT_PRELOAD = (
 @dataclass
 class ExecutorConfig:
     n_workers: int = field(default=2, metadata={"help": "worker processes per hash seed (parallel runs)"})
-    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds"})
+    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds; a task's "
+                                                            "validation runs must end within half of it (every "
+                                                            "check runs it again: lorapop/tasks/common.py)"})
     memory_mb: int = field(default=512, metadata={"help": "address-space limit per run (RLIMIT_AS), MiB, "
                                                           "interpreter included; 0 = none"})
     disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB (the runs' root "
@@ -92,10 +94,15 @@ class ExecResult:
 
 
 class Executor(Protocol):
-    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult: ...
+    """``max_result_chars``: this call's cap on ``repr(_result)``, below the config's ``max_repr_chars`` (a judge
+    that knows how long a right answer can be): a longer result is ``output_limit`` and is never read past the cap,
+    so a forged one costs the host no more than the caller allows."""
 
-    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
-                 hashseed: int | None = None) -> list[ExecResult]: ...
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
+            max_result_chars: int | None = None) -> ExecResult: ...
+
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None, hashseed: int | None = None,
+                 max_result_chars: int | None = None) -> list[ExecResult]: ...
 
     def close(self) -> None: ...
 

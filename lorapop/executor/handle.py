@@ -114,11 +114,14 @@ class WorkerHandle:
         except (OSError, ValueError):
             return None
 
-    def call(self, code: str, timeout_s: float) -> ExecResult:
+    def call(self, code: str, timeout_s: float, max_chars: int | None = None) -> ExecResult:
+        """One run. ``max_chars``: the longest result taken (at most the config's ``max_repr_chars``, the default);
+        no more of a longer one is read than that many characters can take."""
         if self.proc is None or self.proc.poll() is not None:
             self.kill()
             self.start()
         c = self.ex.config
+        cap = c.max_repr_chars if max_chars is None else min(c.max_repr_chars, max_chars)
         t0 = time.perf_counter()
         program = code.encode("utf-8", "surrogatepass")
         code_r, code_w = os.pipe()
@@ -136,8 +139,8 @@ class WorkerHandle:
                 os.close(res_w)
             pending = {code_w}  # closed exactly once: another thread's new pipe may reuse a number closed twice
             try:
-                report, raw, overflow = self._exchange(program, code_w, pending,
-                                                       res_r, time.monotonic() + timeout_s + c.grace_s)
+                report, raw, overflow = self._exchange(program, code_w, pending, res_r,
+                                                       time.monotonic() + timeout_s + c.grace_s, cap)
             finally:
                 for fd in pending:
                     os.close(fd)
@@ -151,19 +154,21 @@ class WorkerHandle:
                               "worker stopped answering" if late else WORKER_DIED, took)
         if report.get("retire"):
             self.kill()  # its tmpfs and namespaces go with it; the next call starts a fresh worker
-        return run_result(report, raw, overflow, timeout_s, c.max_repr_chars)
+        return run_result(report, raw, overflow, timeout_s, cap)
 
-    def _exchange(self, code: bytes, code_w: int, pending: set, res_r: int, deadline: float
+    def _exchange(self, code: bytes, code_w: int, pending: set, res_r: int, deadline: float, max_chars: int
                   ) -> tuple[dict | None, bytes, bool]:
         """Write the program (closing ``code_w``, and taking it out of ``pending``, once it is all written), read the
-        result (at most a few times ``max_repr_chars``; more is read and dropped) and wait for the worker's report.
+        result (at most a few times ``max_chars``, the call's cap; more is read and dropped) and wait for the worker's
+        report.
 
         A result the worker's own code writes is at most ``max_repr_chars`` characters plus a short error, under one
         page whenever ``max_repr_chars`` is small (the task checks' 400): then the result pipe is read once, after
         the report, which saves the trainer a wake-up per run; a run that writes more than a pipe holds blocks until
-        its wall clock ends (a timeout: it wasted its own time). With a larger ``max_repr_chars`` (benchmark
-        judging) the result is read while the run goes on, so a long honest one never blocks."""
-        cap = self.ex.config.max_repr_chars * 4 + 4096
+        its wall clock ends (a timeout: it wasted its own time). With a larger ``max_repr_chars`` (benchmark judging)
+        the result is read while the run goes on, so a long honest one never blocks."""
+        cap = max_chars * 4 + 4096
+        # what the worker's own code may write (the config's cap) decides whether the pipe must be read while it runs
         watch = self.ex.config.max_repr_chars * 4 + 1024 > _PAGE
         view, chunks, size, overflow, report = memoryview(code), [], 0, False, None
 

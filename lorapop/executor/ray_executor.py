@@ -13,6 +13,7 @@ a restarted actor (Ray's ``max_restarts`` / ``max_task_retries``); a second loss
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from lorapop import raycluster
 
@@ -33,8 +34,9 @@ class _SandboxActor:
     def protections(self) -> dict:
         return self.ex.protections
 
-    def run_many(self, codes: list[str], timeout_s: float | None, hashseed: int | None) -> list[ExecResult]:
-        return self.ex.run_many(codes, timeout_s=timeout_s, hashseed=hashseed)
+    def run_many(self, codes: list[str], timeout_s: float | None, hashseed: int | None,
+                 max_result_chars: int | None = None) -> list[ExecResult]:
+        return self.ex.run_many(codes, timeout_s=timeout_s, hashseed=hashseed, max_result_chars=max_result_chars)
 
     def close(self) -> None:
         self.ex.close()
@@ -61,6 +63,7 @@ class RayExecutor:
         cfg.validate()
         self.actors: list = []
         self._closed = False
+        self._turn = itertools.count()
         ray = self._ray = raycluster.acquire(address, num_cpus=cfg.ray_actors * cfg.ray_num_cpus)
         try:
             actor = ray.remote(num_cpus=cfg.ray_num_cpus, max_restarts=1, max_task_retries=1)(_SandboxActor)
@@ -84,18 +87,25 @@ class RayExecutor:
             raise RuntimeError(f"a Ray sandbox actor was lost twice in a row ({str(e).splitlines()[0][:200]}); "
                                "check the cluster's nodes") from e
 
-    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
-        return self.run_many([code], timeout_s=timeout_s, hashseed=hashseed)[0]
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
+            max_result_chars: int | None = None) -> ExecResult:
+        """One run, on the actors in turn: single runs made from several threads at once (the checks' rounds,
+        lorapop/tasks/common.py) spread over the actors instead of queueing on the first."""
+        if self._closed:
+            raise RuntimeError("executor is closed")
+        actor = self.actors[next(self._turn) % len(self.actors)]
+        return self._get([actor.run_many.remote([code], timeout_s, hashseed, max_result_chars)])[0][0]
 
-    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
-                 hashseed: int | None = None) -> list[ExecResult]:
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None, hashseed: int | None = None,
+                 max_result_chars: int | None = None) -> list[ExecResult]:
         if self._closed:
             raise RuntimeError("executor is closed")
         codes = list(codes)
         if not codes:
             return []
         ranges = [(lo, hi) for lo, hi in cut([len(c) + 200 for c in codes], len(self.actors)) if hi > lo]
-        refs = [a.run_many.remote(codes[lo:hi], timeout_s, hashseed) for a, (lo, hi) in zip(self.actors, ranges)]
+        refs = [a.run_many.remote(codes[lo:hi], timeout_s, hashseed, max_result_chars)
+                for a, (lo, hi) in zip(self.actors, ranges)]
         return [r for part in self._get(refs) for r in part]
 
     def close(self) -> None:

@@ -196,16 +196,19 @@ class SandboxExecutor:
                 "seccomp": bool(info.get("seccomp")), "own_hostname": bool(info.get("own_hostname")),
                 "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
 
-    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None) -> ExecResult:
+    def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
+            max_result_chars: int | None = None) -> ExecResult:
         pool = self._pool(self.config.default_hashseed if hashseed is None else int(hashseed))
         t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
+        cap = self.config.max_repr_chars if max_result_chars is None else min(self.config.max_repr_chars,
+                                                                              max(1, int(max_result_chars)))
         w = pool.get()
         try:
-            res = self._started(w).call(code, t)
+            res = self._started(w).call(code, t, cap)
             if res.status == "crashed" and res.error == WORKER_DIED:
                 # Killed from outside (the OOM killer, an operator): a run cannot signal its worker (PID 1 of its
                 # namespace, another uid), so the code is not to blame and gets one fresh worker.
-                res = self._started(w).call(code, t)
+                res = self._started(w).call(code, t, cap)
             return res
         except IsolationError:  # not a failure of this program: no program may run
             raise
@@ -214,8 +217,8 @@ class SandboxExecutor:
         finally:
             pool.put(w)
 
-    def run_many(self, codes: list[str], *, timeout_s: float | None = None,
-                 hashseed: int | None = None) -> list[ExecResult]:
+    def run_many(self, codes: list[str], *, timeout_s: float | None = None, hashseed: int | None = None,
+                 max_result_chars: int | None = None) -> list[ExecResult]:
         codes = list(codes)
         out: list[ExecResult | None] = [None] * len(codes)
         if not codes:
@@ -231,7 +234,8 @@ class SandboxExecutor:
                     i = next(it, None)
                 if i is None:
                     return
-                out[i] = self.run(codes[i], timeout_s=timeout_s, hashseed=hashseed)
+                out[i] = self.run(codes[i], timeout_s=timeout_s, hashseed=hashseed,
+                                  max_result_chars=max_result_chars)
                 with it_lock:  # the bar is not thread-safe; one worker thread updates it at a time
                     bar.advance()
 

@@ -205,10 +205,10 @@ def _nondumpable(path):
     import _imp
     import gc
     m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
-    fn = type("prctl", (m.CFuncPtr,), {"_flags_": m.FUNCFLAG_CDECL})  # no restype: a C int
-    rc = fn(m.dlsym(m.dlopen(None, 2), "prctl"))(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    # call_function: a C call on int arguments, with no ctypes type made for it (slower, and garbage a run could find)
+    rc = m.call_function(m.dlsym(m.dlopen(None, 2), "prctl"), (4, 0, 0, 0, 0))  # PR_SET_DUMPABLE
     # nothing of it stays for the program: a run starts as the worker left it (no _ctypes module, no ctypes type)
-    del m, fn
+    del m
     sys.modules.pop("_ctypes", None)
     gc.collect()
     if rc != 0:

@@ -60,7 +60,8 @@ class Invalid:
     """A well-formed proposal that is not a valid task (reward -0.5). Reason codes: syntax_error, no_f,
     multiple_f, extra_toplevel, has_class, banned_import, banned_name, dunder_access, not_literal, too_long,
     duplicate_inputs, timeout, memory, runtime_error, crashed, output_too_long, output_not_literal,
-    nondeterministic, not_reproduced (valid when proposed, but its program did not give back its output when the
+    nondeterministic, too_slow (a validation run took more than MAX_RUN_SHARE of the wall clock: lorapop/tasks/
+    common.py), not_reproduced (valid when proposed, but its program did not give back its output when the
     answers were checked)."""
     reason: str
     detail: str = ""
@@ -69,7 +70,8 @@ class Invalid:
 @dataclass
 class Outcome:
     """Result of checking one answer: status "correct" | "wrong" | "format_error" | "void" (no verdict: the task's
-    own program did not reproduce its stored output when run again; lorapop/tasks/common.py, check_answers)."""
+    own program did not reproduce its stored output when run again, or its runs on one input disagreed;
+    lorapop/tasks/common.py, check_answers)."""
     status: str
     detail: str = ""
     extra: dict = field(default_factory=dict)

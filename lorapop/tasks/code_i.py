@@ -36,7 +36,8 @@ class CodeI(ProgramInputTask):
     def check_many(self, task: Task, answers: list, executor: Executor) -> list[Outcome]:
         """The teacher's validated f runs on the student's literal arguments in a fresh sandbox process and returns
         only its output's text; the trainer compares that value with the stored output (lorapop/tasks/values.py), so
-        f cannot reach the comparison that judges the answer. The control runs f on the task's own input."""
+        f cannot reach the comparison that judges the answer. The control runs f on the task's own input; f runs on
+        every input several times, and runs of one input that disagree void the task (lorapop/tasks/common.py)."""
         gold = _form(task.inputs[0])
 
         def prepare(a: Answer) -> list[tuple[str, str]] | Outcome:

@@ -42,6 +42,7 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     # The two determinism runs go to the two hash-seed pools at once: run one after the other, half the workers
     # would sit idle. (A proposal that fails its first run costs a wasted second run; rare, and cheaper than that.)
     codes = [c for _, _, c in jobs]
+    limit = float(timeout_s if timeout_s is not None else getattr(getattr(executor, "config", None), "timeout_s", 5.0))
     with ThreadPoolExecutor(2) as pool:
         second_f = pool.submit(executor.run_many, codes, timeout_s=timeout_s, hashseed=hashseeds[1])
         first = executor.run_many(codes, timeout_s=timeout_s, hashseed=hashseeds[0])
@@ -58,6 +59,12 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
         r2 = second_by[(pi, ii)]
         if r2.status != "ok":
             failed[pi] = status_to_invalid(r2.status, r2.error)
+            continue
+        if max(r.duration_s, r2.duration_s) > MAX_RUN_SHARE * limit:
+            # every check runs the program CONTROL_ROUNDS times more (check_answers): bounded, so that a slow task
+            # costs each check about one wall clock on two workers, not several
+            failed[pi] = Invalid("too_slow", f"a run took {max(r.duration_s, r2.duration_s):.2f} s, more than "
+                                             f"{MAX_RUN_SHARE:g} of the {limit:g} s wall clock")
             continue
         try:
             literal_value(r.value, MAX_OUTPUT_CHARS)
@@ -156,8 +163,9 @@ class ProgramInputTask:
 
 
 _CALL = call_code("", "")[:-len(")\n")]  # what call_code puts between a program and its input
-CONTROL_ROUNDS = 3  # the task's own runs per check, each of its (code, output) pairs once a round
-CONTROL_SPREAD_S = 0.025  # at least this long between the starts of two rounds of control runs
+CONTROL_ROUNDS = 3  # runs of the task's program per distinct input and check
+CONTROL_SPREAD_S = 0.025  # at least this long between the starts of two runs of one input
+MAX_RUN_SHARE = 0.5  # of the wall clock: the longest a valid task's validation run may take
 
 
 def check_answers(answers: list, prepare, control: list[tuple[str, str]], executor: Executor, *, program: str,
@@ -175,17 +183,17 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     task and counts it invalid for its teacher). Nothing runs when no answer is well formed.
 
     The control cannot be told from the answers' runs (docs/METHOD.md, "The control run"). Every run starts from the
-    same state and leaves nothing (worker.py). Runs of the task's own program (the control, and code_i's answers, which
-    run that program on the student's input) go in one batch in an order drawn from the operating system's
-    randomness, and every answer's run whose code is the same text as a control run (a code_i answer that is the
-    task's own input, however spelled; a code_f answer that is the reference program) counts as a control run. So a
-    program that behaves differently in some of its runs is either honest in all of them or the task is void,
-    whatever it keys on. Runs of other programs (code_f's answers) all end before the first control starts, so no
-    run of the reference can hand anything to them, even through the clock. Then ``rounds - 1`` more rounds run the
-    control again, each starting at least ``spread_s`` after the one before, so a program keyed on a fast clock must
-    give its validated output at several moments (docs/METHOD.md, "Determinism, and the clock")."""
+    same state and leaves nothing (worker.py). Every distinct run of the task's own program (the control's, and
+    code_i's answers, which run that program on the student's input; an answer whose code is the same text as a
+    control run is that run) runs ``rounds`` times, each start at least ``spread_s`` after the one before, the runs
+    of all inputs interleaved in an order drawn from the operating system's randomness (:func:`run_rounds`). When the
+    runs of one input disagree (one returns a value and another fails, or two return different values) the program
+    had no stable answer there and the task is void, so a program keyed on any channel, on its own input or on a
+    student's, is either honest in all its runs or voided. Runs of other programs (code_f's answers) all end before
+    the first run of the task's program starts, so no run of the reference can hand anything to them, even through
+    the clock (docs/METHOD.md, "Determinism, and the clock")."""
     outcomes: list[Outcome | None] = [None] * len(answers)
-    jobs: list[tuple[int, str, str]] = []  # (answer index, -1 for the control; code; gold output)
+    jobs: list[tuple[int, str, str]] = []  # (answer index; code; gold output)
     parsed = []
     for i, a in enumerate(answers):
         if isinstance(a, ParseError):
@@ -200,25 +208,73 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     if not parsed:
         return outcomes  # type: ignore[return-value]
     own = program + _CALL
-    others = [j for j in jobs if not j[1].startswith(own)]
-    ran = list(zip(others, executor.run_many([code for _, code, _ in others]))) if others else []
-    jobs = [(-1, code, gold) for code, gold in control] + [j for j in jobs if j[1].startswith(own)]
-    _SHUFFLE.shuffle(jobs)
-    started = time.monotonic()
-    ran += zip(jobs, executor.run_many([code for _, code, _ in jobs]))
-    for _ in range(1, max(1, int(rounds))):
-        time.sleep(max(0.0, spread_s - (time.monotonic() - started)))
-        started = time.monotonic()
-        ran += zip([(-1, code, gold) for code, gold in control], executor.run_many([code for code, _ in control]))
-    controls = {code for code, _ in control}
-    failed: dict[int, str] = {}
-    for (i, code, gold), r in ran:
-        key = -1 if code in controls else i  # the same program text as a control: a control run
-        if key not in failed and not (r.ok and same_text(gold, r.value, MAX_OUTPUT_CHARS)):
-            failed[key] = (r.error or f"returned {str(r.value)[:60]}, expected {gold[:60]}")[:200]
+    others = list(dict.fromkeys(c for _, c, _ in jobs if not c.startswith(own)))
+    ran = {code: [r] for code, r in zip(others, executor.run_many(others))} if others else {}
+    mine = list(dict.fromkeys([code for code, _ in control] + [c for _, c, _ in jobs if c.startswith(own)]))
+    ran.update(run_rounds(executor, mine, rounds, spread_s))
+    void = next((f"{why}" for code, gold in control if (why := _failure(ran[code], gold))), None)
+    void = void or next((f"its runs of one input disagree: {why}" for code in mine
+                         if (why := _disagreement(ran[code]))), None)
     for i in parsed:
-        if -1 in failed:
-            outcomes[i] = Outcome("void", "the task's program did not reproduce its output: " + failed[-1])
+        if void:
+            outcomes[i] = Outcome("void", "the task's program did not reproduce its output: " + void[:200])
         elif outcomes[i] is None:
-            outcomes[i] = Outcome("wrong", failed[i]) if i in failed else Outcome("correct", "")
+            why = next((w for j, code, gold in jobs if j == i and (w := _failure(ran[code], gold))), None)
+            outcomes[i] = Outcome("wrong", why[:200]) if why else Outcome("correct", "")
     return outcomes  # type: ignore[return-value]
+
+
+def _failure(results: list, gold: str) -> str | None:
+    """Why the runs of one code do not all give ``gold``, or None when they do."""
+    for r in results:
+        if not (r.ok and same_text(gold, r.value, MAX_OUTPUT_CHARS)):
+            return r.error or f"returned {str(r.value)[:60]}, expected {gold[:60]}"
+    return None
+
+
+def _disagreement(results: list) -> str | None:
+    """How two runs of one code differ (one returned a value and another did not, or two values differ), or None.
+    Failures of different kinds agree: each gives the answer no value."""
+    first = results[0]
+    for r in results[1:]:
+        if r.ok != first.ok or (r.ok and r.value != first.value
+                                and not same_text(first.value, r.value, MAX_OUTPUT_CHARS)):
+            return (f"{first.status} {str(first.value or first.error)[:60]} vs "
+                    f"{r.status} {str(r.value or r.error)[:60]}")
+    return None
+
+
+def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: float) -> dict[str, list]:
+    """Each code run ``rounds`` times -> {code: its results}. A code's run starts at least ``spread_s`` after its
+    previous run started, never waiting for it to end: runs of one input are spread in time, while a slow program's
+    runs overlap and a check costs about one of its runs, not ``rounds`` of them in a row. Among the runs that may
+    start, the next is drawn from the operating system's randomness, so no run's place among the others (its worker,
+    its pid, what ran before it) says which input or which round it is. At most ``executor.config.n_workers`` runs
+    are handed out at once (one per worker of the default hash seed), so each starts when it is handed out."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    out: dict[str, list] = {c: [] for c in codes}
+    left = {c: max(1, int(rounds)) for c in codes}
+    ready_at = dict.fromkeys(codes, 0.0)
+    slots = max(1, int(getattr(getattr(executor, "config", None), "n_workers", 1)))
+    flying: dict = {}
+    with ThreadPoolExecutor(slots) as pool:
+        while left or flying:
+            now = time.monotonic()
+            ready = [c for c in left if ready_at[c] <= now]
+            if ready and len(flying) < slots:
+                c = _SHUFFLE.choice(ready)
+                ready_at[c] = now + spread_s
+                left[c] -= 1
+                if not left[c]:
+                    del left[c]
+                flying[pool.submit(executor.run, c)] = c
+                continue
+            wake = min((ready_at[c] for c in left), default=now + 3600.0) - now if len(flying) < slots else None
+            if not flying:
+                time.sleep(max(0.0, wake))
+                continue
+            done, _ = wait(flying, timeout=None if wake is None else max(0.0, wake), return_when=FIRST_COMPLETED)
+            for f in done:
+                out[flying.pop(f)].append(f.result())
+    return out
