@@ -194,6 +194,29 @@ def test_recompile_limit_warning_names_engine_compile():
     assert stats.limit_hits >= 1
 
 
+def test_merge_compiles_one_graph_for_pair_counts_at_and_below_its_shifts():
+    """The split-KV merge adds chunk c + s into chunk c for shifts s = 1, 2, .. up to half a row's chunks (64 at
+    8192 positions, the embedded model's rows). A pair count equal to a shift (the smallest bucket, 16) once made
+    the shifted slice empty, and dynamo fixed the symbolic count at its first value: the embedded model's step
+    compiled a second graph in its warm-up. Here the merge over every such count is one graph (inductor) and equals
+    the eager merge bit for bit."""
+    from torch._dynamo.utils import counters
+
+    from lorapop.engine.splitkv import _merge_rows
+
+    torch._dynamo.reset()
+    counters.clear()
+    merge = torch.compile(_merge_rows, dynamic=False)
+    gen = torch.Generator().manual_seed(0)
+    for n in (16, 256, 32, 64, 4096):  # 16..64 equal a shift of the 7-level tree; 256 and 4096 exceed them all
+        row, chunk = torch.arange(n) // 8, torch.arange(n) % 8
+        x = torch.randn(n, 3, 5, generator=gen)
+        for t in (x, row, chunk):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        assert torch.equal(merge(x, row, chunk, 600, 7), _merge_rows(x, row, chunk, 600, 7))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.slow
 def test_compiled_step_writes_only_the_new_positions():
     """Inductor's code for the decode step has no loop over the page pool. A K/V write into a slice of the cache

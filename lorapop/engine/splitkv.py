@@ -122,8 +122,10 @@ def _merge_rows(x: torch.Tensor, row: torch.Tensor, chunk: torch.Tensor, b: int,
     n = x.shape[0]
     s = 1
     for _ in range(levels):
-        nxt = torch.cat([x[s:], x.new_zeros((min(s, n),) + tuple(x.shape[1:]))])[:n]
-        same = torch.cat([row[s:], row.new_full((min(s, n),), -1)])[:n] == row
+        # shifted by s through a tail of s padding rows, sliced to [s, s + n): no comparison of n with s, which a
+        # compiled step would turn into a guard (at n == s the slice x[s:] is empty, and dynamo fixed n there)
+        nxt = torch.cat([x, x.new_zeros((s,) + tuple(x.shape[1:]))])[s:s + n]
+        same = torch.cat([row, row.new_full((s,), -1)])[s:s + n] == row
         take = same & (chunk % (2 * s) == 0)
         x = x + torch.where(take.view(-1, *([1] * (x.dim() - 1))), nxt, torch.zeros_like(nxt))
         s *= 2
