@@ -158,12 +158,14 @@ def test_one_cache_for_the_run_sized_from_max_model_len_whatever_the_call():
     assert unset.kv.cache.max_len == 512 and unset.kv.plan.kind == "paged"
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["pairs", "row_by_row"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dtype):
+def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dtype, rows):
     """A decode step over a paged cache reads each row's own chunks (lorapop/engine/splitkv.py): on seeded K/V in
     shuffled pages, rows of ragged lengths (1 position, a chunk's edge on both sides, many chunks), grouped queries,
     a free slot and padding pairs, the merged partial softmaxes equal SDPA over the longest row's span with each row
-    masked at its length, within float32 rounding of the reordered sums (plus one rounding to ``dtype``)."""
+    masked at its length, within float32 rounding of the reordered sums (plus one rounding to ``dtype``). The same
+    for the eager CPU step's row-by-row read (each row's own positions, one SDPA call a row)."""
     from lorapop.engine.decode import attend
     from lorapop.engine.splitkv import CHUNK
 
@@ -183,7 +185,9 @@ def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dty
     pairs = cache.reads(b, lens, False)
     n_real = sum(-(-n // CHUNK) for n in lens)
     assert pairs.shape[0] > n_real and (pairs[n_real:, 0] == b).all()  # padded to the bucket with dump pairs
+    cache.row_by_row = lambda: rows  # the eager CPU step reads row by row; compiled and CUDA steps, pairs
     _, at = cache.locate(None, b, pos[:, None], pairs)
+    assert isinstance(at, list) == rows
     got = cache.attend_pairs(0, q, at, None)
     assert got.dtype == dtype
     assert torch.equal(got, cache.attend_pairs(0, q, at, None))  # the merge adds in one fixed order

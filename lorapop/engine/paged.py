@@ -14,7 +14,8 @@ manager's (:mod:`.block_manager`); who runs each step is the scheduler's (:mod:`
 - The forward computes each row's physical addresses once per call (``locate``): K/V writes are one ``index_put_``
   on the whole pool (no functionalised copy of a slice). A decode step reads each row's own length: it is given the
   (row, chunk) pairs its rows' lengths need and attends chunk by chunk, merging the partial softmaxes (split-KV,
-  :mod:`.splitkv`), so one long row does not make every row read its span. A prefill chunk reads the positions
+  :mod:`.splitkv`), so one long row does not make every row read its span; eagerly on CPU it reads row by row,
+  each row's own positions (``attend_rows``). A prefill chunk reads the positions
   ``0..kv_len-1`` of its rows, gathered into ``[b, n_kv, kv_len, head_dim]`` for SDPA.
 
 Same tokens: sampling is counter-based on (seed, tokens made), so a row's tokens depend only on its prompt, adapter
@@ -26,10 +27,11 @@ within that rounding (tests/test_engine_paged.py).
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .decode import cache_zeros
 from .kvsize import PAGE
-from .splitkv import attend_pairs, chunk_pairs, locate_pairs, pad_pairs
+from .splitkv import attend_pairs, attend_rows, chunk_pairs, locate_pairs, locate_rows, pad_pairs
 
 
 class PagedKVCache:
@@ -71,11 +73,22 @@ class PagedKVCache:
         rows = (torch.arange(b, device=write.device) if slots is None else slots)[:, None]
         table, page = self.table, self.page
         w_at = table[rows, write // page] * page + write % page
-        if span.dim() == 2:  # decode over (row, chunk) pairs: a decode step writes at its rows' positions
+        if span.dim() == 2:  # decode: a decode step writes at its rows' positions and reads each row's own length
+            if self.row_by_row():
+                return w_at, locate_rows(table, page, write[:, -1], self.max_len)
             return w_at, locate_pairs(table, page, span, write[:, -1])
         return w_at, table[rows, span[None, :] // page] * page + span[None, :] % page
 
+    def row_by_row(self) -> bool:
+        """Whether a decode step reads row by row (:func:`.splitkv.attend_rows`): eagerly on CPU, where a Python
+        loop over the rows costs little beside their reads and each row's gather stays in cache. Compiled, on CUDA
+        and under the plan's fake tensors it reads (row, chunk) pairs in one batch (:func:`.splitkv.attend_pairs`)."""
+        return self.table.device.type == "cpu" and not torch.compiler.is_compiling() \
+            and not is_in_torch_dispatch_mode()
+
     def attend_pairs(self, li: int, q: torch.Tensor, at, scale: float | None) -> torch.Tensor:
+        if isinstance(at, list):
+            return attend_rows(q, self.k[li], self.v[li], at, scale)
         return attend_pairs(q, self.k[li], self.v[li], at, scale, self.max_len)
 
     def reads(self, nb: int, needs: list[int], cuda_graphs: bool) -> torch.Tensor:

@@ -21,6 +21,7 @@ of the reordered sums.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .buckets import pow2_at_least, size_buckets
 
@@ -90,6 +91,41 @@ def locate_pairs(table: torch.Tensor, page: int, pairs: torch.Tensor, pos: torch
     posn = chunk[:, None] * CHUNK + torch.arange(CHUNK, device=pairs.device)[None, :]
     allowed = (posn <= pos[row_c][:, None]) & (row < b)[:, None]
     return addr, row, row_c, allowed, chunk
+
+
+def locate_rows(table: torch.Tensor, page: int, pos: torch.Tensor, max_len: int) -> list[torch.Tensor | None]:
+    """Per row, the physical addresses of its positions ``0..pos`` (exactly its own length), or None for a free slot
+    (``pos`` at the trash position). The eager step's form of :func:`locate_pairs`; once per forward."""
+    within = torch.arange(page, device=table.device)
+    out: list[torch.Tensor | None] = []
+    for r, p in enumerate(pos.tolist()):
+        if p >= max_len:
+            out.append(None)
+            continue
+        n = p // page + 1
+        out.append((table[r, :n, None] * page + within).reshape(-1)[:p + 1])
+    return out
+
+
+def attend_rows(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, at: list, scale: float | None) -> torch.Tensor:
+    """Decode attention ``q [b, H, 1, d]`` over the pool ``kc, vc [P, n_kv, d]``, row by row, each reading exactly
+    its own positions (``at``, :func:`locate_rows`); a free slot gets 0. The eager step on CPU: a row's K/V are
+    gathered (a few hundred KB at the demo's lengths, still in cache when SDPA reads them) and attended by one SDPA
+    call with the query group folded into the query length (every position is allowed: no mask). The pair form
+    gathered every pair's chunk at once (tens of MB a layer, written to memory, then copied again for the batched
+    matmul) and measured 7x this at the demo's 64 rows of 400-900 positions (docs/RESULTS.md, the engine
+    re-cut)."""
+    b, h, _, d = q.shape
+    n_kv = kc.shape[1]
+    out = q.new_zeros(b, h, 1, d)
+    for r, addr in enumerate(at):
+        if addr is None:
+            continue
+        keys = kc.index_select(0, addr).transpose(0, 1)[None].to(q.dtype)  # [1, n_kv, len, d]
+        vals = vc.index_select(0, addr).transpose(0, 1)[None].to(q.dtype)
+        qr = q[r:r + 1].reshape(1, n_kv, h // n_kv, d)
+        out[r] = F.scaled_dot_product_attention(qr, keys, vals, scale=scale).reshape(h, 1, d)
+    return out
 
 
 def _scores_values(qp: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, addr: torch.Tensor, dt, fused: bool):
