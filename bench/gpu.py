@@ -8,9 +8,9 @@
 heads, 4 KV heads, vocabulary 152064: lorapop's own shape table, lorapop/plan_measure.py) in bf16, with seeded
 random token ids and a word-level tokenizer built here over that vocabulary: it needs torch, transformers and peft,
 no model package, no tokenizer files, no network; throughput and memory do not depend on the weights' or the ids'
-values. Its engine runs the shipped 4T+4S config's cache (engine.gen_batch_size 48 slots, engine.max_model_len,
-engine.kv_cache and its memory fraction): the loop steps, long rows and long_tail_step_ratio run at the run's own
-slots, length and vocabulary. ``--quick`` at 7B leaves out the variable-length block and the long rows (minutes of
+values. Its engine runs the shipped 4T+4S config's cache (engine.gen_batch_size 48 slots, engine.max_model_len and
+its memory fraction; ``--kv-cache`` is honoured, and paged is the one kind): the loop steps, long rows and
+long_tail_step_ratio run at the run's own slots, length, cache and vocabulary. ``--quick`` at 7B leaves out the variable-length block and the long rows (minutes of
 decoding each). Progress lines carry the seconds since the start. ``--shape small`` is the embedded SmolLM2-135M's
 shape, random-init on CUDA (a GPU machine needs no weights), the embedded weights elsewhere. ``--compile`` is on
 by default everywhere (inductor on CPU); the first generate makes the step ready for its declared set.
@@ -33,28 +33,29 @@ Figures (all measured in this one run; the last line is one JSON object):
                          --new-tokens], over tok/s of the same requests and total tokens at one equal length
   long_tok_s, long_live_rows  --long-rows rows over 8 adapters, lengths long-tailed (median --long-median, tail
                          to --long-max), under a KV budget of --long-budget-rows rows at the full length: tok/s
-                         and the mean number of rows decoded per step, with the engine's cache (engine.kv_cache,
-                         paged by default); long_preemptions: rows it preempted and recomputed
-  long_tok_s_static, long_live_rows_static  the same requests and budget through the static cache (--long-static)
+                         and the mean number of rows decoded per step; long_preemptions: rows it preempted and
+                         recomputed
   hf_compiled_tok_s      (not with --quick) transformers ``generate`` with a static cache on the fixed-shape rows
   train_tok_s, train_peak_gib  (not with --quick) one train_step over adapters x --train-rows rows
-  decode_capacity_ratio  time of the compiled decode step with a cache 8x longer (static: 8x the positions per
-                         slot; paged: 8x the pages), same rows and attention length, over the time with the
-                         shorter cache, for the engine's cache (goal <= 1.2: a step reads what it attends to);
-                         decode_capacity_ratio_static for the static cache
-  paged_step_over_static  the compiled step's time over a paged cache over its time over a static one, same rows
-                         and attention length: the cost of gathering the attended positions through block tables
-  kv_cache_allocations   (not with --quick) caches allocated over 6 generate calls of varied row counts and
-                         prompt lengths under a budget of fewer than --rows slots (goal 1: one cache per run)
+  decode_capacity_ratio  time of the compiled decode step with a pool of 8x the pages, same rows and lengths, over
+                         the time with the smaller pool (goal <= 1.2: a step reads what its rows attend to)
+  kv_cache_kind          the kind of the cache the run allocated (paged: the one kind)
+  kv_cache_allocations   caches the engine allocated over the 7 loop steps (mixed prompts, per-row caps,
+                         generate and train_step rounds): goal 1, one cache per run
   warmups_after_first_step, cuda_graphs_per_step  engine.compile's warm-ups, and CUDA graphs recorded per step,
                          over the 6 loop steps after the first (generate and train_step rounds): 0 and 0, since
                          the run keeps one KV cache at one address
-  long_tail_step_ratio   the compiled decode step's time for --long-tail ROWS rows (default the 7B config's 48)
-                         with one at 8096 positions and the rest at 512, over its time with all at 512 (goal <= 1.5:
-                         a step should read what its rows attend, not the longest row's span for every row);
-                         long_tail_step_ratio_dense: the same over the same paged caches read as before split-KV
-                         (every row up to the longest row's length), timed in alternation with it (not with
-                         --quick, whose time it would cost a compile: None there)
+  long_tail_step_ratio   the compiled decode step's time over the run's own cache (--shape 7b: the engine's, at
+                         the 7B config's slots and length; --shape small: the cache cpu_demo allocates, its slots
+                         and capacity), every slot live, one row at LONG positions and the rest at SHORT, over its
+                         time with all at SHORT (goal <= 1.5: a step should read what its rows attend, not the
+                         longest row's span for every row). LONG (default: the cache's capacity, less a chunk) is
+                         raised until the long arm's pair bucket is above the short arm's, so padding to a bucket
+                         (powers of two under CUDA graphs) cannot make the two arms the same step;
+                         long_tail_real_pairs and long_tail_bucketed_pairs: the two arms' (row, chunk) pairs, real
+                         and as computed; long_tail_step_ratio_dense: the same rows read as before split-KV (every
+                         row up to the longest row's length), timed in alternation with it (not with --quick, whose
+                         time it would cost a compile: None there)
   trainer_step_s         --shape small with --trainer-steps N (default 3 on CUDA): the mean of N steps of
                          ``lorapop train cpu_demo`` on this device through the real trainer (sandbox, rewards,
                          PBT), random-init weights on CUDA, after one warm-up step
@@ -158,7 +159,7 @@ def build_engine(args, max_model_len: int):
                        max_model_len=max_model_len, kv_cache=args.kv_cache)
     if args.shape == "7b":  # the shipped 7B config's own cache: its slots, max_model_len and memory fraction
         run = _seven_b()[0].engine
-        for name in ("gen_batch_size", "max_model_len", "kv_cache", "kv_cache_memory_fraction",
+        for name in ("gen_batch_size", "max_model_len", "kv_cache_memory_fraction",
                      "prefill_chunk_tokens", "logprob_chunk_size", "stop_check_interval"):
             setattr(cfg, name, getattr(run, name))
     if args.shape == "small" and not cuda:
@@ -194,160 +195,171 @@ def long_tailed(rng: random.Random, n: int, median: int, most: int, least: int =
     return out
 
 
-def decode_capacity_ratio(eng, args) -> dict[str, float]:
-    """The compiled decode step's time with a cache of 8x the capacity over its time with the smaller cache, same
-    rows (at most 64, so the 7B's long cache fits beside the weights) and the same attention length, for each cache
-    kind; and ``paged_over_static``, the paged step's time over the static one's on the smaller caches (what reading
-    through the block tables costs). The engine's own compiled step (its cache shape is symbolic: nothing compiles
-    for a new size; the other kind of cache compiles its own graph here), or one compiled here without --compile."""
-    from lorapop.engine.decode import StaticKVCache
-    from lorapop.engine.paged import PAGE, PagedKVCache
+def _step_inputs(eng, cache, lengths: list[int], reads) -> tuple:
+    """The compiled decode step's arguments for rows ``0..len(lengths)-1`` of ``cache`` at ``lengths`` positions,
+    reading ``reads``, with their batch dimension symbolic as the model runner marks it."""
+    dev, rows = eng.device, len(lengths)
+
+    def col(v, dt=torch.long):
+        out = torch.as_tensor(v, dtype=dt, device=dev).expand(rows).clone()
+        torch._dynamo.maybe_mark_dynamic(out, 0)
+        return out
+
+    return (cache, col(0), col(torch.tensor([m - 1 for m in lengths])), col(torch.arange(rows) % eng.n_adapters),
+            col(torch.arange(rows)), col(0), reads, eng._vocab_key, eng._eos_mask(), col(0),
+            col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False))
+
+
+def _compiled_step(eng):
+    """The engine's compiled decode step (its own without --compile), its dense LoRA stacks filled."""
+    dec = eng.refresh_inference_copies()
+    dec.refresh_dense()  # the step runs the dense LoRA path, compiled or not
+    eng._decode_step()
+    return eng.decode_compile.step if eng.decode_compile else dec.decode_step
+
+
+def decode_capacity_ratio(eng, args) -> float:
+    """The compiled decode step's time over a page pool of 8x the pages over its time with the smaller pool, same
+    rows (at most 64, so the 7B's larger pool fits beside the weights) and lengths. The engine's own compiled step
+    (the pool's size is symbolic: nothing compiles for a new size), or one compiled here without --compile."""
+    from lorapop.engine.kvsize import PAGE
+    from lorapop.engine.paged import PagedKVCache
 
     dev, dec = eng.device, eng.decoder()
-    eng.release_kv_cache()
-    dec.refresh_dense()
+    eng.kv.release()
+    step = _compiled_step(eng)
+    if not eng.decode_compile:
+        step = torch.compile(step, dynamic=False)
     rows = min(args.rows, 64)
     small = 512 if dev.type == "cuda" else 256
     kv = small // 2
-    eng._decode_step()
-    step = eng.decode_compile.step if eng.decode_compile else torch.compile(dec.decode_step, dynamic=False)
-    dtype = next(iter(eng.layers.values())).base.weight.dtype
+    dims, dtype = eng.cache_dims()
     n = 50 if dev.type == "cuda" else 20
 
-    def inputs(kind: str, capacity: int) -> tuple:
-        if kind == "paged":  # the same rows of `small` positions in a pool of 8x the pages
-            n_pages = rows * capacity // PAGE
-            cache = PagedKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, small, n_pages, dtype, dev)
-            per_row = small // PAGE  # the rows' pages spread over the pool, as a long run leaves them
-            cache.set_rows(list(range(rows)), [[(k * per_row + j) * (n_pages // (rows * per_row)) for j in
-                                                range(per_row)] for k in range(rows)])
-        else:
-            cache = StaticKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, dtype, dev)
-
-        def col(v, dt=torch.long):
-            out = torch.full((rows,), v, dtype=dt, device=dev)
-            torch._dynamo.maybe_mark_dynamic(out, 0)  # as the batcher does: the engine's graph has a symbolic batch
-            return out
-
-        ids, seeds = torch.arange(rows, device=dev) % eng.n_adapters, torch.arange(rows, device=dev)
-        for t in (ids, seeds):
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-        reads = cache.reads(rows, [kv] * rows, dev.type == "cuda" and eng.decode_compile is not None)
-        return (cache, col(0), col(kv - 1), ids, seeds, col(0), reads, eng._vocab_key, eng._eos_mask(),
-                col(0), col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False))
-
-    times = {}
-    for kind in ("static", "paged"):
-        both = {capacity: inputs(kind, capacity) for capacity in (small, 8 * small)}
-        for args_ in both.values():
-            for _ in range(3):  # a new cache shape: compiles (without --compile) or records its CUDA graph
-                step(*args_)
-        for _ in range(3):  # alternated rounds, the fastest of each: a shared machine's load drifts
-            for capacity, args_ in both.items():
-                t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
-                times[kind, capacity] = min(times.get((kind, capacity), t), t)
-        del both
-    times = {k: t / n for k, t in times.items()}
-    return {"static": times["static", 8 * small] / times["static", small],
-            "paged": times["paged", 8 * small] / times["paged", small],
-            "paged_over_static": times["paged", small] / times["static", small]}
-
-
-def long_tail_step_ratio(eng, rows: int, long_len: int, short_len: int, dense: bool = True) -> dict[str, float]:
-    """The compiled decode step's time for ``rows`` rows of which one is at ``long_len`` positions and the rest at
-    ``short_len``, over its time with every row at ``short_len``: what one long reply among short ones costs a step
-    (1.0 when a step reads what each row attends). Each arm's rows sit in a paged cache holding just their pages.
-    ``split``: the step reads as the batcher sets it (each row its own chunks, lorapop/engine/splitkv.py);
-    ``dense``: the same cache read as a static cache is, every row up to the longest row's length (bucketed), the
-    engine's paged decode before split-KV; both timed in alternation in this one call. ``dense`` False leaves the
-    dense arm out (it compiles a graph of its own: minutes on a CPU), and its ratio is None."""
-    from lorapop.engine.compiled import kv_bucket
-    from lorapop.engine.decode import kv_capacity
-    from lorapop.engine.paged import PAGE, PagedKVCache
-
-    dev, dec = eng.device, eng.decoder()
-    dec.refresh_dense()
-    eng._decode_step()
-    step = eng.decode_compile.step if eng.decode_compile else dec.decode_step
-    dtype = next(iter(eng.layers.values())).base.weight.dtype
-    capacity = kv_capacity(long_len)
-    n = 10 if dev.type == "cuda" else 3
-
-    def inputs(lengths: list[int]) -> tuple:
-        per = [-(-n_pos // PAGE) for n_pos in lengths]
-        cache = PagedKVCache(dec.n_layers, rows, dec.n_kv, dec.head_dim, capacity, sum(per), dtype, dev)
-        starts = [sum(per[:k]) for k in range(rows)]
-        cache.set_rows(list(range(rows)), [list(range(a, a + m)) for a, m in zip(starts, per)])
-
-        def col(v, dt=torch.long):
-            out = torch.as_tensor(v, dtype=dt, device=dev).expand(rows).clone()
-            torch._dynamo.maybe_mark_dynamic(out, 0)
-            return out
-
-        ids, seeds = col(torch.arange(rows) % eng.n_adapters), col(torch.arange(rows))
-        pos = col(torch.tensor([m - 1 for m in lengths]))
+    def inputs(capacity: int) -> tuple:  # the same rows of `small` positions in a pool of capacity / small pages
+        n_pages = rows * capacity // PAGE
+        cache = PagedKVCache(dims[0], rows, dims[1], dims[2], small, n_pages, dtype, dev)
+        per_row = small // PAGE  # the rows' pages spread over the pool, as a long run leaves them
+        cache.set_rows(list(range(rows)), [[(k * per_row + j) * (n_pages // (rows * per_row)) for j in
+                                            range(per_row)] for k in range(rows)])
         graphs = dev.type == "cuda" and eng.decode_compile is not None
-        split = cache.reads(rows, lengths, graphs)
-        dense = cache.span(kv_bucket(max(lengths), capacity, graphs))
-        return [(cache, col(0), pos, ids, seeds, col(0), reads, eng._vocab_key, eng._eos_mask(), col(0),
-                 col(1.0, torch.float32), col(1.0, torch.float32), True, (True, False)) for reads in (split, dense)]
+        return _step_inputs(eng, cache, [kv] * rows, cache.reads(rows, [kv] * rows, graphs))
 
-    kinds = ("split", "dense") if dense else ("split",)
-
-    arms = {}
-    for name, lengths in {"long": [long_len] + [short_len] * (rows - 1), "short": [short_len] * rows}.items():
-        for kind, args_ in zip(kinds, inputs(lengths)):
-            for _ in range(2):  # a cache of its own: its CUDA graph (on CUDA) is recorded here, outside the timing
-                step(*args_)
-            arms[kind, name] = args_
+    both = {capacity: inputs(capacity) for capacity in (small, 8 * small)}
+    for args_ in both.values():
+        for _ in range(3):  # a new pool size: compiles (without --compile) or records its CUDA graph
+            step(*args_)
     times = {}
     for _ in range(3):  # alternated rounds, the fastest of each: a shared machine's load drifts
-        for key, args_ in arms.items():
+        for capacity, args_ in both.items():
             t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
-            times[key] = min(times.get(key, t), t)
-    return {kind: times[kind, "long"] / times[kind, "short"] if kind in kinds else None for kind in ("split", "dense")}
+            times[capacity] = min(times.get(capacity, t), t)
+    return times[8 * small] / times[small]
 
 
-def step_ratios(eng, args, say) -> tuple[dict[str, float], int, dict[str, float]]:
-    """decode_capacity_ratio's times per cache kind, and long_tail_step_ratio's rows and ratios."""
+def tail_cache(eng, args):
+    """The cache long_tail_step_ratio reads: at 7B the engine's own (the run's, allocated by its first generate);
+    at --shape small the cache ``lorapop train cpu_demo`` allocates on this device (its slots, capacity and
+    pages, kvsize.kv_cache_plan over its engine section, max_model_len resolved as the engine does)."""
+    import dataclasses
+
+    from lorapop.config import load_config
+    from lorapop.engine.kvsize import kv_cache_plan, model_len
+    from lorapop.engine.paged import PagedKVCache
+
+    if args.shape == "7b":
+        return eng.kv_cache()
+    demo = load_config(str(Path(__file__).resolve().parents[1] / "lorapop" / "configs" / "cpu_demo.yaml")).engine
+    demo = dataclasses.replace(demo, max_model_len=model_len(demo.max_model_len,
+                                                             eng.model.config.max_position_embeddings))
+    dims, dtype = eng.cache_dims()
+    plan = kv_cache_plan(demo, dims, dtype, eng.kv.budget_bytes() if eng.device.type == "cuda" else
+                         int(demo.kv_cache_gib * 2**30))
+    return PagedKVCache(dims[0], plan.n_slots, dims[1], dims[2], plan.capacity, plan.n_pages, dtype, eng.device)
+
+
+def long_tail_step_ratio(eng, cache, short_len: int, long_len: int | None, dense: bool = True) -> dict:
+    """The compiled decode step's time with every slot of ``cache`` live, one row at ``long_len`` positions and the
+    rest at ``short_len``, over its time with all at ``short_len``: what one long reply among short ones costs a
+    step (near the ratio of the pairs read when a step reads what each row attends). ``long_len`` (default the
+    capacity less a chunk) is raised until the long arm's bucketed pair count is above the short arm's, so a
+    bucket's padding cannot hide it. ``split``: the step reads as the scheduler sets it (each row its own chunks,
+    lorapop/engine/splitkv.py); ``dense``: the same rows read as before split-KV, every row up to the longest row's
+    length (a 64-position multiple, a power of two under CUDA graphs); both timed in alternation in this one call.
+    ``dense`` False leaves the dense arm out (it compiles a graph of its own: minutes on a CPU), its ratio None."""
+    from lorapop.engine.buckets import pow2_at_least
+    from lorapop.engine.splitkv import CHUNK
+
+    dev = eng.device
+    step = _compiled_step(eng)
+    rows, capacity = cache.n_slots, cache.max_len
+    graphs = dev.type == "cuda" and eng.decode_compile is not None
+    n = 10 if dev.type == "cuda" else 3
+    long_len = long_len or capacity - CHUNK
+    pages = cache.n_pages
+
+    def arm(lengths):
+        need = [-(-m // cache.page) for m in lengths]
+        if sum(need) > pages:
+            raise ValueError(f"long_tail_step_ratio: {sum(need)} pages needed, the cache holds {pages}")
+        starts = [sum(need[:k]) for k in range(rows)]
+        cache.set_rows(list(range(rows)), [list(range(a, a + m)) for a, m in zip(starts, need)])
+        split = cache.reads(rows, lengths, graphs)
+        longest = max(lengths)
+        span = cache.span(min(pow2_at_least(longest, 128) if graphs else -(-longest // 64) * 64, capacity))
+        real = sum(-(-m // CHUNK) for m in lengths)
+        return real, int(split.shape[0]), [_step_inputs(eng, cache, lengths, r) for r in (split, span)]
+
+    short = [short_len] * rows
+    real_s, bucket_s, _ = arm(short)
+    while True:
+        real_l, bucket_l, _ = arm([long_len] + short[1:])
+        if bucket_l > bucket_s or long_len + CHUNK > capacity:
+            break
+        long_len += CHUNK
+    kinds = ("split", "dense") if dense else ("split",)
+    times = {}
+    for _ in range(3):  # alternated rounds, the fastest of each: a shared machine's load drifts
+        for name, lengths in (("long", [long_len] + short[1:]), ("short", short)):
+            _, _, inputs = arm(lengths)  # the block table is the arm's before each timing
+            for kind, args_ in zip(kinds, inputs):
+                if (kind, name) not in times:
+                    for _ in range(2):  # its CUDA graph (on CUDA) is replayed, the first time outside the timing
+                        step(*args_)
+                t, _ = _timed(dev, lambda: [step(*args_) for _ in range(n)])
+                times[kind, name] = min(times.get((kind, name), t), t)
+    cache.table.fill_(cache.trash_page)
+    ratio = {kind: times[kind, "long"] / times[kind, "short"] if kind in kinds else None for kind in ("split", "dense")}
+    return {**ratio, "rows": rows, "long_len": long_len, "short_len": short_len, "real_pairs": [real_l, real_s],
+            "bucketed_pairs": [bucket_l, bucket_s]}
+
+
+def tail_figures(tails: dict) -> dict:
+    """long_tail_step_ratio's JSON entries."""
+    def r(x):
+        return None if x is None else round(x, 3)
+
+    return {"long_tail_step_ratio": r(tails["split"]), "long_tail_step_ratio_dense": r(tails["dense"]),
+            "long_tail_rows": tails["rows"], "long_tail_lengths": [tails["long_len"], tails["short_len"]],
+            "long_tail_real_pairs": tails["real_pairs"], "long_tail_bucketed_pairs": tails["bucketed_pairs"]}
+
+
+def step_ratios(eng, args, say) -> tuple[float, dict]:
+    """decode_capacity_ratio, and long_tail_step_ratio with its rows, lengths and pair counts."""
     say("decode_capacity_ratio")
     capacity = decode_capacity_ratio(eng, args)
-    tail_rows, tail_long, tail_short = args.long_tail or (
-        eng.cfg.gen_batch_size if args.shape == "7b" else 48, 8096, 512)
-    say(f"long_tail_step_ratio: {tail_rows} rows, one at {tail_long} positions and the rest at {tail_short}")
+    cache = tail_cache(eng, args)
+    rows, long_len, short_len = args.long_tail or (cache.n_slots, None, 512)
+    if rows != cache.n_slots:
+        raise SystemExit(f"--long-tail ROWS must be the cache's slots ({cache.n_slots})")
+    say(f"long_tail_step_ratio: {rows} rows of a cache of {cache.max_len} positions, one long and the rest at "
+        f"{short_len}")
     # the dense arm (the read before split-KV) in the full bench and --step-ratios-only; --quick keeps to its time
-    tails = long_tail_step_ratio(eng, tail_rows, tail_long, tail_short, dense=args.step_ratios_only or not args.quick)
+    tails = long_tail_step_ratio(eng, cache, short_len, long_len, dense=args.step_ratios_only or not args.quick)
     dense = "" if tails["dense"] is None else f"; {tails['dense']:.2f} reading the longest row's span for every row"
-    say(f"long_tail_step_ratio = {tails['split']:.2f} (each row its own length{dense})")
-    return capacity, tail_rows, tails
-
-
-def kv_cache_allocations(eng, prompt: list[int], rows: int) -> int:
-    """Caches allocated over six generate calls of varied row counts (1 to 2 x rows) and prompt lengths, under a
-    budget of rows // 2 + 1/2 slots (fewer than gen_batch_size). Run eagerly: the count does not depend on the
-    compiled step, and a new cache shape would cost a compile per bucket."""
-    from lorapop.engine import SamplingParams
-    from lorapop.engine.decode import StaticKVCache
-
-    dec = eng.decoder()
-    saved = eng.cfg.compile, eng.cfg.max_model_len
-    eng.release_kv_cache()
-    eng._kv_shape, before = None, eng.kv_cache_allocations
-    eng.cfg.compile, eng.cfg.max_model_len = False, len(prompt) + 64
-    dtype = next(iter(eng.layers.values())).base.weight.dtype
-    per_slot = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, -(-(len(prompt) + 64) // 256) * 256,
-                                        dtype)
-    eng.kv_budget_bytes = lambda: int((max(1, rows // 2) + 0.5) * per_slot)
-    try:
-        sp = SamplingParams(max_new_tokens=4, temperature=1.0)
-        for k, n in enumerate((1, rows, 2 * rows, 3, rows // 2 + 1, 5)):
-            ps = [prompt[: len(prompt) - 3 * ((j + k) % 5)] + prompt[:((j + k) % 7) * 8] for j in range(n)]
-            eng.generate(ps, [j % eng.n_adapters for j in range(n)], sp)
-        return eng.kv_cache_allocations - before
-    finally:
-        del eng.kv_budget_bytes
-        eng.cfg.compile, eng.cfg.max_model_len = saved
-        eng.release_kv_cache()
+    say(f"long_tail_step_ratio = {tails['split']:.2f} (each row its own length; one row at {tails['long_len']}, "
+        f"pairs real {tails['real_pairs']}, computed {tails['bucketed_pairs']}{dense})")
+    return capacity, tails
 
 
 def loop_step(eng, prompt: list[int], n_pairs: int, args, lengths: list[int]) -> float:
@@ -435,12 +447,11 @@ def main() -> None:
     ap.add_argument("--long-budget-rows", type=int, default=None,
                     help="KV budget of the long rows, in rows at their full length (default --long-rows / 8: fewer "
                          "than the requests need at once, so the cache, not the longest row, bounds the time)")
-    ap.add_argument("--long-static", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run the long rows through the static cache (engine.kv_cache=static)")
-    ap.add_argument("--kv-cache", choices=["paged", "static"], default="paged", help="engine.kv_cache (--shape 7b: "
-                                                                                   "the 7B config's own)")
+    ap.add_argument("--kv-cache", choices=["auto", "paged"], default="paged", help="engine.kv_cache, at every shape "
+                                                                                 "(paged is the one kind)")
     ap.add_argument("--long-tail", type=int, nargs=3, default=None, metavar=("ROWS", "LONG", "SHORT"),
-                    help="long_tail_step_ratio's rows and lengths (default: the engine's slots (48 at 7B), 8096, 512)")
+                    help="long_tail_step_ratio's rows (the cache's slots) and lengths (default: the capacity less a "
+                         "chunk, raised until its pair bucket is above the short arm's; 512)")
     ap.add_argument("--trainer-steps", type=int, default=None, help="--shape small: steps of the real trainer "
                                                                     "(default 3 on CUDA, 0 elsewhere)")
     ap.add_argument("--step-ratios-only", action="store_true", help="only decode_capacity_ratio and "
@@ -462,8 +473,7 @@ def main() -> None:
 
     from lorapop.engine import SamplingParams, TrainSample
     from lorapop.engine.base import chat_prompt_ids
-    from lorapop.engine.decode import kv_capacity
-    from lorapop.engine.paged import PAGE, cache_bytes
+    from lorapop.engine.kvsize import PAGE, cache_bytes, kv_capacity
 
     say(f"building the {args.shape} model")
     tok = _tokenizer(args)
@@ -488,14 +498,11 @@ def main() -> None:
     print(f"device {dev}, shape {args.shape}, dtype {eng.cfg.dtype}, compile {eng.cfg.compile}, "
           f"{rows} rows x {new} tokens, prompt {len(prompt)} tokens", file=sys.stderr)
     if args.step_ratios_only:
-        capacity, tail_rows, tails = step_ratios(eng, args, say)
+        capacity, tails = step_ratios(eng, args, say)
         print(json.dumps({
             "device": str(dev), "torch": torch.__version__, "shape": args.shape, "dtype": eng.cfg.dtype,
-            "kv_cache": eng.cfg.kv_cache, "decode_capacity_ratio": round(capacity[eng.cfg.kv_cache], 3),
-            "decode_capacity_ratio_static": round(capacity["static"], 3),
-            "paged_step_over_static": round(capacity["paged_over_static"], 3),
-            "long_tail_step_ratio": round(tails["split"], 3), "long_tail_step_ratio_dense": round(tails["dense"], 3),
-            "long_tail_rows": tail_rows, "wall_s": round(time.perf_counter() - t_start)}))
+            "kv_cache": eng.cfg.kv_cache, "decode_capacity_ratio": round(capacity, 3),
+            **tail_figures(tails), "wall_s": round(time.perf_counter() - t_start)}))
         return
 
     # The loop step as a run sees it: the first step of the process (the warm-up every arm shares), then 3 steps of
@@ -506,14 +513,14 @@ def main() -> None:
     say(f"loop step 1 (4T+4S, the warm-up), KV cache of {eng.cfg.gen_batch_size} slots, max_model_len "
         f"{eng.cfg.max_model_len}")
     first_step = loop_step(eng, prompt, 4, args, lengths)
-    say(f"loop step 1: {first_step:.1f}s; {eng.kv_plan.describe() if eng.kv_plan else ''}; 6 more steps")
+    say(f"loop step 1: {first_step:.1f}s; {eng.kv.plan.describe()}; 6 more steps")
     after_first = eng.pop_metrics()
     pop = [loop_step(eng, prompt, 4, args, lengths) for _ in range(3)]
     single = [loop_step(eng, prompt, 1, args, lengths) for _ in range(3)]
     steady, single_s = statistics.fmean(pop), statistics.fmean(single)
     # After step 1 nothing is warmed or recorded again: generate and train_step share the run's one cache
     later = eng.pop_metrics()
-    run_kind = eng.kv_plan.kind  # the run's cache kind (engine.kv_cache auto decides it at 7B)
+    run_kind, allocations = eng.kv.plan.kind, eng.kv.allocations  # the loop's cache: kind, allocations (goal 1)
     run_slots, run_len = eng.cfg.gen_batch_size, eng.cfg.max_model_len  # the loop's cache (the long rows may resize)
     warmups_after_first = later["perf/warmups"] - after_first["perf/warmups"]
     cuda_graphs_per_step = (later["perf/cuda_graphs"] - after_first["perf/cuda_graphs"]) / (len(pop) + len(single))
@@ -600,39 +607,28 @@ def main() -> None:
 
     # Long rows: --long-rows requests over 8 adapters, long-tailed lengths, rows of up to the longest, under a KV
     # budget of --long-budget-rows such rows at the full length (as the 7B configs' budget holds 48 rows of 14336
-    # positions): the engine's cache, then (--long-static) the static cache on the same requests and budget.
+    # positions).
     long_lens = long_tailed(rng, args.long_rows, args.long_median, args.long_max, least=16)
     lprompts = [prompt + suffix(k) for k in range(args.long_rows)]
     long_sp = SamplingParams(max_new_tokens=args.long_max, temperature=1.0, min_new_tokens=args.long_max)  # no EOS
     long_budget_rows = args.long_budget_rows or max(1, args.long_rows // 8)
 
     def long_arm():
-        if seven_b:  # the 7B config's own cache (its slots, max_model_len and budget): the run's, already warm
-            budget = eng.kv_budget_bytes()
-        else:
-            eng.release_kv_cache()
+        if not seven_b:  # at 7B the config's own cache (its slots, max_model_len and budget): the run's, warm
+            eng.kv.release()  # a bench's second cache: rows of the long length, a pool of long_budget_rows
             eng.cfg.max_model_len = len(prompt) + 8 + args.long_max
             eng.cfg.gen_batch_size = args.long_rows
-            eng._kv_shape = None  # a new cache shape: this arm's declared set
-            dec = eng.decoder()
-            dtype = next(iter(eng.layers.values())).base.weight.dtype
-            dims, cap = (dec.n_layers, dec.n_kv, dec.head_dim), kv_capacity(eng.cfg.max_model_len)
-            # what either cache kind needs for long_budget_rows full-length rows (paged: their pages and the trash
-            # page, without which the CPU default of one row held no row at all; static: that many slots)
-            budget = max(cache_bytes("paged", dims, dtype, (0, cap, long_budget_rows * cap // PAGE)),
-                         cache_bytes("static", dims, dtype, (long_budget_rows, cap, 0)))
-        eng.kv_budget_bytes = lambda: budget
-        try:
-            # one short row first: the cache is allocated and (compiled) its declared set warmed, outside the timing
-            eng.generate(lprompts[:1], [0], long_sp, [0], max_new_tokens=[1])
-            steps0, rows0, pre0 = eng.decode_steps, eng.row_tokens, eng.kv_preemptions
-            t, outs = _timed(dev, lambda: eng.generate(lprompts, [k % 8 for k in range(args.long_rows)], long_sp,
-                                                       list(range(args.long_rows)), max_new_tokens=long_lens))
-        finally:
-            del eng.kv_budget_bytes
+            dims, dtype = eng.cache_dims()
+            cap = kv_capacity(eng.cfg.max_model_len)
+            eng.cfg.kv_cache_gib = cache_bytes(dims, dtype, long_budget_rows * cap // PAGE) / 2**30
+        # one short row first: the cache is allocated and (compiled) its declared set warmed, outside the timing
+        eng.generate(lprompts[:1], [0], long_sp, [0], max_new_tokens=[1])
+        steps0, rows0, pre0 = eng.decode_steps, eng.row_tokens, eng.kv_preemptions
+        t, outs = _timed(dev, lambda: eng.generate(lprompts, [k % 8 for k in range(args.long_rows)], long_sp,
+                                                   list(range(args.long_rows)), max_new_tokens=long_lens))
         assert [len(c.token_ids) for c in outs] == long_lens
         live = (eng.row_tokens - rows0) / max(1, eng.decode_steps - steps0)
-        print(f"long rows, {eng.cfg.kv_cache} cache: {args.long_rows} rows, median "
+        print(f"long rows: {args.long_rows} rows, median "
               f"{statistics.median(long_lens):.0f}, mean {statistics.fmean(long_lens):.0f}, max {max(long_lens)} "
               f"tokens, budget {long_budget_rows} rows of {eng.cfg.max_model_len}: {sum(long_lens) / t:.0f} tok/s "
               f"(its warm-up before), {live:.1f} rows decoded per step, "
@@ -647,33 +643,15 @@ def main() -> None:
     compile_s, graphs = (comp.compile_s, comp.graphs) if comp else (0.0, 0)
     cuda_graphs, after = (comp.cuda_graphs, comp.after_warmup) if comp else (0, 0)
     host_us = 1e6 * eng.host_s / max(1, eng.row_tokens)
-    long_static = (None, None, None)
-    if args.long_static and not seven_b and eng.cfg.kv_cache != "static":  # after the compile figures: its own
-        # graphs and warm-up
-        kind = eng.cfg.kv_cache
-        eng.cfg.kv_cache = "static"
-        if eng.decode_compile is not None:
-            eng.decode_compile.warm = None
-        try:
-            long_static = long_arm()
-        finally:
-            eng.cfg.kv_cache = kind
-            eng.release_kv_cache()
-            eng._kv_shape = None
-        print(f"long rows: {eng.cfg.kv_cache} over static {long_tok_s / long_static[0]:.2f}x tok/s, "
-              f"{long_live / long_static[1]:.2f}x rows per step", file=sys.stderr)
-    capacity, tail_rows, tails = step_ratios(eng, args, say)
-    capacity_ratio, tail_ratio = capacity[run_kind], tails["split"]
-    allocations = None if args.quick else kv_cache_allocations(eng, prompt, rows)
+    capacity_ratio, tails = step_ratios(eng, args, say)
     trainer_s = None
     n_trainer = args.trainer_steps if args.trainer_steps is not None else (3 if cuda and args.shape == "small" else 0)
     if args.shape == "small" and n_trainer > 0:
         trainer_s = trainer_steps(args, n_trainer)
         print(f"lorapop train cpu_demo on {dev}: {trainer_s:.1f}s per step (mean of {n_trainer})", file=sys.stderr)
     print(f"engine.compile: {compile_s:.1f}s, {graphs} graphs, {cuda_graphs} CUDA graphs, {after} after warm-up; "
-          f"host {host_us:.2f} us per row and token; decode_capacity_ratio {capacity_ratio:.3f} "
-          f"(static {capacity['static']:.3f}); paged step over static {capacity['paged_over_static']:.3f}; "
-          f"kv_cache_allocations {allocations}; wall {time.perf_counter() - t_start:.0f}s", file=sys.stderr)
+          f"host {host_us:.2f} us per row and token; decode_capacity_ratio {capacity_ratio:.3f}; "
+          f"kv_cache {run_kind}, allocations {allocations}; wall {time.perf_counter() - t_start:.0f}s", file=sys.stderr)
 
     def r(x, n=3):
         return None if x is None else round(x, n)
@@ -686,19 +664,16 @@ def main() -> None:
         "cuda_graphs_total": cuda_graphs, "graphs_after_warmup": after, "host_us_per_row_token": r(host_us, 2),
         "mixed_tok_s": r(mixed_tok_s, 1), "base_tok_s": r(base_tok_s, 1), "variable_over_equal": r(variable_over_equal),
         "kv_cache": eng.cfg.kv_cache, "long_tok_s": r(long_tok_s, 1), "long_live_rows": r(long_live, 2),
-        "long_preemptions": long_pre, "long_tok_s_static": r(long_static[0], 1),
-        "long_live_rows_static": r(long_static[1], 2), "long_rows": args.long_rows,
+        "long_preemptions": long_pre, "long_rows": args.long_rows,
         "long_budget_rows": long_budget_rows, "long_median": statistics.median(long_lens),
         "long_mean": r(statistics.fmean(long_lens), 1), "long_max": max(long_lens),
         "hf_compiled_tok_s": r(hf_tok_s, 1), "hf_compiled": hf_compiled,
         "mixed_over_hf_compiled": None if hf_tok_s is None else r(mixed_tok_s / hf_tok_s),
         "train_tok_s": r(train_tok_s, 1), "train_peak_gib": r(train_peak_gib, 2),
-        "decode_capacity_ratio": r(capacity_ratio), "decode_capacity_ratio_static": r(capacity["static"]),
-        "paged_step_over_static": r(capacity["paged_over_static"]), "kv_cache_allocations": allocations,
+        "decode_capacity_ratio": r(capacity_ratio), "kv_cache_kind": run_kind, "kv_cache_allocations": allocations,
         "trainer_step_s": r(trainer_s, 2), "warmups_after_first_step": warmups_after_first,
-        "cuda_graphs_per_step": r(cuda_graphs_per_step), "long_tail_step_ratio": r(tail_ratio),
-        "long_tail_step_ratio_dense": r(tails["dense"]),
-        "long_tail_rows": tail_rows, "kv_cache_slots": run_slots, "max_model_len": run_len,
+        "cuda_graphs_per_step": r(cuda_graphs_per_step), **tail_figures(tails),
+        "kv_cache_slots": run_slots, "max_model_len": run_len,
         "vocab": int(eng._vocab_key.shape[0]),
         "wall_s": round(time.perf_counter() - t_start),
     }))

@@ -89,7 +89,7 @@ class Windows:
 
 
 def instrument(w: Windows) -> None:
-    from lorapop.engine import batching, optim, torch_engine, update
+    from lorapop.engine import model_runner, optim, torch_engine, update
     from lorapop.train import logger
 
     begin = logger.Progress.begin_stage
@@ -99,9 +99,9 @@ def instrument(w: Windows) -> None:
         return begin(self, step, stage)
 
     logger.Progress.begin_stage = begin_stage
-    w.wrap(torch_engine.TorchEngine, "_kv_cache", "kv_cache")
-    w.wrap(batching.ContinuousBatcher, "_prefill", "prefill")
-    w.wrap(batching.ContinuousBatcher, "_decode_interval", "decode")
+    w.wrap(torch_engine.TorchEngine, "kv_cache", "kv_cache")
+    w.wrap(model_runner.ModelRunner, "prefill", "prefill")
+    w.wrap(model_runner.ModelRunner, "decode", "decode")
     w.wrap(torch_engine.TorchEngine, "response_logprobs", "forward")
     w.wrap(update, "chunk_scores", "scoring")
     w.wrap(torch.Tensor, "backward", "backward")
@@ -137,7 +137,7 @@ def compare_update(engine, samples, gen, times: dict[str, float], rounds: int, a
 
     from lorapop.engine import decode
 
-    lazy, per_call = decode.cache_zeros, engine._cache_per_call
+    lazy, per_call = decode.cache_zeros, engine.kv.per_call
     secs = {arm: {"generate": [], "update": []} for arm in arms}
     added = {arm: 0.0 for arm in arms}
     same: dict[str, bool] = {}
@@ -150,8 +150,8 @@ def compare_update(engine, samples, gen, times: dict[str, float], rounds: int, a
             engine.cfg.gradient_checkpointing = every > 0
             engine.cfg.gradient_checkpointing_every = max(1, every)
             decode.cache_zeros = (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype)) if old else lazy
-            engine._cache_per_call = (lambda: False) if old else per_call
-            engine._cache = None
+            engine.kv.per_call = (lambda: False) if old else per_call
+            engine.kv.release()
             state = engine.state_dict() if r == 0 else None
             hostmem.release_free_memory()
             before = hostmem.proc_status_kb("VmRSS") or 0
@@ -169,7 +169,7 @@ def compare_update(engine, samples, gen, times: dict[str, float], rounds: int, a
                 first = first or now
                 same[arm] = all(torch.equal(a, b) for a, b in zip(first, now))
                 engine.load_state_dict(state)
-    decode.cache_zeros, engine._cache_per_call = lazy, per_call
+    decode.cache_zeros, engine.kv.per_call = lazy, per_call
     mean = {arm: {k: statistics.fmean(v) for k, v in d.items()} for arm, d in secs.items()}
     gen_s = times.get("propose", 0.0) + times.get("solve", 0.0)
     upd_s = times.get("update", 0.0)

@@ -99,7 +99,8 @@ def structures(tr) -> dict:
         "lineage": len(tr.population.lineage),
         "members": len(tr.population.members),
         "py_objects": len(gc.get_objects()),
-        "kv_cache_allocations": getattr(getattr(tr.engine, "trainer", tr.engine), "kv_cache_allocations", 0),
+        "kv_cache_allocations": getattr(getattr(getattr(tr.engine, "trainer", tr.engine), "kv", None), "allocations",
+                                        0),
     }
     try:
         from torch._dynamo.utils import counters

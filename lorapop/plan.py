@@ -3,9 +3,8 @@ measured without a GPU and without the weights.
 
 The base model is built from its config alone with fake tensors (``torch._subclasses.FakeTensorMode``: shapes,
 dtypes and storages, no data), wrapped by the project's own :class:`~lorapop.engine.torch_engine.TorchEngine`, and
-the engine's own code runs on it: a prefill chunk and a decode step through the decoder and the KV cache (static or
-paged, as ``engine.kv_cache`` picks; under auto both are measured and the plan picks as the engine would), a
-train micro-batch's forward and backward (with and without activation checkpointing), a log-prob micro-batch. A
+the engine's own code runs on it: a prefill chunk and a decode step through the decoder and the paged KV cache (each
+row reading its own chunks, split-KV), a train micro-batch's forward and backward (with and without activation checkpointing), a log-prob micro-batch. A
 ``TorchDispatchMode`` counts the bytes of every storage an op creates until it is freed, which is what CUDA's
 ``max_memory_allocated`` reports on a GPU (allocator rounding and fragmentation aside). No hand formula: change the
 engine, and the plan follows it.
@@ -17,19 +16,22 @@ from its config on the meta device), but plans a whole run's phases, so it takes
 
 Fit rule, ``engine.backend`` torch: the KV cache is the one the engine allocates, decided by the engine's own
 function (:func:`lorapop.engine.kvsize.kv_cache_plan`) over the memory the engine finds free when it first
-generates, and it must hold one row at the full length (the paged one too). Generation needs the resident state
-(base, adapters with their AdamW moments and gradients, the inference copies of the adapters) plus that cache and
-the larger of the prefill chunk's and the decode step's peaks; training needs the resident state plus the cache
-(kept for the whole run, at one address, so the compiled step's CUDA graphs stay valid) plus one micro-batch's
-peak. Backend vllm: the
+generates (the resident state in place: the engine makes its gradients at its start and its inference copies before
+it sizes the cache), and it must hold one row at the full length. Generation needs the resident state (base,
+adapters with their AdamW moments and gradients, the inference copies of the adapters) plus that cache and the
+larger of the prefill chunk's and the decode step's peaks; training needs the resident state plus the cache (kept
+for the whole run, at one address, so the compiled step's CUDA graphs stay valid) plus, with engine.compile on
+CUDA, the CUDA graphs' memory pool (kept through the update; estimated as the decode step's peak at the declared
+set's largest shape, split-KV buffers included, the pool's largest graph) plus one micro-batch's peak. Backend vllm:
+the
 TorchEngine never generates, so its resident state is the base and the adapters with their moments and gradients;
 generation needs that plus vLLM's share, ``vllm_gpu_memory_utilization`` of the GPU's total memory; training needs
 it plus one micro-batch's peak plus what vLLM keeps during the update (its CUDA-graph pool under
 ``vllm_enable_sleep_mode``; its whole share without). vLLM's share must hold its own copy of the base weights, its
 LoRA slots, an activation allowance, its CUDA-graph pool and at least one row of KV cache (see
 :func:`_assemble_vllm`); the plan also prints what level-1 sleep moves to and from host memory per step. Both phases
-must stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces, the TorchEngine's CUDA-graph
-pools and allocator fragmentation take the rest.
+must stay under ``HEADROOM`` of the GPU's memory: the CUDA context, cuBLAS workspaces and allocator fragmentation
+take the rest.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def plan(cfg: Any, gpu_gib: float, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 
 def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
     """The plan for a GPU of ``gpu_gib`` GiB from measured phases: totals, fit and advice."""
-    from lorapop.engine.decode import kv_capacity
+    from lorapop.engine.kvsize import kv_capacity
 
     ecfg, m, n = measured.engine, measured.phases, measured.n_adapters
     prompt_tokens, new_tokens = measured.prompt_tokens, measured.new_tokens
@@ -153,17 +155,16 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
         return p
     resident = m["base"] + m["adapters"] + m["copies"]
     # The engine's own rule over the memory it finds free when it first generates; the cache then stays for the
-    # whole run, so the update's peak sits beside it.
+    # whole run, so the update's peak sits beside it, and with it the compiled step's CUDA-graph pool.
     free, kvp = engine_kv_cache(measured, p.gpu_bytes)
     p.kv_plan = kvp
-    kind = kvp.kind if kvp is not None else ("paged" if ecfg.kv_cache == "auto" else ecfg.kv_cache)
-    transient = max(m["prefill"], m[f"decode_{kind}"])
+    transient = max(m["prefill"], m["decode"])
+    pool = m["decode"] if ecfg.compile else 0
     kv = kvp.nbytes if kvp is not None else 0
     p.kv_slots_fit = kvp.full_rows if kvp is not None else 0
     kv_note = (f"{kvp.describe() if kvp is not None else 'none'}: engine.kv_cache_memory_fraction "
-               f"{ecfg.kv_cache_memory_fraction:g} of the {free / GIB:.1f} GiB free at the first generate, "
-               f"engine.kv_cache {ecfg.kv_cache}")
-    if kvp is not None and kvp.kind == "paged":
+               f"{ecfg.kv_cache_memory_fraction:g} of the {free / GIB:.1f} GiB free at the first generate")
+    if kvp is not None:
         kv_note += _advise_paged(p, measured, kvp)
     table = [
         *torch_state,
@@ -172,43 +173,46 @@ def assemble(measured: Measured, gpu_gib: float) -> MemoryPlan:
         ("KV cache", kv, kv_note),
         ("prefill chunk (peak)", m["prefill"], f"{chunk_rows} rows x {min(prompt_tokens, ecfg.prefill_chunk_tokens)}"
                                                " tokens (prefill_chunk_tokens)"),
-        ("decode step (peak)", m[f"decode_{kind}"], f"{ecfg.gen_batch_size} rows attending {capacity} positions"
-                                                    + (", each row's own chunks read (split-KV)" if kind == "paged" else "")),
+        ("decode step (peak)", m["decode"], f"{ecfg.gen_batch_size} rows attending {capacity} positions, each row's "
+                                            "own chunks read (split-KV)"),
+        *([("CUDA-graph pool (kept through the update)", pool, "engine.compile: the decode step's peak at the "
+                                                               "declared set's largest shape, its largest graph")]
+          if pool else []),
         *update,
     ]
     for name, b, note in table:
         p.phases[name], p.notes[name] = int(b), note
     p.generation_bytes = resident + kv + transient
-    p.train_bytes = resident + kv + (m["train_ckpt"] if ckpt else m["train"])
-    if p.kv_slots_fit < 1:  # the paged cache too must hold one row at the full length
+    p.train_bytes = resident + kv + pool + (m["train_ckpt"] if ckpt else m["train"])
+    if p.kv_slots_fit < 1:  # the cache must hold one row at the full length
         p.advice.append(f"generation: engine.kv_cache_memory_fraction={ecfg.kv_cache_memory_fraction:g} of the "
-                        f"{free / GIB:.1f} GiB free does not hold one row of {capacity} positions: raise it, or "
-                        "shorten engine.max_model_len / max_new_tokens")
+                        f"{free / GIB:.1f} GiB free does not hold one row of {kv_capacity(0, m['max_model_len'])} "
+                        "positions: raise it, or shorten engine.max_model_len")
     else:
-        peak = max(transient, m["train_ckpt"] if ckpt else m["train"])
+        peak = max(transient, pool + (m["train_ckpt"] if ckpt else m["train"]))
         if resident + kv + peak > p.limit and free:
             fit = _floor2((p.limit - resident - peak) / free)
             p.advice.append(f"lower --engine.kv_cache_memory_fraction={max(0.0, fit):.2f} (now "
                             f"{ecfg.kv_cache_memory_fraction:g}): the KV cache stays through the update")
-    _advise_update(p, ecfg, resident + kv, m["train_ckpt"], m["train"], rows)
+    _advise_update(p, ecfg, resident + kv + pool, m["train_ckpt"], m["train"], rows)
     return p
 
 
 def engine_kv_cache(measured: Measured, gpu_bytes: int) -> tuple[int, Any]:
     """(free bytes, cache) the engine allocates on a CUDA card of ``gpu_bytes`` for the measured run: the engine's
-    own functions (lorapop/engine/kvsize.py) over what it finds free when it first generates, for rows of prompt +
-    max_new_tokens (engine.max_model_len when set). The cache is None when the budget holds no row. The 7B configs'
-    headers quote it for 80 and 141 GiB cards (tests/test_plan.py checks them)."""
+    own functions (lorapop/engine/kvsize.py) over what it finds free when it first generates (the resident state in
+    place), for rows of ``engine.max_model_len`` as the engine resolves it. The cache is None when the budget holds
+    no row. The 7B configs' headers quote it for 80 and 141 GiB cards (tests/test_plan.py checks them)."""
     import torch
 
     from lorapop.engine.kvsize import free_at_first_generate, kv_budget, kv_cache_plan
 
-    ecfg, m = measured.engine, measured.phases
+    m = measured.phases
+    ecfg = dataclasses.replace(measured.engine, max_model_len=m["max_model_len"])
     free = free_at_first_generate(gpu_bytes, m["base"] + m["adapters"] + m["copies"])
     try:
         return free, kv_cache_plan(ecfg, (m["kv_layers"], m["kv_heads"], m["kv_head_dim"]),
-                                   getattr(torch, ecfg.dtype), measured.prompt_tokens + measured.new_tokens,
-                                   kv_budget(ecfg, "cuda", free))
+                                   getattr(torch, ecfg.dtype), kv_budget(ecfg, "cuda", free))
     except RuntimeError:
         return free, None
 
@@ -216,7 +220,7 @@ def engine_kv_cache(measured: Measured, gpu_bytes: int) -> tuple[int, Any]:
 def _advise_paged(p: MemoryPlan, measured: Measured, kvp: Any) -> str:
     """The rows of ``prompt + reply_tokens`` a paged cache holds (the note's tail), and advice when that is more than
     gen_batch_size lets decode at once."""
-    from lorapop.engine.paged import PAGE
+    from lorapop.engine.kvsize import PAGE
 
     ecfg = measured.engine
     reply = min(measured.reply_tokens, measured.new_tokens)
@@ -259,7 +263,7 @@ def _assemble_vllm(p: MemoryPlan, measured: Measured, capacity: int, torch_state
     """backend vllm: an in-process vLLM engine takes ``vllm_gpu_memory_utilization`` of the GPU's total memory for
     its own copy of the base weights, its LoRA slots, its activations and, in the rest, its KV cache; the TorchEngine
     beside it holds the base weights and the adapters with their optimizer state and runs the update, but never
-    generates (no inference copies, no static KV cache, no prefill). vLLM itself refuses to start when its KV cache
+    generates (no inference copies, no KV cache of its own, no prefill). vLLM itself refuses to start when its KV cache
     cannot hold one row of ``max_model_len`` tokens, so the plan refuses the same.
 
     vLLM's figures, as vLLM sizes them when it starts (its profile run), without importing vLLM:

@@ -207,7 +207,6 @@ def plan_cpu(cfg: Any, memory_bytes: int, prompt_tokens: int | None = None,
     cfg = copy.deepcopy(cfg)
     cfg.engine.device = "cpu"
     cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, "cpu")  # what this machine's run will use
-    cfg.engine.kv_cache = "static"  # on CPU every slot is resident only where written: no pool to plan
     prompt = prompt_tokens or default_prompt_tokens(cfg)
     import lorapop.engine.torch_engine  # noqa: F401 - torch and transformers, as the trainer imports them
 
@@ -236,7 +235,7 @@ def plan_cpu(cfg: Any, memory_bytes: int, prompt_tokens: int | None = None,
         ("KV cache (largest generate call)", kv[call],
          f"{call}: {rows[call]} rows x ({kv_prompt[call]} prompt{', the seed-built mean,' if seeded else ''} + "
          f"{new[call]} new), resident where written"),
-        ("prefill chunk / decode step (peak)", max(m["prefill"], m["decode_static"]), ""),
+        ("prefill chunk / decode step (peak)", max(m["prefill"], m["decode"]), ""),
         ("train micro-batch (peak)", m["train_ckpt"] if ckpt else m["train"],
          f"{mb} rows x ({prompt} + {measured.new_tokens}), "
          + ("gradient_checkpointing" if ckpt else "no gradient_checkpointing")),
@@ -244,10 +243,10 @@ def plan_cpu(cfg: Any, memory_bytes: int, prompt_tokens: int | None = None,
     for name, b, note in table:
         p.phases[name], p.notes[name] = int(b), note
     resident = process + m["base"] + m["adapters"] + m["copies"]
-    p.generation_bytes = resident + kv[call] + max(m["prefill"], m["decode_static"])
+    p.generation_bytes = resident + kv[call] + max(m["prefill"], m["decode"])
     p.update_bytes = resident + (m["train_ckpt"] if ckpt else m["train"])
     if not p.fits:
-        _advise(p, resident, m, kv[call] // rows[call], rows[call], max(m["prefill"], m["decode_static"]), ecfg)
+        _advise(p, resident, m, kv[call] // rows[call], rows[call], max(m["prefill"], m["decode"]), ecfg)
     return p
 
 

@@ -151,11 +151,12 @@ def measure_phases(mcfg: Any, n_adapters: int, ecfg: Any, prompt_tokens: int, ne
     # in-process vLLM engine's objects were collected in the middle of this measurement (their destructors' ops ran
     # under the fake mode and failed), and that run's plan came out wrong; not reproduced in isolation.
     gc.collect()
+    configured = copy.deepcopy(ecfg)  # the engine resolves max_model_len in place (kvsize.model_len)
     probe = PhaseProbe(mcfg, n_adapters, ecfg, FakeTensorMode(allow_non_fake_inputs=True))
     out = _resident(probe)
     if resident_only:
         return out
-    out.update(_generation(probe, ecfg, prompt_tokens, new_tokens))
+    out.update(_generation(probe, configured, prompt_tokens, new_tokens))
     if ecfg.backend == "vllm":
         out.update(_vllm_share(probe, ecfg))
     out.update(_update(probe, ecfg, prompt_tokens, new_tokens))
@@ -168,37 +169,33 @@ def _resident(probe: Any) -> dict[str, int]:
     out = {"base": probe.base_bytes(), "adapters": probe.adapter_state_bytes(),
            "copies": _measure(probe.inference_copies)}
     out["kv_layers"], out["kv_heads"], out["kv_head_dim"] = probe.cache_dims()
+    out["max_model_len"] = probe.cfg.max_model_len  # as the engine resolved it: the cache's capacity
     return out
 
 
 def _generation(probe: Any, ecfg: Any, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
-    """Each cache kind's bytes and a decode step over it at full length, and one prefill chunk. One kind at a time:
-    the caches are real tensors (their bytes counted as allocated); the paged block table is made fake, so the
-    gather a decode step makes is counted without being computed."""
+    """A page pool holding every row at ``prompt + new_tokens`` positions (``engine.max_model_len`` when set: the
+    longest rows the run allows), a decode step over it with every row at that length, and one prefill chunk. The
+    pool is a real tensor (its bytes counted as allocated); the block table is made fake, so the gather a step makes
+    is counted without being computed."""
     import torch
 
-    from lorapop.engine.decode import StaticKVCache, kv_capacity
-    from lorapop.engine.paged import token_bytes
+    from lorapop.engine.kvsize import kv_capacity, token_bytes
 
     dims, dtype = probe.cache_dims(), getattr(torch, ecfg.dtype)
     capacity = kv_capacity(prompt_tokens + new_tokens, ecfg.max_model_len)
-    out = {"per_slot": StaticKVCache.slot_bytes(*dims, capacity, dtype), "kv_token": token_bytes(*dims, dtype)}
+    out = {"kv_token": token_bytes(*dims, dtype)}
     n_rows = max(1, ecfg.gen_batch_size)
     chunk_rows = max(1, min(ecfg.gen_batch_size, ecfg.prefill_chunk_tokens // max(1, prompt_tokens)))
     width = min(prompt_tokens, ecfg.prefill_chunk_tokens)
     holder: list = []
-    kinds = ("static", "paged") if ecfg.kv_cache == "auto" else (ecfg.kv_cache,)
-    for i, kind in enumerate(kinds if ecfg.backend == "torch" else ("static",)):  # vllm: its own cache
-        if kind == "paged":  # the pool at its largest: every row at the full length
-            out[f"kv_{kind}"] = _measure(lambda: holder.append(probe.paged_cache(n_rows, capacity)))
-            probe.fake_table(holder[0])
-        else:
-            out[f"kv_{kind}"] = _measure(lambda: holder.append(probe.static_cache(n_rows, capacity)))
-        cache = holder.pop()
-        if i == 0:
-            out["prefill"] = _measure(lambda: probe.prefill(cache, chunk_rows, width))
-        out[f"decode_{kind}"] = _measure(lambda: probe.decode(cache, n_rows, capacity))
-        del cache
+    out["kv_pool"] = _measure(lambda: holder.append(probe.paged_cache(n_rows, capacity)))
+    probe.fake_table(holder[0])
+    cache = holder.pop()
+    out["prefill"] = _measure(lambda: probe.prefill(cache, chunk_rows, width))
+    if ecfg.backend == "torch":  # vllm decodes in its own engine
+        out["decode"] = _measure(lambda: probe.decode(cache, n_rows, capacity))
+    del cache
     return out
 
 
@@ -207,19 +204,19 @@ def _vllm_share(probe: Any, ecfg: Any) -> dict[str, int]:
     weights in the model dtype, a KV token, one prefill forward."""
     import torch
 
-    from lorapop.engine.decode import StaticKVCache, kv_capacity
+    from lorapop.engine.kvsize import kv_capacity, token_bytes
 
     dims, dtype = probe.cache_dims(), getattr(torch, ecfg.dtype)
     out = {"vllm_graph": 0}
     cap = vllm_graph_capture_tokens(ecfg)
     if cap:  # the largest graph vLLM captures: one decode token for each of `cap` rows
-        graphs = probe.static_cache(cap, kv_capacity(1))
+        graphs = probe.paged_cache(cap, kv_capacity(1))
         out["vllm_graph"] = _measure(lambda: probe.prefill(graphs, cap, 1))
         del graphs
     out["vllm_lora"] = probe.lora_elements() * torch.empty((), dtype=dtype).element_size()
-    out["vllm_kv_token"] = StaticKVCache.slot_bytes(*dims, 1, dtype) - StaticKVCache.slot_bytes(*dims, 0, dtype)
+    out["vllm_kv_token"] = token_bytes(*dims, dtype)
     tokens = max(1, ecfg.prefill_chunk_tokens)
-    one = probe.static_cache(1, kv_capacity(tokens))
+    one = probe.paged_cache(1, kv_capacity(tokens))
     out["vllm_forward"] = _measure(lambda: probe.prefill(one, 1, tokens))
     del one
     return out

@@ -41,8 +41,7 @@ def test_folded_attention_equals_the_gqa_call_it_replaces(t, dtype):
 
 
 def test_the_engine_calls_attention_in_the_form_the_efficient_kernel_accepts(monkeypatch):
-    """A CPU check of the CUDA property: every SDPA call of a prefill and of the decode steps has as many query
-    heads as KV heads (no enable_gqa, which the memory-efficient kernel rejects), 4-D inputs with a unit last
+    """A CPU check of the CUDA property: every SDPA call of a prefill has as many query heads as KV heads (no enable_gqa, which the memory-efficient kernel rejects), 4-D inputs with a unit last
     stride, and a bool mask [b or 1, 1, q_len, kv_len] (the efficient kernel broadcasts it over heads)."""
     calls = []
     sdpa = F.scaled_dot_product_attention
@@ -55,11 +54,16 @@ def test_the_engine_calls_attention_in_the_form_the_efficient_kernel_accepts(mon
     eng = tiny_engine()  # 4 query heads over 2 KV heads
     assert eng.decoder().n_heads != eng._dec.n_kv
     eng.generate([[1, 5, 9, 13, 17], [1, 7]], [0, -1], SamplingParams(max_new_tokens=3, greedy=True))
-    assert any(q.shape[2] > 2 for q, *_ in calls) and any(q.shape[2] == 2 for q, *_ in calls)  # prefill, decode
+    # the prefill's calls carry a mask; the eager CPU decode step's (one a row, all of its positions) carry none
+    prefill = [c for c in calls if c[3] is not None]
+    assert prefill and all(q.shape[2] > 2 for q, *_ in prefill)
+    assert all(q.shape[2] == eng.decoder().n_heads // eng._dec.n_kv for q, _, _, m, _ in calls if m is None)
     for q, k, v, mask, kw in calls:
         assert not kw.get("enable_gqa", False)
         assert q.dim() == k.dim() == v.dim() == 4 and q.shape[1] == k.shape[1] == v.shape[1] == eng._dec.n_kv
         assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        if mask is None:
+            continue
         assert mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
         assert mask.shape[0] in (1, q.shape[0]) and mask.shape[2:] == (q.shape[2], k.shape[2])
         assert mask.stride(-1) == 1

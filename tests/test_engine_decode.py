@@ -1,5 +1,5 @@
-"""The static-cache decode path: chunked prefill, continuous batching, prefix sharing, per-seed sampling,
-the KV budget, activation checkpointing, the compiled step, and the operators on CUDA tensors."""
+"""The decode path: chunked prefill, continuous batching, prefix sharing, per-seed sampling, the KV budget,
+activation checkpointing, the compiled step, and the operators on CUDA tensors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from floattol import assert_close_sums
 from test_engine_helpers import K_TINY, K_TINY_GRAD, assert_greedy_agrees, engine_logits, logit_atol, tiny_engine
 from lorapop.engine import SamplingParams, TrainSample
-from lorapop.engine.decode import StaticKVCache
+from lorapop.engine.kvsize import PAGE, token_bytes
+from lorapop.engine.paged import PagedKVCache
 
 PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41], [1, 7, 8], [1, 40, 41, 42, 43, 44], [1, 3]]
 
@@ -17,7 +18,8 @@ PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41], [1, 7, 8], [1, 40, 41, 42,
 def _hidden(eng, prompt, chunk):
     """Final hidden states of ``prompt`` prefilled into slot 0 of a fresh cache, ``chunk`` positions at a time."""
     dec = eng.decoder()
-    cache = StaticKVCache(dec.n_layers, 2, dec.n_kv, dec.head_dim, 64, torch.float32, eng.device)
+    cache = PagedKVCache(dec.n_layers, 2, dec.n_kv, dec.head_dim, 64, 8, torch.float32, eng.device)
+    cache.set_rows([1], [[5, 2, 7, 0]])  # slot 1's pages, out of order
     eng._ctx.set(torch.tensor([1]))
     outs = []
     try:
@@ -39,9 +41,12 @@ def test_chunked_prefill_gives_the_logits_of_one_prefill_and_of_hf():
     chunked, c3 = _hidden(eng, prompt, 3)
     dec = eng._dec
     torch.testing.assert_close(dec.logits(chunked), dec.logits(one), atol=logit_atol(), rtol=0)
+    at = (c1.table[1, torch.arange(len(prompt)) // PAGE] * PAGE + torch.arange(len(prompt)) % PAGE)
+    mine = torch.zeros(c1.k[0].shape[0], dtype=torch.bool)
+    mine[at] = True
     for a, b in zip(c1.k + c1.v, c3.k + c3.v):  # a layer's keys and values: at most a logit's path
-        assert_close_sums(a[1, :, :len(prompt)], b[1, :, :len(prompt)], K_TINY)
-        assert torch.count_nonzero(a[0]) == 0  # slot 0 untouched: rows write only their own slot
+        assert_close_sums(a[at], b[at], K_TINY)
+        assert torch.count_nonzero(a[~mine]) == 0  # nothing else written: rows write only their own pages
     torch.testing.assert_close(dec.logits(one), engine_logits(eng, prompt, 1), atol=logit_atol(), rtol=0)
 
 
@@ -82,7 +87,7 @@ def test_refilled_slots_give_the_tokens_of_a_fresh_batch(interval):
     fresh.eos_ids = eng.eos_ids
     want = fresh.generate(prompts, ids, p, seeds=list(range(12)))
     got = eng.generate(prompts, ids, p, seeds=list(range(12)))
-    assert eng._cache.n_slots == 3
+    assert eng.kv.cache.n_slots == 3
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert [c.finish_reason for c in got] == [c.finish_reason for c in want]
     assert {c.finish_reason for c in want} == {"eos", "length"}  # rows really stopped at different lengths
@@ -111,17 +116,17 @@ def test_answers_to_one_prompt_share_one_prefill():
     assert [c.token_ids for c in shared] == alone
 
 
-def test_kv_budget_bounds_the_slots_and_says_when_a_row_cannot_fit():
-    eng = tiny_engine(gen_batch_size=64, kv_cache="static")
-    dec = eng.decoder()
-    per = StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256, torch.float32)
-    eng.cfg.kv_cache_gib = 2.5 * per / 2**30
+def test_kv_budget_bounds_the_pages_and_says_when_a_row_cannot_fit():
+    eng = tiny_engine(gen_batch_size=64)
+    dims, dtype = eng.cache_dims()
+    per = PAGE * token_bytes(*dims, dtype)
+    eng.cfg.kv_cache_gib = (512 // PAGE * 2.5 + 1) * per / 2**30  # two and a half rows of the capacity, 512
     p = SamplingParams(max_new_tokens=4, greedy=True)
     out = eng.generate(PROMPTS, [0, 1, 2, 0], p)
-    assert eng._cache.n_slots == 2
+    assert eng.kv.cache.n_pages == 512 // PAGE * 5 // 2 and eng.kv.plan.full_rows == 2
     assert [c.token_ids for c in out] == [c.token_ids for c in tiny_engine().generate(PROMPTS, [0, 1, 2, 0], p)]
-    eng.release_kv_cache()
-    eng.cfg.kv_cache_gib = 0.5 * per / 2**30
+    eng.kv.release()
+    eng.cfg.kv_cache_gib = 0.5 * 512 * per / PAGE / 2**30
     with pytest.raises(RuntimeError, match="KV cache budget"):
         eng.generate(PROMPTS, [0, 1, 2, 0], p)
 
@@ -174,27 +179,16 @@ def test_operators_on_cuda_adapters_in_the_thread_pool():
         assert all(a.is_cuda and b.is_cuda for a, b in child.values())
 
 
-def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size(monkeypatch):
-    """Six calls of varied row counts and prompt lengths under a budget of 3 slots (gen_batch_size 8)
+def test_one_cache_per_run_even_when_the_budget_holds_fewer_than_gen_batch_size():
+    """Six calls of varied row counts and prompt lengths under a budget of 3 rows at the capacity (gen_batch_size 8)
     allocate one cache, whose shape (a compiled step's guard) never changes."""
-    from lorapop.engine import kvcache
-
-    made = []
-
-    class Counting(StaticKVCache):
-        def __init__(self, *a, **k):
-            made.append(a)
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(kvcache, "StaticKVCache", Counting)
-    eng = tiny_engine(gen_batch_size=8, max_model_len=200, kv_cache="static")
-    dec = eng.decoder()
-    eng.cfg.kv_cache_gib = 3.5 * StaticKVCache.slot_bytes(dec.n_layers, dec.n_kv, dec.head_dim, 256,
-                                                          torch.float32) / 2**30
+    eng = tiny_engine(gen_batch_size=8, max_model_len=200)
+    dims, dtype = eng.cache_dims()
+    eng.cfg.kv_cache_gib = (3.5 * 256 / PAGE + 1) * PAGE * token_bytes(*dims, dtype) / 2**30
     p = SamplingParams(max_new_tokens=5, temperature=1.0)
     for n_rows, plen in ((1, 3), (5, 11), (12, 60), (3, 7), (9, 120), (2, 30)):
         prompts = [[1] + [(7 * k + j) % 50 + 3 for j in range(plen - 1)] for k in range(n_rows)]
         out = eng.generate(prompts, [k % 3 for k in range(n_rows)], p)
         assert len(out) == n_rows and all(1 <= len(c.token_ids) <= 5 for c in out)
-        assert (eng._cache.n_slots, eng._cache.max_len) == (3, 256)
-    assert eng.kv_cache_allocations == len(made) == 1
+        assert (eng.kv.cache.n_slots, eng.kv.cache.max_len, eng.kv.cache.n_pages) == (8, 256, 56)
+    assert eng.kv.allocations == 1

@@ -1,5 +1,6 @@
-"""The paged KV cache: the static cache's tokens, capacity that follows the rows' real lengths, recompute
-preemption when the pages run out, shared prefix pages, and the fit rule."""
+"""The paged KV cache (the one cache kind): each row's tokens whatever the rows beside it, capacity that follows the
+rows' real lengths, recompute preemption when the pages run out, shared prefix pages, the fit rule, and a decode
+step that reads each row's own length, deterministically."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from floattol import sum_tol
 from test_engine_helpers import K_TINY, logprob_atol, tiny_engine
 from lorapop.engine import SamplingParams
-from lorapop.engine.paged import PAGE, PagedKVCache, token_bytes
+from lorapop.engine.kvsize import PAGE, token_bytes
+from lorapop.engine.paged import PagedKVCache
 
 
 def _rows(seed: int, n: int, shared: int = 3):
@@ -37,21 +39,21 @@ def _budget(eng, pages: int) -> float:
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_paged_cache_gives_the_static_caches_rows(greedy):
-    """Without preemption the paged cache attends over the static cache's keys (chunk by chunk in a decode step,
-    lorapop/engine/splitkv.py: equal within float32 rounding): same tokens, same finish reasons, log-probs within
-    float32 rounding; rows refill slots (24 requests, 5 slots), stop at EOS and at
-    their caps, and share prompt pages (two of every three requests share their prompt)."""
+def test_a_rows_tokens_do_not_depend_on_the_rows_beside_it(greedy):
+    """24 requests through 5 slots (rows refill slots, stop at EOS and at their caps, two of every three share
+    their prompt pages) give each row the tokens, finish reason and log-probs (within float32 rounding) it gets
+    alone in the cache: a decode step reads each row's own chunks (split-KV), whatever the batch around it."""
     prompts, ids, caps = _rows(0, 24)
     p = SamplingParams(max_new_tokens=60, greedy=greedy, temperature=1.0, min_new_tokens=1)
-    static = tiny_engine(gen_batch_size=5, kv_cache="static", max_model_len=128)
-    paged = tiny_engine(gen_batch_size=5, max_model_len=128, kv_cache="paged")
-    first = static.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
-    eos = sorted(set(static.eos_ids) | {t for c in first[:6] for t in c.token_ids[1:2]})  # early stops
-    static.eos_ids = paged.eos_ids = eos
-    want = static.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
-    got = paged.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
-    assert isinstance(paged._cache, PagedKVCache) and paged.kv_preemptions == 0
+    alone = tiny_engine(gen_batch_size=1, max_model_len=128)
+    batched = tiny_engine(gen_batch_size=5, max_model_len=128)
+    first = batched.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
+    eos = sorted(set(batched.eos_ids) | {t for c in first[:6] for t in c.token_ids[1:2]})  # early stops
+    alone.eos_ids = batched.eos_ids = eos
+    got = batched.generate(prompts, ids, p, list(range(24)), max_new_tokens=caps)
+    want = [alone.generate([q], [a], p, [k], max_new_tokens=[c])[0]
+            for k, (q, a, c) in enumerate(zip(prompts, ids, caps))]
+    assert batched.kv.cache.n_slots == 5 and batched.kv_preemptions == 0
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert [c.finish_reason for c in got] == [c.finish_reason for c in want]
     assert {c.finish_reason for c in want} == {"eos", "length"}
@@ -60,31 +62,29 @@ def test_paged_cache_gives_the_static_caches_rows(greedy):
 
 
 def test_capacity_follows_real_lengths_and_a_row_that_outgrows_the_pool_is_recomputed():
-    """A budget of 24 pages (384 positions) and rows of up to 256 positions: the static cache holds one slot of 256
-    there, the paged cache as many rows as their real lengths allow (up to gen_batch_size 8). Short rows run many at
-    once; long ones outgrow the free pages, so the youngest is preempted, requeued with its tokens and prefilled
-    again, and finishes with the tokens it makes alone, at the length it was asked for. float64: the recomputed
-    history's rounding (a chunked prefill vs one-token steps) is ~1e-15, so a token differs only at a near-exact tie,
-    and the log-probs agree within float64's summation tolerance."""
+    """A budget of 24 pages (384 positions) and rows of up to 256 positions: one row of the full length fits, and
+    the pool holds as many rows as their real lengths allow (up to gen_batch_size 8). Short rows run many at once;
+    long ones outgrow the free pages, so the youngest is preempted, requeued with its tokens and prefilled again,
+    and finishes with the tokens it makes in a pool where nothing is preempted, at the length it was asked for.
+    float64: the recomputed history's rounding (a chunked prefill vs one-token steps) is ~1e-15, so a token differs
+    only at a near-exact tie, and the log-probs agree within float64's summation tolerance."""
     rng = random.Random(3)
     prompts = [[1] + [rng.randint(3, 900) for _ in range(rng.randint(4, 30))] for _ in range(12)]
     ids = [k % 3 for k in range(12)]
     caps = [8, 5, 200, 12, 3, 150, 9, 7, 180, 4, 6, 11]
     p = SamplingParams(max_new_tokens=200, temperature=1.0)
     seeds = list(range(100, 112))
-    paged = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64", kv_cache="paged")
+    paged = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64")
     paged.cfg.kv_cache_gib = _budget(paged, 24)
     got = paged.generate(prompts, ids, p, seeds, max_new_tokens=caps)
-    assert paged._cache.n_pages == 24 and paged._cache.n_slots == 8
+    assert paged.kv.cache.n_pages == 24 and paged.kv.cache.n_slots == 8
     assert paged.kv_preemptions > 0
     assert [len(c.token_ids) for c in got] == caps  # never dropped, never cut
-    live_paged = paged.row_tokens / paged.decode_steps
+    assert paged.row_tokens / paged.decode_steps > 1.0  # more rows than one full-length row decode at once
 
-    static = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64", kv_cache="static")
-    static.cfg.kv_cache_gib = paged.cfg.kv_cache_gib
-    want = static.generate(prompts, ids, p, seeds, max_new_tokens=caps)
-    assert static._cache.n_slots == 1  # 24 pages hold one 256-position slot
-    assert static.row_tokens / static.decode_steps == 1.0 < live_paged
+    roomy = tiny_engine(gen_batch_size=8, max_model_len=256, dtype="float64")
+    want = roomy.generate(prompts, ids, p, seeds, max_new_tokens=caps)
+    assert roomy.kv_preemptions == 0
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     for a, b in zip(got, want):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0,
@@ -95,7 +95,7 @@ def test_answers_to_one_task_share_their_prompt_pages():
     """Six answers to one 40-token prompt (two full pages and a partial one) take 2 shared pages and one page each,
     and are prefilled once; their tokens are those of each answer alone."""
     prompt = [1] + list(range(3, 42))
-    eng = tiny_engine(gen_batch_size=6, max_model_len=128, kv_cache="paged")
+    eng = tiny_engine(gen_batch_size=6, max_model_len=128)
     dec = eng.decoder()
     calls, tables = [], []
     orig = dec.forward
@@ -115,12 +115,13 @@ def test_answers_to_one_task_share_their_prompt_pages():
     table = tables[0]
     assert len({r[0] for r in table}) == len({r[1] for r in table}) == 1  # pages 0 and 1 shared
     assert len({r[2] for r in table}) == 6  # the partial page copied
-    alone = [tiny_engine(max_model_len=128, kv_cache="static").generate([prompt], [1], p, [k])[0].token_ids for k in range(6)]
+    alone = [tiny_engine(max_model_len=128, gen_batch_size=1).generate([prompt], [1], p, [k])[0].token_ids
+             for k in range(6)]
     assert [c.token_ids for c in got] == alone
 
 
 def test_paged_budget_must_hold_one_longest_row():
-    eng = tiny_engine(gen_batch_size=8, max_model_len=256, kv_cache="paged")
+    eng = tiny_engine(gen_batch_size=8, max_model_len=256)
     eng.cfg.kv_cache_gib = _budget(eng, 256 // PAGE - 1)
     with pytest.raises(RuntimeError, match="KV cache budget .* cannot hold one row of 256 tokens"):
         eng.generate([[1, 2, 3]], [0], SamplingParams(max_new_tokens=4))
@@ -131,36 +132,40 @@ def test_paged_budget_must_hold_one_longest_row():
 def test_kv_cache_setting_is_checked_at_load():
     from lorapop.engine import EngineConfig
 
-    with pytest.raises(ValueError, match="engine.kv_cache: 'pages' is not one of auto, paged, static"):
+    with pytest.raises(ValueError, match="engine.kv_cache: 'pages' is not one of auto, paged"):
         EngineConfig(kv_cache="pages").validate()
+    with pytest.raises(ValueError, match="static is gone: the one KV cache is paged"):
+        EngineConfig(kv_cache="static").validate()
 
 
-def test_auto_pages_only_when_the_budget_cannot_hold_every_row_at_full_length():
-    """engine.kv_cache auto (the default): the static cache where the budget holds gen_batch_size rows at the full
-    length (it reads them in place; paging would only add its gather), the paged one where it does not; the choice
-    is the run's and stays when a later row outgrows the cache."""
-    from lorapop.engine.decode import StaticKVCache
+def test_one_cache_for_the_run_sized_from_max_model_len_whatever_the_call():
+    """The cache is sized once, from engine.max_model_len (unset: the model's max_position_embeddings, as vLLM) and
+    the budget, never from a call's prompts or caps: a 200-token prompt with max_new_tokens 60 and a row cap of 4
+    under max_model_len 256 keeps the first call's cache (it once made a second, of 512 positions); a row over the
+    length is refused."""
+    p = SamplingParams(max_new_tokens=60, greedy=True)
+    eng = tiny_engine(gen_batch_size=4, max_model_len=256)
+    eng.generate([[1, 2, 3]], [0], p)
+    cache = eng.kv.cache
+    assert isinstance(cache, PagedKVCache) and (cache.n_slots, cache.max_len) == (4, 256)
+    eng.generate([[1] + [5] * 199, [1, 2]], [0, 1], p, max_new_tokens=[4, 60])
+    assert eng.kv.cache is cache and eng.kv.allocations == 1
+    with pytest.raises(ValueError, match="over engine.max_model_len=256"):
+        eng.generate([[1] + [5] * 199], [0], p)
+    unset = tiny_engine(gen_batch_size=2)
+    assert unset.cfg.max_model_len == unset.model.config.max_position_embeddings == 512
+    unset.generate([[1, 2, 3]], [0], p)
+    assert unset.kv.cache.max_len == 512 and unset.kv.plan.kind == "paged"
 
-    p = SamplingParams(max_new_tokens=4, greedy=True)
-    roomy = tiny_engine(gen_batch_size=4, max_model_len=256)
-    assert roomy.cfg.kv_cache == "auto"
-    roomy.generate([[1, 2, 3]], [0], p)
-    assert type(roomy._cache) is StaticKVCache and roomy._cache.n_slots == 4
-    tight = tiny_engine(gen_batch_size=4, max_model_len=256)
-    tight.cfg.kv_cache_gib = _budget(tight, 3 * 256 // PAGE)  # three rows at the full length
-    tight.generate([[1, 2, 3]], [0], p)
-    assert isinstance(tight._cache, PagedKVCache) and tight._cache.n_slots == 4
-    tight.cfg.kv_cache_gib, tight.cfg.max_model_len = 4.0, 0
-    tight.generate([[1] * 300], [0], p)  # without max_model_len a longer row: a longer cache, of the run's kind
-    assert isinstance(tight._cache, PagedKVCache) and tight._cache.max_len == 512
 
-
+@pytest.mark.parametrize("rows", [False, True], ids=["pairs", "row_by_row"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dtype):
+def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dtype, rows):
     """A decode step over a paged cache reads each row's own chunks (lorapop/engine/splitkv.py): on seeded K/V in
     shuffled pages, rows of ragged lengths (1 position, a chunk's edge on both sides, many chunks), grouped queries,
     a free slot and padding pairs, the merged partial softmaxes equal SDPA over the longest row's span with each row
-    masked at its length, within float32 rounding of the reordered sums (plus one rounding to ``dtype``)."""
+    masked at its length, within float32 rounding of the reordered sums (plus one rounding to ``dtype``). The same
+    for the eager CPU step's row-by-row read (each row's own positions, one SDPA call a row)."""
     from lorapop.engine.decode import attend
     from lorapop.engine.splitkv import CHUNK
 
@@ -180,9 +185,12 @@ def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dty
     pairs = cache.reads(b, lens, False)
     n_real = sum(-(-n // CHUNK) for n in lens)
     assert pairs.shape[0] > n_real and (pairs[n_real:, 0] == b).all()  # padded to the bucket with dump pairs
+    cache.row_by_row = lambda: rows  # the eager CPU step reads row by row; compiled and CUDA steps, pairs
     _, at = cache.locate(None, b, pos[:, None], pairs)
+    assert isinstance(at, list) == rows
     got = cache.attend_pairs(0, q, at, None)
     assert got.dtype == dtype
+    assert torch.equal(got, cache.attend_pairs(0, q, at, None))  # the merge adds in one fixed order
     span = cache.span(max(lens))
     _, r_at = cache.locate(None, b, pos[:, None], span)
     keys, vals = cache.load(0, r_at, b, span.shape[0])
@@ -193,3 +201,32 @@ def test_split_kv_attention_is_the_dense_attention_over_each_rows_own_length(dty
         want.abs().max())
     torch.testing.assert_close(got[:live].float(), want[:live], atol=atol, rtol=0)
     assert torch.isfinite(got).all() and (got[live] == 0).all()  # a free slot reads nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_split_kv_reads_the_pool_in_its_dtype_and_equals_eager(dtype):
+    """The compiled read (lorapop/engine/splitkv.py, ``_scores_values``' fused form: the pool read where it lies, in
+    its dtype, products and sums in float32) equals the eager gather's within float32 rounding of the reordered
+    sums, and two compiled runs give the same bits."""
+    from lorapop.engine import splitkv
+
+    g = torch.Generator().manual_seed(1)
+    n, n_kv, grp, d, pool = 40, 2, 3, 16, 64 * 16
+    kc = torch.randn((pool, n_kv, d), generator=g).to(dtype)
+    vc = torch.randn((pool, n_kv, d), generator=g).to(dtype)
+    addr = torch.randint(0, pool, (n, splitkv.CHUNK), generator=g)
+    qp = torch.randn((n, n_kv, grp, d), generator=g)
+    p = torch.rand((n, n_kv, grp, splitkv.CHUNK), generator=g)
+
+    def run(q, k, v, a, w, fused):
+        s, weigh = splitkv._scores_values(q, k, v, a, torch.float32, fused)
+        return s, weigh(w)
+
+    want = run(qp, kc, vc, addr, p, False)
+    fn = torch.compile(run, dynamic=False)
+    got = fn(qp, kc, vc, addr, p, True)
+    again = fn(qp, kc, vc, addr, p, True)
+    for a, b, c, k in zip(got, want, again, (d, splitkv.CHUNK)):
+        assert a.dtype == torch.float32 and torch.equal(a, c)
+        torch.testing.assert_close(a, b, rtol=0, atol=sum_tol(torch.float32, k, float(b.abs().max())))

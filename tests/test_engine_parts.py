@@ -21,18 +21,18 @@ from test_engine_helpers import K_TINY_GRAD, tiny_llama
 
 
 # ------------------------------------------------------------------ the KV cache alone
-def test_the_keeper_sizes_one_cache_for_the_run_and_grows_or_refuses_as_configured():
-    cfg = EngineConfig(device="cpu", gen_batch_size=2, kv_cache="static")
+def test_the_keeper_sizes_one_cache_for_the_run_and_refuses_longer_rows():
+    cfg = EngineConfig(device="cpu", gen_batch_size=2, max_model_len=40)
     keeper = KVCacheKeeper(cfg, torch.device("cpu"))
     dims = (2, 1, 4)  # layers, KV heads, head dim
-    first = keeper.get(dims, torch.float32, 40)
-    assert keeper.allocations == 1 and keeper.shape[0] == 2 and first.max_len >= 40
-    assert keeper.get(dims, torch.float32, 30) is first and keeper.allocations == 1  # shorter rows: the same cache
-    longer = keeper.get(dims, torch.float32, first.max_len + 1)  # no max_model_len: a longer row grows it
-    assert longer is not first and longer.max_len > first.max_len and keeper.allocations == 2
+    first = keeper.get(dims, torch.float32)
+    assert keeper.allocations == 1 and first.n_slots == 2 and first.max_len == 256  # 40 rounded up
+    assert keeper.get(dims, torch.float32) is first and keeper.allocations == 1  # every call: the same cache
+    assert keeper.plan.kind == "paged" and keeper.plan.n_pages == 2 * 256 // 16
     keeper.release()
     assert keeper.cache is None
-    assert keeper.get(dims, torch.float32, 10).max_len == longer.max_len  # allocated again at the run's shape
+    again = keeper.get(dims, torch.float32)  # allocated again (a bench's release), at the run's shape
+    assert (again.n_slots, again.max_len, again.n_pages) == (first.n_slots, first.max_len, first.n_pages)
     assert keeper.per_call()  # eager on CPU: the pages go back to the OS after each call
     keeper.drop_pages()  # the pages back to the OS (all zeros again), or where it cannot, the cache released
     assert keeper.cache is None or all(int(t.abs().sum()) == 0 for t in keeper.cache.k + keeper.cache.v)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from test_engine_helpers import tokenizer
-from lorapop.engine.batching import stop_checker
+from lorapop.engine.sequence import stop_checker
 
 
 def _per_token(checker, row, start):

@@ -60,25 +60,18 @@ def test_stage_peaks_add_up_to_the_whole_window():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads VmRSS")
 def test_cpu_kv_cache_is_resident_only_where_rows_write_and_only_in_its_call():
-    """A static cache of 64 slots x 32768 positions (268 MB for this model) takes memory only for the positions two
-    short rows touch, and those pages go back (the cache all zeros again) when generate returns."""
-    eng = tiny_engine(2, gen_batch_size=64, max_model_len=32768, kv_cache="static")
-    dec_bytes = 2 * 2 * 2 * 8 * 32769 * 64 * 4  # k and v x layers x kv heads x head_dim x positions x slots x float32
-    seen = {}
-
-    def spy(max_len, inner=eng._kv_cache):
-        cache = inner(max_len)
-        seen["bytes"] = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
-        return cache
-
-    eng._kv_cache = spy
+    """A page pool of 64 rows x 32768 positions (268 MB for this model) takes memory only for the pages two short
+    rows touch, and those pages go back (the pool all zeros again) when generate returns."""
+    eng = tiny_engine(2, gen_batch_size=64, max_model_len=32768, kv_cache_gib=1.0)
+    dec_bytes = 2 * 2 * 2 * 8 * (32768 * 64 + 16) * 4  # k and v x layers x kv heads x head_dim x positions x float32
     eng.generate([eng.chat_prompt("hi")], [0], SamplingParams(max_new_tokens=2))  # first-call allocations
+    seen = {"bytes": sum(t.numel() * t.element_size() for t in eng.kv.cache.k + eng.kv.cache.v)}
     w = hostmem.PeakWindow()
     before = hostmem.proc_status_kb("VmRSS")
     eng.generate([eng.chat_prompt("hi")] * 2, [0, 1], SamplingParams(max_new_tokens=8))
     grew = (w.close() - before) if w.exact else (hostmem.proc_status_kb("VmRSS") - before)
     assert seen["bytes"] == dec_bytes
     assert grew * 1024 < dec_bytes / 8, (grew, dec_bytes)  # torch.zeros would make all of it resident
-    k0 = eng._cache.k[0]
+    k0 = eng.kv.cache.k[0]
     assert hostmem.drop_pages(k0) and not k0.any()  # eager on CPU: its pages went back when the call returned
     assert hostmem.drop_pages(torch.ones(3)) is False  # not a lazily resident tensor: the caller drops it instead

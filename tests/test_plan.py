@@ -199,7 +199,7 @@ def _with(measured, **engine):
 
 
 def test_vllm_7b_fits_80gb_at_its_shipped_fraction(vllm_7b):
-    from lorapop.engine.decode import kv_capacity
+    from lorapop.engine.kvsize import kv_capacity
 
     cfg, m = vllm_7b
     frac = cfg.engine.vllm_gpu_memory_utilization  # as shipped (0.4: about twice the default's KV cache)
@@ -289,42 +289,40 @@ def test_vllm_graph_pool_follows_vllms_capture_sizes_and_eager_has_none(vllm_7b)
 
 
 def test_paged_kv_cache_plan_counts_tokens_and_refuses_without_one_full_row(embedded):
-    """engine.kv_cache paged: the pool the engine allocates on a card (kvsize over the memory free at its first
-    generate): as many pages as the budget holds, up to gen_batch_size rows at the full length; the plan gives its
-    positions and its rows at the full length and at a shorter one, and refuses a card whose pool cannot hold one row
-    at the full length, however short the rows it could hold. auto (the default) plans the static cache where the
-    budget holds every row at the full length, else this."""
+    """The pool the engine allocates on a card (kvsize over the memory free at its first generate, rows of
+    max_model_len as the engine resolves it: unset, the model's max_position_embeddings): as many pages as the
+    budget holds, up to gen_batch_size rows at the full length; the plan gives its positions and its rows at the
+    full length and at a shorter one, and refuses a card whose pool cannot hold one row at the full length, however
+    short the rows it could hold. The update's figure carries the compiled step's CUDA-graph pool beside the cache."""
     import math
 
-    from lorapop.engine.decode import kv_capacity
-    from lorapop.engine.paged import PAGE
+    from lorapop.engine.kvsize import PAGE, kv_capacity
 
     m, ecfg = embedded.phases, embedded.engine
-    assert ecfg.kv_cache == "auto"  # the default: both caches measured
-    paged = dataclasses.replace(embedded, engine=dataclasses.replace(ecfg, kv_cache="paged"))
-    capacity = kv_capacity(embedded.prompt_tokens + embedded.new_tokens, ecfg.max_model_len)
+    assert ecfg.max_model_len == 0 and m["max_model_len"] == 8192  # SmolLM2's max_position_embeddings
+    capacity = kv_capacity(0, m["max_model_len"])
     per_page = PAGE * m["kv_token"]
-    big = assemble(paged, 80.0)
+    big = assemble(embedded, 80.0)
     pages = ecfg.gen_batch_size * capacity // PAGE  # the budget holds every row at the full length
     assert big.kv_plan.kind == "paged" and big.kv_plan.n_pages == pages
-    assert big.phases["KV cache"] == (pages + 1) * per_page <= m["kv_paged"]  # the trash page; the plan's bytes
-    assert m["decode_paged"] > m["decode_static"]  # the step gathers what it attends; the static one reads in place
+    assert big.phases["KV cache"] == (pages + 1) * per_page
     assert big.kv_slots_fit == ecfg.gen_batch_size
     assert f"paged, {pages * PAGE} positions ({ecfg.gen_batch_size} rows of {capacity})" in big.notes["KV cache"]
-    auto = assemble(embedded, 80.0)
-    assert auto.notes["KV cache"].startswith("static, ") and auto.phases["KV cache"] == big.kv_plan.n_slots * \
-        m["per_slot"]
+    pool = big.phases.get("CUDA-graph pool (kept through the update)", 0)
+    assert pool == (m["decode"] if ecfg.compile else 0)
+    train = m["train_ckpt"] if ecfg.gradient_checkpointing else m["train"]
+    assert big.train_bytes == m["base"] + m["adapters"] + m["copies"] + big.phases["KV cache"] + pool + train
+    compiled = assemble(dataclasses.replace(embedded, engine=dataclasses.replace(ecfg, compile=True)), 80.0)
+    assert compiled.phases["CUDA-graph pool (kept through the update)"] == m["decode"] > 0
     one_row = (capacity // PAGE + 1) * per_page
     for budget, rows in ((one_row, 1), (one_row - per_page, 0)):
-        gpu = _card_gib(paged, math.ceil(budget / ecfg.kv_cache_memory_fraction))
-        pl = assemble(dataclasses.replace(paged, reply_tokens=8), gpu)
+        gpu = _card_gib(embedded, math.ceil(budget / ecfg.kv_cache_memory_fraction))
+        pl = assemble(dataclasses.replace(embedded, reply_tokens=8), gpu)
         assert pl.kv_slots_fit == rows and not (rows == 0 and pl.fits)
         assert ("does not hold one row" in "\n".join(pl.advice)) == (rows == 0)
         if rows:
             short = (capacity // PAGE) * PAGE // (-(-(embedded.prompt_tokens + 8) // PAGE) * PAGE)
             assert f"or {short} rows of {embedded.prompt_tokens} + 8" in pl.notes["KV cache"]
-            # auto where the static cache does not fit: it pages
-            assert assemble(dataclasses.replace(embedded, reply_tokens=8), gpu).notes["KV cache"].startswith("paged, ")
 
 
 def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedded, monkeypatch, capsys):

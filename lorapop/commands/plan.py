@@ -29,7 +29,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"longest prompt to plan for (default {DEFAULT_PROMPT_TOKENS}; {AZR_PROMPT_TOKENS}, AZR's "
                          "prompt cap, under selfplay.prompt_format azr)")
     ap.add_argument("--reply-tokens", type=int, default=None,
-                    help=f"engine.kv_cache paged: also count the rows of prompt + this many reply tokens the cache "
+                    help=f"also count the rows of prompt + this many reply tokens the cache "
                          f"holds (default {REPLY_TOKENS}, an assumed typical reply, capped at max_new_tokens)")
     ap.add_argument("--cpu", action="store_true",
                     help="plan the run on CPU instead: its peak resident memory on this machine (lorapop/plan_cpu.py)")

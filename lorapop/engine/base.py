@@ -118,31 +118,25 @@ class EngineConfig:
                 "only where it computes fewer positions than a row per sample (the student loop's n_samples "
                 "answers per task: about 3x fewer on the embedded model), with sdpa or eager attention."})
     gen_batch_size: int = field(default=32, metadata={
-        "help": "Most rows decoded at once (slots of the KV cache, vLLM's max_num_seqs). kv_cache static: fewer "
-                "are used when the KV cache budget (kv_cache_gib / kv_cache_memory_fraction) cannot hold this many "
-                "rows of prompt + max_new_tokens; paged: as many as the budget's pages hold at their real lengths. "
-                "With continuous batching a finished row's slot takes the next waiting prompt."})
+        "help": "Most rows decoded at once (slots of the KV cache, vLLM's max_num_seqs); as many run as the KV cache's "
+                "pages hold at their real lengths. With continuous batching a finished row's slot takes the next "
+                "waiting prompt."})
     prefill_chunk_tokens: int = field(default=2048, metadata={
         "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
                 "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
                 "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory)."})
     max_model_len: int = field(default=0, metadata={
-        "help": "Tokens (prompt + max_new_tokens) the KV cache holds per row, fixed for the run (vLLM's name): the "
-                "cache is allocated once, with this capacity and gen_batch_size slots (fewer where the budget holds "
-                "fewer), and kept for the whole run, through every update (lorapop/engine/kvsize.py sizes it). A row "
-                "(prompt + max_new_tokens) over it is refused, never grows the cache; the trainer keeps its prompts "
-                "within max_model_len - max_new_tokens. 0: the first call's longest row, rounded up to 256, and a "
-                "longer row later allocates a longer cache (a compiled step compiles nothing for it, but on CUDA "
-                "records its CUDA graphs again)."})
+        "help": "Tokens (prompt + max_new_tokens) a row may reach, fixed for the run (vLLM's name); 0: the model's "
+                "max_position_embeddings, as vLLM. The KV cache is allocated once, on the first generate, for rows "
+                "of this length (lorapop/engine/kvsize.py sizes it) and kept for the whole run, through every "
+                "update. A row (prompt + its max_new_tokens) over it is refused, never grows the cache; the trainer "
+                "cuts its proposer prompts to max_model_len - max_new_tokens (their reference snippets dropped)."})
     kv_cache: str = field(default="auto", metadata={
-        "help": "backend torch: the KV cache's layout (auto | paged | static). paged (vLLM's PagedAttention, "
-                "lorapop/engine/paged.py): a pool of 16-position pages that rows take as they grow, so the budget "
-                "holds as many rows (up to gen_batch_size) as their real lengths allow; a row that outgrows the "
-                "free pages is preempted and recomputed later, never dropped; a step gathers the positions it "
-                "attends from the pages (a copy of them per layer). static: every slot has room for the longest row "
-                "(max_model_len), read in place, so the budget holds budget / (prompt + max_new_tokens) rows "
-                "whatever their lengths. auto: static when the budget holds gen_batch_size rows at the full length "
-                "(paging would buy nothing), else paged; decided at the run's first allocation and kept."})
+        "help": "backend torch: the KV cache's layout; one kind, paged (auto is the same). A pool of 16-position "
+                "pages that rows take as they grow (vLLM's PagedAttention, lorapop/engine/paged.py), so the budget "
+                "holds as many rows (up to gen_batch_size) as their real lengths allow, and each decode step reads "
+                "each row's own length (split-KV); a row that outgrows the free pages is preempted and recomputed "
+                "later, never dropped."})
     kv_cache_gib: float = field(default=4.0, metadata={
         "help": "Off CUDA: GiB the KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
     kv_cache_memory_fraction: float = field(default=0.6, metadata={
@@ -228,8 +222,11 @@ class EngineConfig:
         if self.max_model_len < 0:
             raise ValueError(f"engine.max_model_len: must be >= 0 (0: from the first generate), got "
                              f"{self.max_model_len}")
-        if self.kv_cache not in ("auto", "paged", "static"):
-            raise ValueError(f"engine.kv_cache: {self.kv_cache!r} is not one of auto, paged, static")
+        if self.kv_cache == "static":
+            raise ValueError("engine.kv_cache: static is gone: the one KV cache is paged, every row reading its own "
+                             "length (docs/METHOD.md, \"What a step reads\"); drop the setting or set paged")
+        if self.kv_cache not in ("auto", "paged"):
+            raise ValueError(f"engine.kv_cache: {self.kv_cache!r} is not one of auto, paged")
         if self.backend not in ("torch", "vllm"):
             raise ValueError(f"engine.backend: {self.backend!r} is not one of torch, vllm")
         if self.backend == "vllm" and self.replicas > 1:
@@ -354,7 +351,7 @@ class Engine(Protocol):
 
     Only what production code (the trainer, evaluation, PBT) calls, so another engine (e.g. one over vLLM) can
     plug in; engine-specific helpers (TorchEngine.accumulate_gradients, token_logprobs, reset_adapter,
-    release_kv_cache, ...) stay off it."""
+    the KV cache keeper kv, ...) stay off it."""
 
     n_adapters: int
     tokenizer: Any

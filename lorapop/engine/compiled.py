@@ -5,21 +5,22 @@ EOS, the sampling settings with the role. Compiling each on first meeting (one g
 scattered tens of seconds of inductor per bucket at 7B over the first steps. Here the engine declares,
 from its cache, every shape the step can meet and makes it ready at once, as vLLM does before it serves:
 
-- the batch size and the attention length are *symbolic* (``maybe_mark_dynamic``), so dynamo and inductor compile
-  one graph for all of them; the batch buckets start at 2, since torch specialises a size of 1;
+- the batch size and the number of (row, chunk) pairs a step reads (:mod:`.splitkv`) are *symbolic*
+  (``maybe_mark_dynamic``), so dynamo and inductor compile one graph for all of them; the batch buckets start at 2,
+  since torch specialises a size of 1;
 - the only compile-time switch is the sampling branch (nucleus cut or not: a ``[b, V]`` sort per token that a run
   without ``top_p < 1`` should not pay). Training samples at ``top_p`` 1 (config load refuses less), so the declared
   set is one graph; ``engine.compile_nucleus`` adds the nucleus branch's (two in all), and without it
   a call that cuts a nucleus decodes eagerly rather than compile after the warm-up;
-- on CUDA (``mode='reduce-overhead'``) a CUDA graph is recorded per concrete (branch, batch bucket, attention
-  bucket); the attention lengths are bucketed to powers of two there (a step reads at most twice what it attends,
-  one graph per doubling, not per length), and every one of them is recorded at warm-up;
-- off CUDA the length needs no bucket beyond 64 positions (no graph is recorded per length);
-- the cache's slots and capacity are symbolic as well (decode.StaticKVCache), so a cache of another shape compiles
-  nothing; on CUDA its graphs are recorded again, in a warm-up of its own. A run never meets one: with
-  ``engine.max_model_len`` set the engine allocates its cache once and keeps it through every update (a row over
-  the length is refused), so the warm-up runs in the first generate and never again (``perf/warmups`` stays 1,
-  ``perf/cuda_graphs`` stays at the declared set's count).
+- on CUDA (``mode='reduce-overhead'``) a CUDA graph is recorded per concrete (branch, batch bucket, pair bucket);
+  the pair counts are bucketed to powers of two there (one graph per doubling, not per count), only those a batch
+  bucket can reach (``nb`` rows read at most ``nb`` rows of chunks), and every one is recorded at warm-up;
+- off CUDA the pair count needs no bucket beyond multiples of 16 (no graph is recorded per count);
+- the cache's pool and capacity are symbolic as well, so a cache of another shape compiles nothing; on CUDA its
+  graphs would be recorded again, in a warm-up of its own. A run never meets one: the engine allocates its cache
+  once, from ``engine.max_model_len``, and keeps it through every update (a row over the length is refused), so
+  the warm-up runs in the first generate and never again (``perf/warmups`` stays 1, ``perf/cuda_graphs`` stays at
+  the declared set's count).
 
 :class:`CompileStats` counts what torch compiled and recorded (through dynamo's compile callbacks), so the engine
 reports ``perf/compile_s`` and ``perf/graphs`` every step and warns, naming ``engine.compile``, about any compile
@@ -42,10 +43,6 @@ import torch
 from .buckets import pow2_at_least, size_buckets
 from .splitkv import pair_buckets
 
-KV_STEP = 64  # attention lengths off CUDA graphs are multiples of this (symbolic: no graph per length)
-KV_GRAPH_MIN = 128  # under CUDA graphs attention lengths are powers of two from this
-
-
 def batch_bucket(n: int, n_slots: int, compiled: bool = True) -> int:
     """The rows a step decodes when slots ``0..n-1`` hold its live rows: a power of two, at most the cache's
     ``n_slots``; compiled, at least 2 (torch specialises a size of 1, which would cost a graph of its own)."""
@@ -56,30 +53,17 @@ def batch_buckets(n_slots: int) -> list[int]:
     return sorted({batch_bucket(n, n_slots) for n in range(1, n_slots + 1)})
 
 
-def kv_bucket(need: int, max_len: int, cuda_graphs: bool) -> int:
-    """The cache positions a step reads when its rows attend to ``need``: powers of two under CUDA graphs (each
-    length is a recorded graph), else multiples of :data:`KV_STEP`; never more than the cache holds."""
-    if cuda_graphs:
-        return min(pow2_at_least(need, KV_GRAPH_MIN), max_len)
-    return min(-(-need // KV_STEP) * KV_STEP, max_len)
-
-
-def kv_buckets(max_len: int, cuda_graphs: bool) -> list[int]:
-    """Attention lengths a warm-up must meet: every CUDA-graph bucket; off CUDA graphs the length is symbolic and
-    the shortest and longest stand for all."""
-    return size_buckets(kv_bucket(1, max_len, False), KV_GRAPH_MIN, max_len, cuda_graphs)
-
-
 @dataclass(frozen=True)
 class DecodeShapes:
-    """The declared set: every (nucleus, batch bucket, attention bucket) the compiled step meets over a cache of
-    ``n_slots`` x ``max_len``, the nucleus branch only with ``nucleus`` (engine.compile_nucleus). ``graphs``: what
-    dynamo compiles for it; ``cuda_graphs``: what CUDA records."""
+    """The declared set: every (nucleus, batch bucket, pair bucket) the compiled step can meet over a cache of
+    ``n_slots`` x ``max_len`` (the pairs are the (row, chunk) pairs a step reads, :mod:`.splitkv`), the nucleus
+    branch only with ``nucleus`` (engine.compile_nucleus). Only shapes that can occur: a batch of ``nb`` rows reads
+    at most ``nb`` rows of chunks at the capacity. ``graphs``: what dynamo compiles for it; ``recorded``: what CUDA
+    records."""
     n_slots: int
     max_len: int
     cuda_graphs: bool
     nucleus: bool = False
-    split_kv: bool = False  # a paged cache: the third size is the (row, chunk) pairs a step reads (splitkv)
 
     @property
     def branches(self) -> tuple[bool, ...]:
@@ -87,12 +71,8 @@ class DecodeShapes:
 
     @property
     def shapes(self) -> list[tuple[bool, int, int]]:
-        if self.split_kv:
-            reads = pair_buckets(self.n_slots, self.max_len, self.cuda_graphs)
-        else:
-            reads = kv_buckets(self.max_len, self.cuda_graphs)
-        return [(nucleus, nb, kv) for nucleus in self.branches for nb in batch_buckets(self.n_slots)
-                for kv in reads]
+        return [(nucleus, nb, n) for nucleus in self.branches for nb in batch_buckets(self.n_slots)
+                for n in pair_buckets(self.n_slots, self.max_len, self.cuda_graphs, rows=nb)]
 
     @property
     def graphs(self) -> int:
@@ -169,8 +149,8 @@ def compile_stats() -> CompileStats:
 
 
 def compile_decode_step(fn, device: torch.device):
-    """``torch.compile`` of the decode step: static shapes but the ones the batcher marks symbolic (batch, attention
-    length), CUDA graphs on CUDA. The recompile limit leaves room for caches that grow (each a new shape)."""
+    """``torch.compile`` of the decode step: static shapes but the ones the model runner marks symbolic (batch, pair
+    count), CUDA graphs on CUDA. The recompile limit leaves room for caches that grow (each a new shape)."""
     import torch._dynamo
 
     compile_stats()
@@ -196,27 +176,26 @@ class CompiledDecode:
         self.step = compile_decode_step(fn, device)
         self.warm: tuple[DecodeShapes, int] | None = None  # (declared set, cache allocation) last warmed
         self.compile_s, self.graphs, self.cuda_graphs, self.warm_up_s, self.after_warmup = 0.0, 0, 0, 0.0, 0
-        self.warm_ups = 0  # warm-ups run: one per run, since the run keeps one cache (TorchEngine._kv_cache)
+        self.warm_ups = 0  # warm-ups run: one per run, since the run keeps one cache (kvcache.KVCacheKeeper)
 
     @contextmanager
-    def call(self, batcher, cache, allocation: int):
+    def call(self, runner, cache, allocation: int):
         """Around one generate: the warm-up over ``cache``'s declared set when it is new (on CUDA also when the
         cache was allocated again: its graphs read it at its address), then the call, counting any compile."""
         before = compile_stats().snapshot()
         try:
-            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda", self.nucleus,
-                                  cache.split_kv)
+            shapes = DecodeShapes(cache.n_slots, cache.max_len, self.device.type == "cuda", self.nucleus)
             if self.warm != (shapes, allocation if shapes.cuda_graphs else 0):
-                before = self._warm_up(batcher, shapes, before)
+                before = self._warm_up(runner, shapes, before)
                 self.warm = (shapes, allocation if shapes.cuda_graphs else 0)
             yield
         finally:
             self._count(before, warm_up=False)
 
-    def _warm_up(self, batcher, shapes: DecodeShapes, before):
+    def _warm_up(self, runner, shapes: DecodeShapes, before):
         t0 = time.perf_counter()
         self.warm_ups += 1
-        batcher.warm_up(shapes.shapes, calls=3 if shapes.cuda_graphs else 1)  # CUDA graph trees: warm, record, replay
+        runner.warm_up(shapes.shapes, calls=3 if shapes.cuda_graphs else 1)  # CUDA graph trees: warm, record, replay
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
@@ -242,7 +221,7 @@ class CompiledDecode:
 def report_warm_up(shapes: DecodeShapes, seconds: float, compiles: int, recordings: int) -> None:
     rec = f" and {recordings} CUDA graphs" if shapes.cuda_graphs else ""
     print(f"engine.compile: decode step ready for {len(shapes.shapes)} shapes (batch 1..{shapes.n_slots}, "
-          f"attention up to {shapes.max_len}, {'with and without' if shapes.nucleus else 'no'} top_p cut, any "
+          f"rows of up to {shapes.max_len} positions, {'with and without' if shapes.nucleus else 'no'} top_p cut, any "
           f"adapters): {compiles} compiled graphs{rec} "
           f"in {seconds:.1f}s", file=sys.stderr, flush=True)
 

@@ -1,14 +1,16 @@
-"""A static KV cache and a per-row-position forward for the Llama / Qwen2 family, over the HF modules' own weights.
+"""A per-row-position forward for the Llama / Qwen2 family over the HF modules' own weights and the paged KV cache
+(:mod:`.paged`).
 
 Why not HF's own forward with its ``StaticCache``: that cache shares one ``cache_position`` across the batch, so
 rows cannot sit at different positions, and continuous batching (a finished row's slot taking a new prompt) needs
-exactly that. Here every cache *slot* is one row, left-aligned: token ``j`` of a row lives at cache index ``j`` and
-has position id ``j``, so no padding ever enters the cache and a slot can be refilled at any time.
+exactly that. Here every row has its own positions: token ``j`` of a row has position id ``j`` and lives in the
+row's pages at its logical position ``j``, so no padding ever enters the cache and a slot can be refilled at any
+time.
 
 The forward reuses the model's modules (embedding, RMSNorms, rotary embedding, the projections with their LoRA
 wrappers, the MLP activation, the head) and only re-implements the attention core around the cache, so a Qwen2
-qkv bias or a Llama head_dim come from the modules themselves. The cache has one spare index (``trash``) past the
-longest row: padding and finished rows write there, and no real query ever reads it.
+qkv bias or a Llama head_dim come from the modules themselves. The cache has one spare position (``trash``) past
+the longest row, on the trash page: padding and finished rows write there, and no real query ever reads it.
 
 Two LoRA paths: eager calls the wrapped layers (``lora.py``'s grouped decode path, the cheapest on CPU); the
 compiled step uses a *dense* form, ``((x @ A_cat^T) * row_mask) @ B_cat^T`` with every adapter's factors stacked
@@ -22,10 +24,10 @@ its slot, and costs no per-row kernel launch.
 The compiled step is one graph per sampling branch for a whole run, made ready before the first
 decode step (:mod:`.compiled`), as in gpt-fast (one compiled decode over a fixed-size cache) and vLLM (symbolic
 shapes, then a CUDA graph per batch size): the cache keeps one shape for the run, the batch size and the number of
-positions attention reads (the length of ``cache.span(kv_len)``) are dimensions dynamo treats as symbolic (so a
-step still reads only what it needs, not the whole capacity), and the sampling settings are per-row tensors. The
-K/V write is one ``index_put_`` on the whole cache tensor (only the new positions are touched), and attention
-folds each query group into the query length so the fused CUDA kernels accept it (see ``attend``).
+(row, chunk) pairs a step reads are dimensions dynamo treats as symbolic (so a step reads each row's own length,
+not the whole capacity), and the sampling settings are per-row tensors. The K/V write is one ``index_put_`` on the
+whole pool (only the new positions are touched); a prefill's attention folds each query group into the query
+length so the fused CUDA kernels accept it (see ``attend``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from lorapop.hostmem import lazy_zeros
 
-from .compiled import kv_bucket
 from .lora import MultiLoRALinear
 
 M32 = 0xFFFFFFFF
@@ -135,15 +136,6 @@ def attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, allowed: tor
     return o.reshape(b, h, t, d)
 
 
-KV_ROUND = 256  # cache lengths are multiples of this, so calls of nearby lengths share one cache (and graphs)
-
-
-def kv_capacity(tokens: int, max_model_len: int = 0) -> int:
-    """The KV cache length for rows of up to ``tokens`` positions: ``max(tokens, engine.max_model_len)`` rounded
-    up to :data:`KV_ROUND` (TorchEngine allocates it; lorapop/plan.py plans it)."""
-    return -(-max(int(tokens), int(max_model_len)) // KV_ROUND) * KV_ROUND
-
-
 def cache_zeros(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
     """One layer's K or V cache, zero-filled. On CPU its pages become resident only where rows write (or attention
     reads) them (:func:`lorapop.hostmem.lazy_zeros`): a cache sized for ``gen_batch_size`` rows of the longest
@@ -152,71 +144,6 @@ def cache_zeros(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
     if torch.device(device).type == "cpu" and not is_in_torch_dispatch_mode():
         return lazy_zeros(shape, dtype)
     return torch.zeros(shape, dtype=dtype, device=device)
-
-
-class StaticKVCache:
-    """``k[l], v[l]: [n_slots, n_kv_heads, max_len + 1, head_dim]``; index ``max_len`` is the trash column."""
-
-    split_kv = False  # a decode step reads the longest row's span for every row (reads())
-
-    def __init__(self, n_layers: int, n_slots: int, n_kv: int, head_dim: int, max_len: int, dtype, device) -> None:
-        shape = (n_slots, n_kv, max_len + 1, head_dim)
-        self.k = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
-        self.v = [cache_zeros(shape, dtype, device) for _ in range(n_layers)]
-        self.n_slots, self.max_len, self.trash = n_slots, max_len, max_len
-        self.index = torch.arange(max_len + 1, device=device)  # cache indices; span() hands out its prefixes
-        # Slots and capacity symbolic for a compiled step: a cache of another shape (a row that outgrew the
-        # capacity, a budget that holds fewer slots) reuses the step's graphs instead of compiling them again.
-        for t in self.k + self.v:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-            torch._dynamo.maybe_mark_dynamic(t, 2)
-        torch._dynamo.maybe_mark_dynamic(self.index, 0)
-        if device.type == "cuda":  # CUDA graphs may then read and write them in place without copies
-            for t in self.k + self.v:
-                torch._dynamo.mark_static_address(t)
-
-    @staticmethod
-    def slot_bytes(n_layers: int, n_kv: int, head_dim: int, max_len: int, dtype) -> int:
-        return 2 * n_layers * n_kv * (max_len + 1) * head_dim * torch.empty((), dtype=dtype).element_size()
-
-    def span(self, kv_len: int) -> torch.Tensor:
-        """Cache indices ``0..kv_len-1`` as a tensor whose length a compiled step treats as symbolic: attention
-        reads only the first ``kv_len`` positions, yet one graph serves every length (see LlamaFamilyDecoder)."""
-        out = self.index[:kv_len]
-        torch._dynamo.maybe_mark_dynamic(out, 0)
-        return out
-
-    def reads(self, nb: int, needs: list[int], cuda_graphs: bool) -> torch.Tensor:
-        """What a decode step of rows ``0..nb-1`` reads when they attend to ``needs`` positions: the longest one's
-        span, bucketed (:func:`.compiled.kv_bucket`), for every row."""
-        return self.span(kv_bucket(max(needs), self.max_len, cuda_graphs))
-
-    def warm_reads(self, nb: int, kv: int) -> torch.Tensor:
-        return self.span(kv)
-
-    def copy_slot(self, src: int, dst: int, n: int | None = None) -> None:
-        """Copy the first ``n`` cache positions (all when None) of slot ``src`` into slot ``dst``."""
-        end = self.max_len + 1 if n is None else n
-        for t in self.k + self.v:
-            t[dst, :, :end] = t[src, :, :end]
-
-    # The forward's three cache operations (a paged cache, :mod:`.paged`, has its own): where a forward's rows write
-    # and read, the write of one layer's new K/V, and the read of the positions attention covers.
-    def locate(self, slots: torch.Tensor | None, b: int, write: torch.Tensor, span: torch.Tensor):
-        rows = (torch.arange(b, device=write.device) if slots is None else slots)[:, None]
-        return (rows, write), slots
-
-    def store(self, li: int, at, k: torch.Tensor, v: torch.Tensor) -> None:
-        rows, write = at
-        kc, vc = self.k[li], self.v[li]
-        kc[rows, :, write] = k.transpose(1, 2).to(kc.dtype)
-        vc[rows, :, write] = v.transpose(1, 2).to(vc.dtype)
-
-    def load(self, li: int, slots: torch.Tensor | None, b: int, kv_len) -> tuple[torch.Tensor, torch.Tensor]:
-        kc, vc = self.k[li], self.v[li]
-        if slots is None:  # decode: rows are slots 0..b-1, read through views (no copy)
-            return kc[:b, :, :kv_len], vc[:b, :, :kv_len]
-        return kc[slots, :, :kv_len], vc[slots, :, :kv_len]
 
 
 class LlamaFamilyDecoder:
@@ -277,24 +204,24 @@ class LlamaFamilyDecoder:
         return m.base(x) + ((x @ a.T) * mask[:, None, :]) @ b.T
 
     # ---------------------------------------------------------------- the forward
-    def forward(self, cache: StaticKVCache, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
+    def forward(self, cache: Any, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
                 kv: int | torch.Tensor, slots: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``tokens [b, T]`` at positions ``pos [b, T]``, writing their K/V at cache index ``write [b, T]``
         (= pos, or ``cache.trash`` for padding), and return the final hidden states ``[b, T, d]``.
 
-        ``kv``: the cache positions attention reads, as a length or as ``cache.span(length)``; queries attend to
-        cache indices ``<= pos`` below it. A decode step over a paged cache is given ``[N, 2]`` (row, chunk) pairs
-        instead, each row reading only its own chunks (:mod:`.splitkv`). ``slots``: the cache slot of each row (prefill), or None when the rows
-        are slots ``0..b-1`` (decode: the cache is then read through views, no copy). ``mask``: the dense LoRA row
-        mask (compiled path), else the layers' own LoRA path (LoRAContext).
+        ``kv``: what attention reads. A prefill chunk: the positions ``0..kv-1``, as a length or as
+        ``cache.span(length)``, queries attending to positions ``<= pos``. A decode step: ``[N, 2]`` (row, chunk)
+        pairs, each row reading only its own chunks (:mod:`.splitkv`). ``slots``: the cache slot of each row
+        (prefill), or None when the rows are slots ``0..b-1`` (decode). ``mask``: the dense LoRA row mask (compiled
+        path), else the layers' own LoRA path (LoRAContext).
 
-        The new K/V are written with one ``index_put_`` on the whole cache tensor, touching ``b x T`` positions: a
-        write into a slice of it (``kc[:b].scatter_``) is functionalised under inductor into a copy of the whole
-        slice and a copy back, every step."""
+        The new K/V are written with one ``index_put_`` on the whole pool, touching ``b x T`` positions: a write
+        into a slice of it is functionalised under inductor into a copy of the whole slice and a copy back, every
+        step."""
         b, t = tokens.shape
         span = cache.span(kv) if isinstance(kv, int) else kv
-        split = span.dim() == 2  # a paged cache's (row, chunk) pairs: each row reads its own length (splitkv)
+        split = span.dim() == 2  # a decode step's (row, chunk) pairs: each row reads its own length (splitkv)
         kv_len = span.shape[0]
         w_at, r_at = cache.locate(slots, b, write, span)
         x = self.inner.embed_tokens(tokens)
@@ -323,16 +250,16 @@ class LlamaFamilyDecoder:
         logits = self.head(hidden)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up to float32; float64 kept
 
-    def decode_step(self, cache: StaticKVCache, tokens: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor,
+    def decode_step(self, cache: Any, tokens: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor,
                     seeds: torch.Tensor, steps: torch.Tensor, span: torch.Tensor, vocab_key: torch.Tensor,
                     eos_mask: torch.Tensor | None, min_new: torch.Tensor, temperature: torch.Tensor,
                     top_p: torch.Tensor, dense: bool, branches: tuple[bool, bool]
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token and its sampler log-probability for rows = slots ``0..b-1``: forward their input
-        ``tokens [b]`` at ``pos [b]`` (writing K/V there; pos == trash for free slots), attending over ``span``
-        (``cache.span(kv_len)``), and sample with the per-row settings (see sample_tokens). This is the function
-        ``torch.compile`` wraps: ``b`` and ``span``'s length are symbolic, the settings tensors, so only ``branches``
-        makes another graph."""
+        ``tokens [b]`` at ``pos [b]`` (writing K/V there; pos == trash for free slots), each row attending to its own
+        chunks through ``span``, the step's (row, chunk) pairs (``cache.reads``), and sample with the per-row
+        settings (see sample_tokens). This is the function ``torch.compile`` wraps: ``b`` and the pair count are
+        symbolic, the settings tensors, so only ``branches`` makes another graph."""
         mask = self.row_mask(ids, cache.k[0].dtype) if dense else None
         hidden = self.forward(cache, tokens[:, None], pos[:, None], pos[:, None], span, None, mask)
         return sample_tokens(self.logits(hidden[:, -1]), seeds, steps, vocab_key, eos_mask, min_new, temperature,

@@ -1,8 +1,10 @@
-"""The run's one KV cache over its lifetime: sized once (:mod:`.kvsize` decides kind and size), reused by every
-generate call, its pages handed back to the OS between calls where that is safe, dropped only on request.
+"""The run's one KV cache over its lifetime: sized once (:mod:`.kvsize` decides its size), reused by every generate
+call, its pages handed back to the OS between calls where that is safe, dropped only on request.
 
 One cache per run matters because the compiled decode step's CUDA graphs read the cache in place: a new cache is a
-new address, which the graphs would record again in a warm-up of their own.
+new address, which the graphs would record again in a warm-up of their own. So the size depends on nothing a call
+brings: the capacity is ``engine.max_model_len`` (resolved at the engine's start), the pages what the budget holds
+once the resident state the plan counts is in place, and a row longer than the capacity is refused, not grown into.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import torch
 from lorapop.hostmem import drop_pages
 
 from .cudamem import allocatable_bytes
-from .decode import StaticKVCache
 from .kvsize import KVCachePlan, kv_budget, kv_cache_plan
 from .paged import PagedKVCache
 
@@ -25,15 +26,14 @@ class KVCacheKeeper:
 
     def __init__(self, cfg: Any, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
-        self.cache: StaticKVCache | PagedKVCache | None = None
-        self.shape: tuple[int, int, int, str] | None = None  # (slots, capacity, pages, kind) of the run's cache
+        self.cache: PagedKVCache | None = None
         self.plan: KVCachePlan | None = None  # the run's cache as kvsize.kv_cache_plan decided it
-        self.allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run is the aim)
+        self.allocations = 0  # caches allocated so far (bench/gpu.py reports it; one per run)
 
     def budget_bytes(self) -> int:
-        """Bytes the KV cache (static or paged) may take now: on CUDA a fraction of what a new allocation can use (the
-        allocator's unused blocks outside CUDA-graph pools and the current cache count as free, see
-        :mod:`.cudamem`), elsewhere ``kv_cache_gib``."""
+        """Bytes the KV cache may take now: on CUDA a fraction of what a new allocation can use (the allocator's
+        unused blocks outside CUDA-graph pools and the current cache count as free, see :mod:`.cudamem`),
+        elsewhere ``kv_cache_gib``."""
         if self.device.type == "cuda":
             free = allocatable_bytes(self.device)
             if self.cache is not None:
@@ -41,42 +41,29 @@ class KVCacheKeeper:
             return kv_budget(self.cfg, "cuda", free)
         return kv_budget(self.cfg, self.device.type, 0)
 
-    def plan_for(self, dims: tuple[int, int, int], dtype: torch.dtype, max_len: int) -> KVCachePlan:
-        """The cache :meth:`get` would allocate now for rows of up to ``max_len`` positions: the function
-        `lorapop plan` sizes it with (lorapop/engine/kvsize.py), over this engine's budget."""
-        return kv_cache_plan(self.cfg, dims, dtype, max_len, self.budget_bytes(), self.shape, self.cache is None)
+    def plan_for(self, dims: tuple[int, int, int], dtype: torch.dtype) -> KVCachePlan:
+        """The cache :meth:`get` would allocate now: the function `lorapop plan` sizes it with
+        (lorapop/engine/kvsize.py), over this engine's budget."""
+        return kv_cache_plan(self.cfg, dims, dtype, self.budget_bytes())
 
-    def get(self, dims: tuple[int, int, int], dtype: torch.dtype, max_len: int) -> StaticKVCache | PagedKVCache:
-        """The run's cache (``engine.kv_cache``). Sized once, on the first call: ``gen_batch_size`` rows (static: as
-        many slots as the budget holds, if fewer; paged: as many pages as it holds), whatever this call's row count,
-        since continuous batching streams any number of rows through them; rows of up to ``engine.max_model_len``
-        (or this call's longest row, rounded up to 256). Every later call reuses it, so the compiled step sees one
-        cache shape (and, on CUDA, one address) per run. With ``engine.max_model_len`` set no row is longer
-        (generate refuses one); without it a row longer than the capacity makes a new, longer cache (one allocated
-        again after :meth:`release` keeps the run's shape): see paged.kv_shape."""
-        cur = self.cache
-        if cur is not None and cur.max_len >= max_len:
-            return cur
-        self.plan = self.plan_for(dims, dtype, max_len)
-        self.cache = None  # free the old cache before allocating the new one
+    def get(self, dims: tuple[int, int, int], dtype: torch.dtype) -> PagedKVCache:
+        """The run's cache, allocated on the first call (``gen_batch_size`` slots of ``max_model_len`` positions
+        and as many pages as the budget holds) and returned as it is by every later one."""
+        if self.cache is not None:
+            return self.cache
+        self.plan = plan = self.plan_for(dims, dtype)
         n_layers, n_kv, head_dim = dims
-        n_slots, capacity, n_pages, kind = shape = self.plan.shape
-        if kind == "paged":
-            self.cache = PagedKVCache(n_layers, n_slots, n_kv, head_dim, capacity, n_pages, dtype, self.device)
-        else:
-            self.cache = StaticKVCache(n_layers, n_slots, n_kv, head_dim, capacity, dtype, self.device)
-        self.shape = shape
+        self.cache = PagedKVCache(n_layers, plan.n_slots, n_kv, head_dim, plan.capacity, plan.n_pages, dtype,
+                                  self.device)
         self.allocations += 1
         return self.cache
 
     def check_model_len(self, prompts: list[list[int]], max_new: int, caps: list[int] | None) -> None:
-        """With ``engine.max_model_len`` set the run's cache is sized for rows of that many positions and never
-        grows: a new cache would sit at a new address, which the compiled step's CUDA graphs would record again in a
-        warm-up of their own. A longer row (prompt + its max_new_tokens) is refused here, as vLLM refuses a request
-        over its max_model_len; the trainer keeps its prompts inside the budget (lorapop/train/stages.py)."""
+        """The run's cache holds rows of ``engine.max_model_len`` positions and never grows (a new cache would sit
+        at a new address, which the compiled step's CUDA graphs would record again in a warm-up of their own): a
+        longer row (prompt + its own max_new_tokens) is refused here, as vLLM refuses a request over its
+        max_model_len; the trainer cuts its prompts to the budget before proposing (lorapop/train/stages.py)."""
         limit = int(self.cfg.max_model_len)
-        if limit <= 0:
-            return
         for k, p in enumerate(prompts):
             n = len(p) + (max_new if caps is None else min(max_new, int(caps[k])))
             if n > limit:
@@ -98,7 +85,7 @@ class KVCacheKeeper:
             self.release()
 
     def release(self) -> None:
-        """Drop the KV cache (the next ``generate`` allocates it again, of the run's shape): for benches and tests
-        that size another cache. A run never calls it: a new cache is a new address, whose CUDA graphs the compiled
-        step records again."""
+        """Drop the KV cache (the next ``generate`` allocates it again): for benches and tests that size another
+        cache. A run never calls it: a new cache is a new address, whose CUDA graphs the compiled step records
+        again."""
         self.cache = None

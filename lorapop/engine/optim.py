@@ -29,8 +29,11 @@ class StackedAdamW:
         self._device = dev
 
     def zero_grad(self) -> None:
+        """Zero the gradients in place where they are allocated (the engine keeps them for the run: resident, as
+        its memory plan counts them), else leave them unset."""
         for p in self.params:
-            p.grad = None
+            if p.grad is not None:
+                p.grad.zero_()
 
     @torch.no_grad()
     def grad_norms(self) -> torch.Tensor:

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from .base import EngineConfig
-from .decode import StaticKVCache
-from .paged import PAGE, PagedKVCache
+from .kvsize import PAGE
+from .paged import PagedKVCache
 
 
 def _adapter_rows(rows: int, n_adapters: int) -> list[int]:
@@ -61,12 +61,9 @@ class PhaseProbe:
         return 2 * lora + sum(t.numel() * t.element_size() for t in opt.exp_avg + opt.exp_avg_sq)
 
     def inference_copies(self) -> None:
-        """Make what generate refreshes before decoding: the adapters' base-dtype copies, and with engine.compile
-        the decoder's dense stacks."""
-        for layer in self.engine.layers.values():
-            layer.refresh_low_precision()
-        if self.cfg.compile:
-            self.engine.decoder().refresh_dense()
+        """Make what generate refreshes before it sizes the KV cache (TorchEngine.refresh_inference_copies): the
+        adapters' base-dtype copies, and with engine.compile the decoder's dense stacks."""
+        self.engine.refresh_inference_copies()
 
     def cache_dims(self) -> tuple[int, int, int]:
         """(layers, KV heads, head dim) of the model's KV cache."""
@@ -74,12 +71,8 @@ class PhaseProbe:
         return dec.n_layers, dec.n_kv, dec.head_dim
 
     # ------------------------------------------------------------------ generation
-    def static_cache(self, rows: int, capacity: int) -> StaticKVCache:
-        n_layers, n_kv, head_dim = self.cache_dims()
-        return StaticKVCache(n_layers, rows, n_kv, head_dim, capacity, self.dtype, torch.device("cpu"))
-
     def paged_cache(self, rows: int, capacity: int) -> PagedKVCache:
-        """The page pool at its largest (every row at the full length). Its block table is made fake afterwards
+        """A page pool holding ``rows`` rows of ``capacity`` positions. Its block table is made fake afterwards
         (:meth:`fake_table`), so the gather a decode step makes is counted without being computed."""
         n_layers, n_kv, head_dim = self.cache_dims()
         return PagedKVCache(n_layers, rows, n_kv, head_dim, capacity, rows * capacity // PAGE, self.dtype,
@@ -88,7 +81,7 @@ class PhaseProbe:
     def fake_table(self, cache: PagedKVCache) -> None:
         cache.table = next(self.engine.model.parameters()).fake_mode.from_tensor(cache.table)
 
-    def prefill(self, cache: StaticKVCache | PagedKVCache, rows: int, width: int) -> None:
+    def prefill(self, cache: PagedKVCache, rows: int, width: int) -> None:
         """One prefill chunk as the continuous batcher runs it: rows into their slots, positions 0..width-1."""
         pos = torch.arange(width)[None].expand(rows, width)
         with self.engine.lora_rows(torch.tensor(_adapter_rows(rows, self.n_adapters)), low_precision=True):
@@ -96,12 +89,11 @@ class PhaseProbe:
                 self.engine.decoder().forward(cache, torch.ones(rows, width, dtype=torch.long), pos, pos, width,
                                               torch.arange(rows), None)
 
-    def decode(self, cache: StaticKVCache | PagedKVCache, rows: int, kv: int) -> None:
-        """One decode step's forward with every row attending ``kv`` positions: a static cache reads its span in
-        place, a paged one reads each row's chunks (split-KV), as the engine's decode step does."""
+    def decode(self, cache: PagedKVCache, rows: int, kv: int) -> None:
+        """One decode step's forward with every row attending ``kv`` positions, each reading its own chunks
+        (split-KV), as the engine's decode step does."""
         pos = torch.full((rows, 1), kv - 1)
-        if isinstance(cache, PagedKVCache):
-            kv = cache.reads(rows, [kv] * rows, False)
+        kv = cache.reads(rows, [kv] * rows, False)
         with self.engine.lora_rows(torch.tensor(_adapter_rows(rows, self.n_adapters)), low_precision=True):
             with torch.no_grad():
                 self.engine.decoder().forward(cache, torch.ones(rows, 1, dtype=torch.long), pos, pos, kv, None, None)

@@ -3,15 +3,19 @@
 Generation (KV cache, left padding, per-row seeds, finished rows dropped from the batch), token log-probs
 (chunked over the vocabulary projection) and a multi-adapter policy-gradient train step all run one forward over a
 batch that mixes adapters; see :mod:`lorapop.engine.lora` for the stacked layers and :mod:`lorapop.engine.optim`
-for the per-slot AdamW. The engine owns the model and schedules generation (:mod:`.batching`, :mod:`.paged`,
-:mod:`.compiled`); three parts it holds can be used alone: the run's KV cache (:mod:`.kvcache`), the update's
-loss and statistics (:mod:`.update`, which also says what the loss leaves out), and the adapter slots with their
-files and checkpoint (:mod:`.slots`).
+for the per-slot AdamW. The engine owns the model and runs generation as nano-vllm's LLMEngine does: per-row requests
+(:mod:`.sequence`), a scheduler (:mod:`.scheduler`) over a block manager's pages (:mod:`.block_manager`) and a model
+runner (:mod:`.model_runner`), compiled by :mod:`.compiled`. Its parts are used directly by benches and tests: the
+run's KV cache (:attr:`kv`, :mod:`.kvcache`, sized by :mod:`.kvsize`), the update's loss and statistics
+(:mod:`.update`, which also says what the loss leaves out), and the adapter slots with their files and checkpoint
+(:attr:`slots`, :mod:`.slots`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 import types
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -24,15 +28,18 @@ from lorapop.progress import progress
 from . import update
 from .base import (Completion, EngineConfig, SamplingParams, TrainSample, chat_prompt_ids, check_generate_args,
                    check_rows, check_samples, end_of_turn_ids)
-from .batching import ContinuousBatcher, cuts_nucleus, stop_checker
-from .compiled import CompiledDecode, DecodeShapes
-from .decode import LlamaFamilyDecoder, StaticKVCache, _mix32
+from .block_manager import BlockManager
+from .compiled import CompiledDecode, DecodeShapes, batch_bucket
+from .decode import LlamaFamilyDecoder, _mix32
 from .dtype import resolve_dtype, resolve_lora_compute_dtype
 from .kvcache import KVCacheKeeper
-from .kvsize import KVCachePlan
+from .kvsize import model_len
 from .lora import inject_lora, remove_lora
+from .model_runner import ModelRunner
 from .optim import StackedAdamW
-from .paged import PagedBatcher, PagedKVCache
+from .paged import PagedKVCache
+from .scheduler import Scheduler
+from .sequence import Request, cuts_nucleus, stop_checker
 from .slots import AdapterSlots
 
 
@@ -89,6 +96,13 @@ class TorchEngine:
         self._params = [p for layer in self.layers.values() for p in (layer.lora_A, layer.lora_B)]
         self.optimizer = StackedAdamW(self._params, n_adapters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                       weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+        # The gradients are allocated here and zeroed in place (StackedAdamW.zero_grad), not made by each backward:
+        # they are resident, as the memory plan counts them, when the KV cache is sized from what is left.
+        for p in self._params:
+            p.grad = torch.zeros_like(p)
+        # vLLM's rule: unset, the run's rows may reach the model's max_position_embeddings. Resolved here, so the
+        # cache is sized from it once and the trainer's prompt budget reads it (lorapop/train/stages.py).
+        cfg.max_model_len = model_len(cfg.max_model_len, getattr(model.config, "max_position_embeddings", None))
         self.eos_ids = self._eos_ids()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
@@ -156,45 +170,92 @@ class TorchEngine:
         """Sample a completion per prompt under its adapter (-1 = base). Row ``k``'s tokens depend only on its
         prompt, adapter and ``seeds[k]`` (default ``k``), not on the other rows (see :mod:`.decode`).
         ``max_new_tokens`` optionally caps each row below ``params.max_new_tokens`` (bench/gpu.py uses it for
-        rows of known, unequal lengths)."""
+        rows of known, unequal lengths).
+
+        As nano-vllm's LLMEngine: each row a :class:`.sequence.Request` carrying its sampling parameters; the
+        :class:`.scheduler.Scheduler` decides who runs each step over the pages the :class:`.block_manager.
+        BlockManager` holds; the :class:`.model_runner.ModelRunner` runs it."""
         params = params if params is not None else SamplingParams()
         seeds = check_generate_args(prompts, adapter_ids, self.n_adapters, params, seeds, max_new_tokens)
         prompts = [[int(t) for t in p] for p in prompts]
         self.kv.check_model_len(prompts, params.max_new_tokens, max_new_tokens)
-        dec = self.decoder()
-        cache = self._kv_cache(max(len(p) for p in prompts) + params.max_new_tokens)
         # A nucleus cut outside the declared set (engine.compile_nucleus off) decodes eagerly: the same tokens, and
         # nothing compiles after the warm-up.
         cuts = cuts_nucleus(bool(params.greedy), float(params.temperature), float(params.top_p))
         dense = bool(self.cfg.compile) and (bool(self.cfg.compile_nucleus) or not cuts)
-        if dense:
+        dec, cache = self.decoder(), self.kv_cache()
+        hot = not params.greedy and float(params.temperature) > 0
+        runner = ModelRunner(dec, cache, self._ctx, self._decode_step() if dense else dec.decode_step, dense=dense,
+                             compiled=dense, prefill_chunk_tokens=self.cfg.prefill_chunk_tokens,
+                             interval=self.cfg.stop_check_interval, branches=(True, cuts) if dense else (hot, cuts),
+                             vocab_key=self._vocab_key, eos_mask=self._eos_mask())
+        caps = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else \
+            [min(int(m), params.max_new_tokens) for m in max_new_tokens]
+        requests = [Request(k, p, int(a), int(s), dataclasses.replace(params, max_new_tokens=c))
+                    for k, (p, a, s, c) in enumerate(zip(prompts, adapter_ids, seeds, caps))]
+        sched = Scheduler(requests, BlockManager(cache), cache.n_slots, self.cfg.stop_check_interval)
+        try:
+            compiled = self.decode_compile.call(runner, cache, self.kv.allocations) if dense else None
+            with progress("generate", total=len(prompts), unit="rows") as bar, \
+                    self.lora_rows(None, low_precision=True), compiled or nullcontext():
+                self._run(sched, runner, stop_checker(self.tokenizer, params.stop), bar)
+        finally:
+            if self.kv.per_call():
+                self.kv.drop_pages()
+        self.kv_preemptions += sched.preemptions
+        temp = 0.0 if params.greedy else max(0.0, float(params.temperature))
+        return [Completion(list(r.prompt), r.tokens, self.tokenizer.decode(r.tokens, skip_special_tokens=True),
+                           r.finish_reason, r.logprobs, temp) for r in requests]
+
+    def _run(self, sched: Scheduler, runner: ModelRunner, stop_fn, bar) -> None:
+        """Steps until every request is done: admit and prefill, pack, reserve pages (preempting), decode an
+        interval, take its tokens in, free the finished rows' slots."""
+        eos, cuda_graphs = set(self.eos_ids), runner.compiled and self.device.type == "cuda"
+        n_slots = runner.cache.n_slots
+        while not sched.done():
+            adm = sched.admit()
+            if adm.placed:
+                runner.prefill(adm.prefill)
+                for src, dst, n in adm.copy_after:
+                    sched.blocks.copy_page(src, dst, n)
+                runner.place(adm.placed)
+            for src, dst in sched.pack():
+                runner.move(src, dst)
+            if not sched.running():
+                continue
+            k = sched.interval_steps()
+            live, preempted = sched.reserve(k)
+            if preempted:
+                runner.release(preempted)
+            nb = batch_bucket(max(live) + 1, n_slots, runner.compiled)
+            got, got_lp = runner.decode(nb, runner.cache.reads(nb, sched.needs(nb, k), cuda_graphs), k)
+            t0 = time.perf_counter()
+            done = sched.postprocess(live, got, got_lp, k, eos, stop_fn)
+            self.row_tokens += k * len(live)
+            self.decode_steps += k
+            self.host_s += time.perf_counter() - t0
+            if done:
+                sched.finish(done)
+                runner.release(done)
+                bar.advance(len(done))
+
+    def kv_cache(self) -> PagedKVCache:
+        """The run's KV cache (:attr:`kv`), the inference copies refreshed first: on its first call it is sized from
+        the memory left beside the resident state the plan counts (base, adapters with their moments and
+        gradients, the copies), as `lorapop plan` sizes it."""
+        self.refresh_inference_copies()
+        return self.kv.get(*self.cache_dims())
+
+    def refresh_inference_copies(self) -> LlamaFamilyDecoder:
+        """Refill what generation reads besides the float32 adapters: their base-dtype copies and, with
+        engine.compile, the decoder's dense stacks. Made before the KV cache is sized, so its budget is taken
+        from the memory left beside them, as the plan counts it (lorapop/plan.py)."""
+        dec = self.decoder()
+        if self.cfg.compile:
             dec.refresh_dense()
         for layer in self.layers.values():
             layer.refresh_low_precision()
-        sampling = (int(params.min_new_tokens), bool(params.greedy), float(params.temperature), float(params.top_p))
-        with progress("generate", total=len(prompts), unit="rows") as bar:
-            batcher = (PagedBatcher if isinstance(cache, PagedKVCache) else ContinuousBatcher)(
-                dec, cache, self._ctx, self._decode_step() if dense else dec.decode_step, dense=dense, compiled=dense,
-                prefill_chunk_tokens=self.cfg.prefill_chunk_tokens, check_interval=self.cfg.stop_check_interval,
-                max_new_tokens=params.max_new_tokens, sampling=sampling, eos_ids=self.eos_ids,
-                vocab_key=self._vocab_key, eos_mask=self._eos_mask(), on_finished=lambda r: bar.advance(1),
-                stop_fn=stop_checker(self.tokenizer, params.stop), min_new_tokens=int(params.min_new_tokens))
-            try:
-                caps = None if max_new_tokens is None else [int(m) for m in max_new_tokens]
-                compiled = self.decode_compile.call(batcher, cache, self.kv_cache_allocations) if dense else None
-                with self.lora_rows(None, low_precision=True), compiled or nullcontext():
-                    toks, reasons, lps = batcher.run(prompts, [int(a) for a in adapter_ids], [int(s) for s in seeds],
-                                                     caps)
-            finally:
-                if self._cache_per_call():
-                    self.kv.drop_pages()
-        self.host_s += batcher.host_s
-        self.row_tokens += batcher.row_tokens
-        self.decode_steps += batcher.decode_steps
-        self.kv_preemptions += getattr(batcher, "preemptions", 0)
-        temp = 0.0 if params.greedy else max(0.0, float(params.temperature))
-        return [Completion(list(p), t, self.tokenizer.decode(t, skip_special_tokens=True), r, lp, temp)
-                for p, t, r, lp in zip(prompts, toks, reasons, lps)]
+        return dec
 
     def decoder(self) -> LlamaFamilyDecoder:
         """The model's decode forward over a KV cache (built once, on first use)."""
@@ -205,6 +266,11 @@ class TorchEngine:
             if self.device.type == "cuda":  # read in place by the CUDA graphs, not copied into them every step
                 torch._dynamo.mark_static_address(self._vocab_key)
         return self._dec
+
+    def cache_dims(self) -> tuple[tuple[int, int, int], torch.dtype]:
+        """((layers, KV heads, head dim), dtype) of the model's KV cache: what :attr:`kv` sizes it with."""
+        dec = self.decoder()
+        return (dec.n_layers, dec.n_kv, dec.head_dim), next(iter(self.layers.values())).base.weight.dtype
 
     def _eos_mask(self) -> torch.Tensor | None:
         """``[V]`` bool, True at the EOS ids (built per call: ``eos_ids`` may change); None without any, except on
@@ -227,45 +293,10 @@ class TorchEngine:
 
     def decode_shapes(self) -> DecodeShapes | None:
         """The declared set of the compiled decode step over the run's cache (None before the first generate)."""
-        if self._kv_shape is None:
+        c = self.kv.cache
+        if c is None:
             return None
-        return DecodeShapes(*self._kv_shape[:2], self.device.type == "cuda", bool(self.cfg.compile_nucleus),
-                            self._kv_shape[3] == "paged")
-
-    # ------------------------------------------------------------------ the KV cache (kvcache.KVCacheKeeper)
-    def _cache_dims(self) -> tuple[tuple[int, int, int], torch.dtype]:
-        dec = self.decoder()
-        return (dec.n_layers, dec.n_kv, dec.head_dim), next(iter(self.layers.values())).base.weight.dtype
-
-    def kv_budget_bytes(self) -> int:
-        """Bytes the KV cache may take now (:meth:`.kvcache.KVCacheKeeper.budget_bytes`)."""
-        return self.kv.budget_bytes()
-
-    def _kv_cache(self, max_len: int) -> StaticKVCache | PagedKVCache:
-        """The run's cache, sized once (:meth:`.kvcache.KVCacheKeeper.get`)."""
-        return self.kv.get(*self._cache_dims(), max_len)
-
-    def plan_kv_cache(self, max_len: int) -> KVCachePlan:
-        """The cache :meth:`_kv_cache` would allocate now for rows of up to ``max_len`` positions: the function
-        `lorapop plan` sizes it with (lorapop/engine/kvsize.py), over this engine's budget."""
-        return self.kv.plan_for(*self._cache_dims(), max_len)
-
-    def _cache_per_call(self) -> bool:
-        """Whether the cache's pages go back to the OS after each generate call
-        (:meth:`.kvcache.KVCacheKeeper.per_call`)."""
-        return self.kv.per_call()
-
-    def release_kv_cache(self) -> None:
-        """Drop the KV cache (:meth:`.kvcache.KVCacheKeeper.release`): for benches and tests that size another
-        cache."""
-        self.kv.release()
-
-    # The keeper's state under the engine's names (benches and tests read and reset them).
-    _cache = property(lambda self: self.kv.cache, lambda self, v: setattr(self.kv, "cache", v))
-    _kv_shape = property(lambda self: self.kv.shape, lambda self, v: setattr(self.kv, "shape", v))
-    kv_plan = property(lambda self: self.kv.plan, doc="the run's cache as kvsize.kv_cache_plan decided it")
-    kv_cache_allocations = property(lambda self: self.kv.allocations,
-                                    doc="caches allocated so far (bench/gpu.py reports it; one per run is the aim)")
+        return DecodeShapes(c.n_slots, c.max_len, self.device.type == "cuda", bool(self.cfg.compile_nucleus))
 
     # ------------------------------------------------------------------ log-probs and the update (update.py)
     def lora_params(self) -> list[torch.Tensor]:
