@@ -55,7 +55,7 @@ class PopulationConfig:
 
     def validate(self) -> None:
         from lorapop.adapters import assign
-        from lorapop.train.members import initial_members
+        from lorapop.records.members import initial_members
 
         if isinstance(self.init_from, str):
             self.init_from = [self.init_from] if self.init_from else []

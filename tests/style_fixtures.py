@@ -151,7 +151,7 @@ def buffers(cfg):
 
 def record(case: str, executor) -> dict:
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks import Task
     from lorapop.train import stages
     from lorapop.train.loop import Trainer

@@ -57,7 +57,7 @@ def test_every_package_module_is_listed():
 
 def test_the_map_parser_sees_nested_and_grouped_entries():
     doc = documented_modules()
-    assert {"rundir.py", "engine/", "engine/base.py", "tasks/code_i.py", "tasks/code_f.py", "train/stages.py"} <= doc
+    assert {"records/rundir.py", "engine/", "engine/base.py", "tasks/code_i.py", "tasks/code_f.py", "train/stages.py"} <= doc
 
 
 # ---------------------------------------------------------------- import graph
@@ -66,24 +66,25 @@ def test_the_map_parser_sees_nested_and_grouped_entries():
 # modules or packages, the longest prefix decides; every top-level module must be named (a new one is given a floor
 # here, on purpose). The library is everything below COMMANDS; the commands sit on it and the CLI on them.
 LAYERS = {
-    # 0: leaf utilities and records: no lorapop import above this floor
-    "lorapop": 0, "lorapop.configlib": 0, "lorapop.progress": 0, "lorapop.rundir": 0, "lorapop.raycluster": 0,
+    # 0: leaf utilities: no lorapop import above this floor
+    "lorapop": 0, "lorapop.configlib": 0, "lorapop.progress": 0, "lorapop.raycluster": 0,
     "lorapop.model": 0, "lorapop.data": 0, "lorapop.hostmem": 0, "lorapop.tmpdirs": 0,
     "lorapop.faults": 0,  # the test seam (fault injection), called by the trainer and the run directory
-    "lorapop.train.members": 0,  # Member and its kin: records the run directory, config and eval read
-    # 1: the machinery: the multi-LoRA engine, the sandbox, program diagnostics
-    "lorapop.engine": 1, "lorapop.executor": 1, "lorapop.diagnostics": 1,
-    # 2: the domain: task types, weight-space operators and PBT, adapters from outside
-    "lorapop.tasks": 2, "lorapop.evolve": 2,
-    "lorapop.adapters": 2,  # reads PEFT dirs and run members for population.init_from; config validates with it
-    # 3: the config that composes every section's
-    "lorapop.config": 3,
-    # 4: what runs: training (and the memory plan it checks before loading weights), evaluation, reports, criteria
-    "lorapop.plan": 4, "lorapop.plan_measure": 4, "lorapop.plan_cpu": 4,
-    "lorapop.train": 4, "lorapop.eval": 4, "lorapop.report": 4, "lorapop.criteria": 4,
-    # 5: the commands (argument parsing, run-directory preparation, glue); 6: the dispatch table
-    "lorapop.commands": 5,
-    "lorapop.cli": 6,
+    # 1: the run's records: the run directory, members, what a probe and an eval write and read back
+    "lorapop.records": 1,
+    # 2: the machinery: the multi-LoRA engine, the sandbox, program diagnostics
+    "lorapop.engine": 2, "lorapop.executor": 2, "lorapop.diagnostics": 2,
+    # 3: the domain: task types, weight-space operators and PBT, adapters from outside
+    "lorapop.tasks": 3, "lorapop.evolve": 3,
+    "lorapop.adapters": 3,  # reads PEFT dirs and run members for population.init_from; config validates with it
+    # 4: the config that composes every section's
+    "lorapop.config": 4,
+    # 5: what runs: training (and the memory plan it checks before loading weights), evaluation, reports, criteria
+    "lorapop.plan": 5, "lorapop.plan_measure": 5, "lorapop.plan_cpu": 5,
+    "lorapop.train": 5, "lorapop.eval": 5, "lorapop.report": 5, "lorapop.criteria": 5,
+    # 6: the commands (argument parsing, run-directory preparation, glue); 7: the dispatch table
+    "lorapop.commands": 6,
+    "lorapop.cli": 7,
 }
 COMMANDS = LAYERS["lorapop.commands"]
 
@@ -181,8 +182,7 @@ def test_config_imports_no_training():
             seen.add(dep)
             todo.append(dep)
     upward = sorted(m for m in seen if m.startswith(("lorapop.train", "lorapop.eval", "lorapop.cli",
-                                                       "lorapop.commands", "lorapop.report"))
-                    and m != "lorapop.train.members")  # the member record, not the loop
+                                                       "lorapop.commands", "lorapop.report")))
     assert not upward, f"lorapop.config imports (directly or through others) {upward}"
 
 
@@ -264,13 +264,3 @@ def test_the_documented_engine_protocol_is_the_code_s():
 def test_the_protocol_readers_see_the_methods():
     assert {"generate", "train_step", "state_dict", "load_state_dict"} <= protocol_methods_in_docs()
     assert {"generate", "train_step"} <= protocol_methods_in_code()
-
-
-def test_the_paths_scripts_import_still_work():
-    """The import paths kept for scripts (docs/ARCHITECTURE.md, "Kept for scripts") are the same objects."""
-    from lorapop import report, rundir
-    from lorapop.report.html import write_report
-    from lorapop.train import members
-
-    assert rundir.Member is members.Member and rundir.initial_members is members.initial_members
-    assert report.write_report is write_report

@@ -218,7 +218,7 @@ def test_both_readings_of_azrs_teacher_penalties():
 
 def test_stage_reward_applies_the_configured_reading():
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.train import stages
 
     teacher, student = Member("t0", 0, "teacher"), Member("s0", 1, "student")
@@ -272,7 +272,7 @@ def test_stages_read_azr_replies_from_the_think_block(ex):
     well-formed one becomes a task in the buffer, one without </think> is a format error paid -1."""
     from lorapop.config import SelfPlayConfig
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
     from lorapop.train import stages
 
@@ -303,7 +303,7 @@ def test_prompts_stay_inside_the_run_caches_budget(ex):
 
     from lorapop.config import SelfPlayConfig
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
     from lorapop.train import stages
 
@@ -346,7 +346,7 @@ def test_the_engine_generates_after_assistant_think(ex, embedded_model):
     from <think>, and too short a reply to close its blocks is a format error by AZR's check."""
     from lorapop.config import SelfPlayConfig
     from lorapop.engine import EngineConfig, TorchEngine
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
     from lorapop.train import stages
 

@@ -9,16 +9,18 @@ from pathlib import Path
 import pytest
 
 from lorapop.commands.eval import cli_main
-from lorapop.eval import RunDirError, find_checkpoint, load_benchmark, load_members
+from lorapop.eval import load_benchmark
+from lorapop.records import RunDirError
+from lorapop.records.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
 
 def _write_run(root: Path, engine, slots: dict[str, int], roles: dict[str, str], mode: str, step: int = 3) -> Path:
-    """A run directory as the trainer writes it (through lorapop.rundir), with the engine's adapters."""
+    """A run directory as the trainer writes it (through lorapop.records.rundir), with the engine's adapters."""
     from lorapop.config import config_to_yaml, load_config
-    from lorapop.rundir import ADAPTERS, RunDir
-    from lorapop.train.members import Member
+    from lorapop.records.rundir import ADAPTERS, RunDir
+    from lorapop.records.members import Member
 
     rd = RunDir(root)
     rd.create(config_to_yaml(load_config(None, [f"--population.mode={mode}", "--engine.rank=4",
@@ -64,14 +66,14 @@ def runs(tmp_path_factory):
 
 
 def test_discovery(runs):
-    ck = find_checkpoint(runs["pop"])
+    ck = RunDir(runs["pop"]).find_checkpoint()
     assert ck.name == "step_000003"
-    ms = load_members(runs["pop"], ck)
+    ms = RunDir(runs["pop"]).checkpoint_members(ck)
     assert [(m.id, m.role, m.rank) for m in ms] == [("s0", "student", 4), ("t0", "teacher", 4)]
     with pytest.raises(RunDirError, match="no checkpoint for step 7"):
-        find_checkpoint(runs["pop"], 7)
+        RunDir(runs["pop"]).find_checkpoint(7)
     with pytest.raises(RunDirError, match=r"checkpoint has no adapters: .*empty.*step_000001.*adapters"):
-        load_members(runs["empty"], find_checkpoint(runs["empty"]))
+        RunDir(runs["empty"]).checkpoint_members(RunDir(runs["empty"]).find_checkpoint())
 
 
 def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch):

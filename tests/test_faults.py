@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
-from lorapop.rundir import COMPLETE, RunDir, RunDirError
+from lorapop.records import RunDirError
+from lorapop.records.rundir import COMPLETE, RunDir
 
 
 @pytest.fixture

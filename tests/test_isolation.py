@@ -250,7 +250,7 @@ def test_an_unisolated_run_says_so_and_records_it(tmp_path, monkeypatch):
     """With the opt-out the run starts, its start shows the warning, population.json and the report record it."""
     from lorapop.config import load_config
     from lorapop.report.html import build_html
-    from lorapop.report.run_data import load_run
+    from lorapop.records.run_data import load_run
     from lorapop.train.loop import Trainer
 
     monkeypatch.setenv("PATH", "/nonexistent-lorapop")

@@ -60,8 +60,8 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
     from lorapop.eval.mathcheck import score_math
     from lorapop.eval.data import load_benchmark
     from lorapop.model import load_base_model
-    from lorapop.rundir import ADAPTERS, RunDir
-    from lorapop.train.members import Member
+    from lorapop.records.rundir import ADAPTERS, RunDir
+    from lorapop.records.members import Member
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -113,7 +113,7 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
 
     # the report shows one evaluation table per k, from the run's own eval.json
     from lorapop.report.html import eval_comparison
-    from lorapop.report.run_data import load_run
+    from lorapop.records.run_data import load_run
 
     section = eval_comparison([load_run(rd.path)])
     assert "pass@k in % from 2 samples per problem" in section

@@ -43,7 +43,7 @@ ARGS = ["--operators", "clone", "average", "--stronger", "3", "--stronger-ops", 
 def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_dir, tmp_path, capsys):
     from lorapop.cli import main
     from lorapop.commands.retention.study import rank_members
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     rd = RunDir(run_dir)
     ranked = rank_members(run_dir, rd.find_checkpoint(), "student")
@@ -188,7 +188,7 @@ def test_keep_final_copies_a_parent_run_directory_nothing_prunes(run_dir, tmp_pa
     import importlib.util
 
     from lorapop.adapters import resolve_source
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     spec = importlib.util.spec_from_file_location("bench_arms", Path(__file__).resolve().parents[1] / "bench" / "arms.py")
     arms = importlib.util.module_from_spec(spec)

@@ -77,7 +77,7 @@ def compare_configs(config: str | None, overrides: list[str], name: str, output_
 
 def train(cfg: Any, note: Any = print) -> Path:
     """Train one run to ``cfg.run.steps``, continuing it from its last checkpoint when it exists."""
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
     from lorapop.commands.train import prepare_run_dir
     from lorapop.train.loop import Trainer
 
@@ -91,7 +91,7 @@ def train(cfg: Any, note: Any = print) -> Path:
 
 
 def curves(run_dir: Path) -> dict[str, list[float | None]]:
-    from lorapop.report.run_data import load_run
+    from lorapop.records.run_data import load_run
 
     run = load_run(run_dir)
     out: dict[str, list[float | None]] = {"step": [float(s) for s in run.steps]}

@@ -42,7 +42,7 @@ def config_from_args(a: argparse.Namespace) -> EvalConfig:
 
 
 def run_from_args(a: argparse.Namespace) -> int:
-    from lorapop.eval.runs import RunDirError
+    from lorapop.records import RunDirError
 
     try:
         cfg = config_from_args(a)

@@ -28,8 +28,8 @@ from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks
 from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get_spec, is_available, load_benchmark,
                                parse_benchmarks)
 from lorapop.eval.prompts import describe, template_for
-from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
-from lorapop.rundir import RunDir
+from lorapop.records.members import Member
+from lorapop.records.rundir import RunDir
 
 BASE = -1
 
@@ -160,10 +160,9 @@ def _engine_for(group: list[_Run], cfg: EvalConfig):
 def _discover(run_dirs: list[str], step: int | None) -> list[_Run]:
     runs = []
     for d in run_dirs:
-        p = Path(d)
-        ck = find_checkpoint(p, step)
-        members = load_members(p, ck)
-        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p)))
+        p, rd = Path(d), RunDir(d)
+        ck = rd.find_checkpoint(step)
+        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), rd.checkpoint_members(ck), rd.model_name()))
     return runs
 
 
@@ -354,7 +353,7 @@ def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, 
         if baseline_path not in per_member:
             raise ValueError(f"--baseline {cfg.baseline} is not one of the evaluated run dirs")
     else:
-        singles = [str(r.path) for r in runs if is_single(r.path)]
+        singles = [str(r.path) for r in runs if RunDir(r.path).is_single()]
         baseline_path = singles[0] if singles else None
     run_objs = []
     for r in runs:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lorapop.engine.base import Completion, Engine, SamplingParams, TrainSample
-from lorapop.train.members import Member
+from lorapop.records.members import Member
 from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.formats import prompt_format

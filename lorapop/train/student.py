@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lorapop.configlib import doc
-from lorapop.train.members import Member
+from lorapop.records.members import Member
 from lorapop.tasks.base import Task
 from lorapop.train.stages import Rollout, SolveJob, StepContext, reward, solve, trr_groups, update
 

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lorapop.configlib import ConfigError
-    from lorapop.rundir import RunDirError
+    from lorapop.records import RunDirError
 
     cfg = RetentionConfig(operators=list(args.operators), member=args.member, second_parent=args.second_parent,
                           steps=args.steps, answers=args.answers, floor_replicates=args.floor_replicates,

@@ -45,7 +45,7 @@ from typing import Any
 
 from lorapop.configlib import doc
 from lorapop.commands.retention.verdict import CLONE, CONTINUATION
-from lorapop.rundir import RETENTION
+from lorapop.records.rundir import RETENTION
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
 
@@ -100,7 +100,8 @@ TRAINING = ("student loop (lorapop/train/student.py: answers to code_o tasks of 
 
 def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]]:
     """Members of ``role`` in the checkpoint (an ``agent`` counts as a student), best expose first."""
-    from lorapop.rundir import POPULATION, RunDir, RunDirError, read_json
+    from lorapop.records.rundir import POPULATION, RunDir, read_json
+    from lorapop.records import RunDirError
 
     rd = RunDir(run_dir)
     try:  # the checkpoint's own ratings; else population.json's (written every step); else the prior's
@@ -129,7 +130,8 @@ def recovered_step(curve: list[float | None], reference: list[float | None], flo
 
 def parent_steps(rd: Any, ckpt: Path) -> int:
     """Self-play steps behind the checkpoint (its trainer state's ``step``, else its directory's number)."""
-    from lorapop.rundir import RunDirError, checkpoint_step
+    from lorapop.records.rundir import checkpoint_step
+    from lorapop.records import RunDirError
 
     try:
         return int(rd.read_trainer_state(ckpt).get("step"))
@@ -254,7 +256,7 @@ def plan_study(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[s
     """The study a run's last checkpoint allows: refused when the parent has too few self-play steps; the probe,
     sampling and learning rate are the run's own."""
     from lorapop.config import SamplingConfig
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
     from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.styles import proposal_style
     from lorapop.train.student import StudentLoopConfig

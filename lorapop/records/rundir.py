@@ -39,11 +39,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lorapop import faults
-from lorapop.train.members import (AGENT, ROLE_PREFIX, AdapterFiles, Member, RunDirError,  # noqa: F401
-                                   initial_members, role_from_id)
-
-# Member and its kin live with the population code (lorapop/train/members.py); the names stay importable from here
-# because the run directory reads and writes them (checkpoint_members, population.json) and scripts import them here.
+from lorapop.records import RunDirError
+from lorapop.records.members import AdapterFiles, Member, role_from_id
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
