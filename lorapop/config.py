@@ -16,7 +16,7 @@ from lorapop.configlib import ConfigError, doc, from_dict, load_yaml, merge_over
 from lorapop.diagnostics.coverage import CoverageConfig
 from lorapop.engine.base import EngineConfig
 from lorapop.evolve.config import EvolveConfig
-from lorapop.executor.sandbox import ExecutorConfig
+from lorapop.executor.base import ExecutorConfig
 from lorapop.tasks.formats import prompt_format
 from lorapop.tasks.styles import STYLES, proposal_style
 from lorapop.tasks.styles.base import names_of

@@ -274,6 +274,7 @@ def test_stages_read_azr_replies_from_the_think_block(ex):
     from lorapop.engine.base import Completion
     from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.tasks.formats import prompt_format
     from lorapop.train import stages
 
     sp = SelfPlayConfig(task_types=["code_o"], prompt_format="azr", reward_reading="azr_code")
@@ -281,7 +282,7 @@ def test_stages_read_azr_replies_from_the_think_block(ex):
     t0 = Member("t0", 0, "teacher")
     good = _reply("plan", ("python", PROGRAM), ("input", "[3, 9, 1], 1"))
     rollouts = [stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], text, "eos"),
-                               prefill=stages.reply_start(sp, ""))
+                               prefill=prompt_format(sp.prompt_format).reply_start(""))
                 for text in (good, good.replace("</think>", ""))]
     assert rollouts[0].reply.startswith("<think> plan")
     buffers = {"code_o": TaskBuffer("code_o")}
@@ -305,6 +306,7 @@ def test_prompts_stay_inside_the_run_caches_budget(ex):
     from lorapop.engine.base import Completion
     from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.tasks.formats import prompt_format
     from lorapop.train import stages
 
     sp = SelfPlayConfig(task_types=["code_o"], tasks_per_type=2, n_solve=1, n_references=3, prompt_format="azr")
@@ -326,7 +328,7 @@ def test_prompts_stay_inside_the_run_caches_budget(ex):
 
     good = _reply("plan", ("python", PROGRAM), ("input", "[3, 9, 1], 1"))
     proposal = stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], good, "eos"),
-                              prefill=stages.reply_start(sp, ""))
+                              prefill=prompt_format(sp.prompt_format).reply_start(""))
     engine.cfg = SimpleNamespace(max_model_len=0)
     (ok,) = stages.validate(stages.StepContext(1, 0, engine, ex, sp, buffers), [proposal])
     from lorapop.tasks.styles import proposal_style

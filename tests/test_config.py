@@ -154,9 +154,13 @@ def test_cli_refuses_existing_run_dir_without_resume(tmp_path):
 def test_eval_flags_are_generated_from_every_eval_config_field():
     import dataclasses
 
-    from lorapop.commands.eval import EvalConfig, build_parser, config_from_args
+    import argparse
 
-    p = build_parser()
+    from lorapop.commands.eval import add_arguments, config_from_args
+    from lorapop.eval.runner import EvalConfig
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
     flags = set(p._option_string_actions)
     for f in dataclasses.fields(EvalConfig):
         assert "--" + f.name.replace("_", "-") in flags, f.name

@@ -100,7 +100,7 @@ def _halve_rank(run: Path, to: Path) -> Path:
 EVAL_SCRIPT = """
 import gc, json, sys
 import lorapop.engine.vllm_engine as ve
-from lorapop.commands.eval import cli_main
+from lorapop.cli import main
 events = []
 init, close = ve.VLLMEngine.__init__, ve.VLLMEngine.close
 def logged_init(self, *a, **k):
@@ -110,7 +110,7 @@ def logged_close(self):
     close(self)
     events.append(("closed", gc.get_freeze_count()))
 ve.VLLMEngine.__init__, ve.VLLMEngine.close = logged_init, logged_close
-rc = cli_main(sys.argv[1:])
+rc = main(["eval"] + sys.argv[1:])
 print("EVENTS " + json.dumps({"rc": rc, "events": events, "frozen": gc.get_freeze_count()}))
 """
 

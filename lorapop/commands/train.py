@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError, VLLMUnavailable) as e:
         print(f"lorapop train: {e}", file=sys.stderr)
         return 2
-    from lorapop.executor.sandbox import IsolationError
+    from lorapop.executor.base import IsolationError
     from lorapop.records import RunDirError
     from lorapop.train.loop import Trainer
 

@@ -16,7 +16,7 @@ import dataclasses
 
 from lorapop import raycluster
 
-from .sandbox import ExecResult, ExecutorConfig
+from .base import ExecResult, ExecutorConfig
 
 
 class _SandboxActor:

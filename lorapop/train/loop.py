@@ -30,7 +30,7 @@ from lorapop.train.rating import Ratings
 
 if TYPE_CHECKING:
     from lorapop.diagnostics.coverage import CoverageTracker
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 # Config fields a checkpoint must agree on to be resumed: they fix the shapes and meaning of the saved state.
 COMPAT_FIELDS = ("model.name", "population.mode", "population.n_teachers", "population.n_students", "engine.rank",

@@ -27,7 +27,7 @@ from lorapop.train.stages import Rollout, SolveJob, StepContext, reward, solve, 
 
 if TYPE_CHECKING:
     from lorapop.engine.base import Engine
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 @dataclass
