@@ -72,7 +72,7 @@ def refactored(adapter: dict, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lorapop.commands.retention.study import RetentionConfig, plan_study, study_engine
+    from lorapop.retention.study import RetentionConfig, plan_study, study_engine
     from lorapop.eval.harness import make_executor
     from lorapop.evolve.operators import OPERATORS, make_child
     from lorapop.records.members import Member

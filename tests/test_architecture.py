@@ -79,9 +79,10 @@ LAYERS = {
     "lorapop.adapters": 3,  # reads PEFT dirs and run members for population.init_from; config validates with it
     # 4: the config that composes every section's
     "lorapop.config": 4,
-    # 5: what runs: training (and the memory plan it checks before loading weights), evaluation, reports, criteria
+    # 5: what runs: training (and the memory plan it checks before loading weights), evaluation, reports, criteria,
+    # the retention study
     "lorapop.plan": 5, "lorapop.plan_measure": 5, "lorapop.plan_cpu": 5,
-    "lorapop.train": 5, "lorapop.eval": 5, "lorapop.report": 5, "lorapop.criteria": 5,
+    "lorapop.train": 5, "lorapop.eval": 5, "lorapop.report": 5, "lorapop.criteria": 5, "lorapop.retention": 5,
     # 6: the commands (argument parsing, run-directory preparation, glue); 7: the dispatch table
     "lorapop.commands": 6,
     "lorapop.cli": 7,
@@ -221,7 +222,7 @@ def test_every_command_is_in_the_commands_wing():
 
 def test_evolve_holds_only_weight_space_operators_and_pbt():
     """evolve/ imports only itself, the engine's types and the config helpers: nothing of training, evaluation,
-    tasks or the run directory (the retention study is a command: lorapop/commands/retention/study.py)."""
+    tasks or the run directory (the retention study that trains children is lorapop/retention/)."""
     allowed = ("lorapop.evolve", "lorapop.engine", "lorapop.configlib")
     bad = sorted(f"{m} imports {d}" for m, deps in import_graph().items() if m.startswith("lorapop.evolve")
                  for d in deps if not d.startswith(allowed))

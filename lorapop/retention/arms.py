@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorapop.commands.retention.study import (ANSWERS, CONTINUATION, TRAINING, RetentionConfig, Spec, Study,
-                                              arm_specs, plan_study, resume_output, stronger_arm, study_engine,
-                                              summarise)
+from lorapop.retention.study import (ANSWERS, TRAINING, RetentionConfig, Spec, Study, arm_specs, plan_study,
+                                     resume_output, stronger_arm, study_engine, summarise)
+from lorapop.retention.verdict import CONTINUATION
 
 
 def _fmt(v: float | None) -> str:

@@ -32,7 +32,7 @@ run again with the same arguments, finished arms are kept and the others trained
 The raw samples: ``answers/<arm>.jsonl`` beside it, one row per scoring of a probe task (arm, step, scoring: the
 arm's own or a ``#replicate``, task, score, the replies and their checker statuses), written with the group.
 ``lorapop report`` renders the file of a run directory. After the arms, ``lorapop retention`` prints the registered
-rule applied to this parent (lorapop/commands/retention/verdict.py), with the clone and the continuation (against the
+rule applied to this parent (lorapop/retention/verdict.py), with the clone and the continuation (against the
 clone) judged by it like every operator, the parent's training noise and the losses one run per arm can see.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from lorapop.configlib import doc
-from lorapop.commands.retention.verdict import CLONE, CONTINUATION
+from lorapop.retention.verdict import CLONE, CONTINUATION, floor_spread, gaps, recovered_step
 from lorapop.records.rundir import RETENTION
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
@@ -119,15 +119,6 @@ def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]
     return sorted(((m, expose(m.id)) for m in members), key=lambda x: (-x[1], x[0].id))
 
 
-def recovered_step(curve: list[float | None], reference: list[float | None], floor: float) -> int | None:
-    """First scored step (0 = right after the operator; None: a step not scored) whose gap to the reference (the
-    continuation arm's value at the same step) is within ``floor``, else None."""
-    for step, (v, ref) in enumerate(zip(curve, reference)):
-        if v is not None and ref is not None and ref - v <= floor:
-            return step
-    return None
-
-
 def parent_steps(rd: Any, ckpt: Path) -> int:
     """Self-play steps behind the checkpoint (its trainer state's ``step``, else its directory's number)."""
     from lorapop.records.rundir import checkpoint_step
@@ -153,7 +144,7 @@ def family_tasks(style: str, per_level: int, train_per_level: int, seed: int) ->
     return held, train
 
 
-def floor_of(out: dict[str, Any]) -> dict[str, Any] | None:
+def replicate_floor(out: dict[str, Any]) -> dict[str, Any] | None:
     """The noise floor (:func:`lorapop.train.probe.noise_floor`) of the step-0 replicates in ``out``: the
     continuation, the clone and the parent's extra scorings, per task."""
     from lorapop.train.probe import noise_floor
@@ -168,11 +159,11 @@ def floor_of(out: dict[str, Any]) -> dict[str, Any] | None:
 
 def summarise(out: dict[str, Any]) -> None:
     """Per arm, against the continuation at the same step and the noise floor: gap, drop, lost, recovered step."""
-    nf = out["noise_floor"] = floor_of(out)
-    floor = nf["spread"] if nf else 0.0
+    out["noise_floor"] = replicate_floor(out)
+    floor = floor_spread(out)
     ref = out["arms"][CONTINUATION]["heldout"]
     for name, arm in out["arms"].items():
-        arm["gap"] = [None if c is None or v is None else c - v for c, v in zip(ref, arm["heldout"])]
+        arm["gap"] = gaps(ref, arm["heldout"])
         arm["drop"], arm["final_gap"] = arm["gap"][0], arm["gap"][-1]
         arm["lost"] = None if name == CONTINUATION else arm["drop"] > floor
         arm["recovered_step"] = None if name == CONTINUATION else recovered_step(arm["heldout"], ref, floor)
