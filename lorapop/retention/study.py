@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lorapop.configlib import doc
+from lorapop.configlib import check_fields, doc
 from lorapop.retention.verdict import CLONE, CONTINUATION, floor_spread, gaps, recovered_step
 from lorapop.records.rundir import RETENTION
 
@@ -61,31 +61,29 @@ class RetentionConfig:
     member: str | None = doc(None, "parent member id (default: the student with the best TrueSkill expose)")
     second_parent: str | None = doc(None, "crossovers' second parent, an adapter source (PEFT directory, RUN_DIR:best, "
                                           "RUN_DIR:<id>); default: the second-best member of the parent's role")
-    steps: int = doc(20, "training steps per arm after the operator (the paper's window is about 20)")
-    answers: int = doc(4, "answers per probe task in every scoring (the score's resolution is 1 / (tasks x answers))")
+    steps: int = doc(20, "training steps per arm after the operator (the paper's window is about 20)", ge=1)
+    answers: int = doc(4, "answers per probe task in every scoring (the score's resolution is 1 / (tasks x answers))",
+                       ge=1)
     eval_every: int = doc(1, "score the arms after every this many steps (and always after steps 0, 1, 2 and the "
-                              "last): scoring costs more than a step")
+                              "last): scoring costs more than a step", ge=1)
     floor_replicates: int = doc(4, "extra scorings of the parent at step 0, beside the continuation and the clone, "
-                                   "for the noise floor")
-    stronger: float = doc(0.0, "strength factor of the stronger arms (0: none)")
+                                   "for the noise floor", ge=0)
+    stronger: float = doc(0.0, "strength factor of the stronger arms (0: none)", ge=0)
     stronger_ops: list[str] = doc(["auto"], "operators that get a stronger arm: names, or auto (those whose drop at "
                                             "step 0 is within the noise floor)")
     probe_per_level: int | None = doc(None, "probe tasks per level (default: the run's run.probe_per_level); fewer "
-                                            "for a quick check only")
-    n_train_per_level: int = doc(30, "training tasks per probe level (drawn from the probe's shapes with another seed)")
+                                            "for a quick check only", ge=1)
+    n_train_per_level: int = doc(30, "training tasks per probe level (drawn from the probe's shapes with another seed)",
+                                 ge=1)
     group_size: int = doc(4, "arms trained together in one engine (slots = group_size)")
     min_parent_steps: int = doc(20, "refuse a checkpoint fewer self-play steps in than this: the protocol starts "
-                                    "from a parent trained in self-play")
-    backend: str = doc("torch", "what generates the arms' answers: torch or vllm (engine.backend)")
+                                    "from a parent trained in self-play", ge=0)
+    backend: str = doc("torch", "what generates the arms' answers: torch or vllm (engine.backend)",
+                       choices=("torch", "vllm"))
     out: str | None = doc(None, "directory of retention.json (default: the run directory)")
 
     def validate(self) -> None:
-        if self.steps < 1 or self.answers < 1 or self.n_train_per_level < 1 or self.min_parent_steps < 0:
-            raise ValueError("steps, answers and train tasks must be >= 1, min-parent-steps >= 0")
-        if self.probe_per_level is not None and self.probe_per_level < 1:
-            raise ValueError("probe-per-level must be >= 1")
-        if self.floor_replicates < 0 or self.stronger < 0 or self.eval_every < 1:
-            raise ValueError("floor-replicates and stronger must be >= 0, eval-every >= 1")
+        check_fields(self, "retention")
 
 
 def eval_steps(steps: int, every: int) -> list[int]:
