@@ -81,7 +81,7 @@ LAYERS = {
     "lorapop.config": 4,
     # 5: what runs: training (and the memory plan it checks before loading weights), evaluation, reports, criteria,
     # the retention study
-    "lorapop.plan": 5, "lorapop.plan_measure": 5, "lorapop.plan_cpu": 5,
+    "lorapop.plan": 5,
     "lorapop.train": 5, "lorapop.eval": 5, "lorapop.report": 5, "lorapop.criteria": 5, "lorapop.retention": 5,
     # 6: the commands (argument parsing, run-directory preparation, glue); 7: the dispatch table
     "lorapop.commands": 6,

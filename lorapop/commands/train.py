@@ -98,7 +98,7 @@ def prepare_run_dir(cfg: "Config", resume: bool, note: Any = print) -> tuple[Pat
     from lorapop.config import config_to_yaml, resolve_teacher_reward
     from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
     from lorapop.plan import check_on_cuda
-    from lorapop.plan_cpu import check_on_cpu
+    from lorapop.plan.cpu import check_on_cpu
     from lorapop.records.rundir import RunDir
     from lorapop.records import RunDirError
     from lorapop.train.loop import check_compatible, init_plans
