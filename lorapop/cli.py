@@ -8,7 +8,6 @@ import argparse
 import importlib
 import sys
 
-
 # The dispatch table: (name, module in lorapop/commands/, help, description, whether it takes --section.key=value
 # overrides); a command is added by writing its module and one row here. Each command module has
 # add_arguments(parser) and run(args); it is imported only to build the parser and imports what is heavy when it

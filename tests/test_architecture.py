@@ -57,7 +57,8 @@ def test_every_package_module_is_listed():
 
 def test_the_map_parser_sees_nested_and_grouped_entries():
     doc = documented_modules()
-    assert {"records/rundir.py", "engine/", "engine/base.py", "tasks/code_i.py", "tasks/code_f.py", "train/stages.py"} <= doc
+    assert {"records/rundir.py", "engine/", "engine/base.py", "tasks/code_i.py", "tasks/code_f.py",
+            "train/stages.py"} <= doc
 
 
 # ---------------------------------------------------------------- import graph

@@ -99,8 +99,8 @@ def prepare_run_dir(cfg: "Config", resume: bool, note: Any = print) -> tuple[Pat
     from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
     from lorapop.plan import check_on_cuda
     from lorapop.plan.cpu import check_on_cpu
-    from lorapop.records.rundir import RunDir
     from lorapop.records import RunDirError
+    from lorapop.records.rundir import RunDir
     from lorapop.train.loop import check_compatible, init_plans
 
     check_on_cuda(cfg)  # on CUDA: refuse, before any weights load, a config whose update cannot fit the GPU

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapop.records.rundir import CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir, iter_jsonl, read_json, read_text
 from lorapop.records import RunDirError
 from lorapop.records.members import AGENT, role_from_id
+from lorapop.records.rundir import (CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir,
+                                    iter_jsonl, read_json, read_text)
 
 
 @dataclass

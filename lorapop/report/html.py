@@ -18,8 +18,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from lorapop.records.run_data import RunData, complexity_series, complexity_stats, complexity_teachers, in_role, lineage, load_run, member_ids, roles
 from lorapop.records import RunDirError
+from lorapop.records.run_data import (RunData, complexity_series, complexity_stats, complexity_teachers, in_role,
+                                      lineage, load_run, member_ids, roles)
 from lorapop.report.svg import (DASHES, Life, Series, color, line_chart, lineage_timeline, no_data,
                                 yardstick_series)
 

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from lorapop.configlib import check_fields, doc
-from lorapop.retention.verdict import CLONE, CONTINUATION, floor_spread, gaps, recovered_step
 from lorapop.records.rundir import RETENTION
+from lorapop.retention.verdict import CLONE, CONTINUATION, floor_spread, gaps, recovered_step
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
 
@@ -98,8 +98,8 @@ TRAINING = ("student loop (lorapop/train/student.py: answers to code_o tasks of 
 
 def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]]:
     """Members of ``role`` in the checkpoint (an ``agent`` counts as a student), best expose first."""
-    from lorapop.records.rundir import POPULATION, RunDir, read_json
     from lorapop.records import RunDirError
+    from lorapop.records.rundir import POPULATION, RunDir, read_json
 
     rd = RunDir(run_dir)
     try:  # the checkpoint's own ratings; else population.json's (written every step); else the prior's
@@ -119,8 +119,8 @@ def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]
 
 def parent_steps(rd: Any, ckpt: Path) -> int:
     """Self-play steps behind the checkpoint (its trainer state's ``step``, else its directory's number)."""
-    from lorapop.records.rundir import checkpoint_step
     from lorapop.records import RunDirError
+    from lorapop.records.rundir import checkpoint_step
 
     try:
         return int(rd.read_trainer_state(ckpt).get("step"))
