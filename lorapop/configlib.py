@@ -26,7 +26,8 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-import yaml
+# PyYAML is imported where a file or a flag is parsed, not here: the executor declares its config with doc() and is
+# imported by the unprivileged sandbox probes, which run on the system interpreter without the venv's packages.
 
 
 class ConfigError(ValueError):
@@ -230,6 +231,8 @@ def to_dict(obj: Any) -> Any:
 
 def parse_overrides(args: list[str]) -> list[tuple[list[str], Any]]:
     """``["--a.b=3", "--c=x"]`` -> ``[(["a","b"], 3), (["c"], "x")]``; values are parsed as YAML scalars/lists."""
+    import yaml
+
     out = []
     for arg in args:
         if not arg.startswith("--") or "=" not in arg:
@@ -258,6 +261,8 @@ def merge_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]
 
 
 def load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh)
@@ -314,6 +319,8 @@ def suggest(word: str, choices: list[str]) -> str:
 
 
 def _flag_value(tp: Any, flag: str):
+    import yaml
+
     def convert(text: str) -> Any:
         try:
             parsed = yaml.safe_load(text) if text != "" else ""
