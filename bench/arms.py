@@ -82,7 +82,7 @@ def arm_config(config: str, arm: str, overrides: list[str], seed: int, out: Path
 
 def done_steps(run_dir: Path) -> int:
     """The step of the run's latest complete checkpoint (0 when none)."""
-    from lorapop.rundir import RunDir, checkpoint_step
+    from lorapop.records.rundir import RunDir, checkpoint_step
 
     ckpt = RunDir(run_dir).latest_checkpoint() if run_dir.is_dir() else None
     return checkpoint_step(ckpt) if ckpt is not None else 0
@@ -93,7 +93,7 @@ def keep_final(run_dir: Path, dest: Path) -> Path:
     older): a minimal run directory that a later resume or prune of ``run_dir`` leaves alone."""
     import shutil
 
-    from lorapop.rundir import CHECKPOINTS, CONFIG, RunDir, checkpoint_step
+    from lorapop.records.rundir import CHECKPOINTS, CONFIG, RunDir, checkpoint_step
 
     ckpt = RunDir(run_dir).latest_checkpoint()
     if ckpt is None:
@@ -151,8 +151,8 @@ def _by_step(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 def arm_figures(run_dir: Path) -> dict[str, Any]:
     """One arm's measured quantities, raw: per-step curves as [step, value] pairs and the last probe score."""
-    from lorapop.rundir import iter_jsonl
-    from lorapop.train.probe import step_means
+    from lorapop.records.rundir import iter_jsonl
+    from lorapop.records.probe import step_means
 
     notes: list[str] = []
     metrics = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl", notes)]
@@ -222,7 +222,7 @@ def reading(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str
     element, the base model's most common misreading). ``rows``: the file's rows when the caller has read it."""
     import ast
 
-    from lorapop.rundir import iter_jsonl
+    from lorapop.records.rundir import iter_jsonl
     from lorapop.tasks.selection_family import LEVELS
 
     if rows is None:

@@ -72,7 +72,7 @@ def retention() -> dict[str, dict]:
 
 @cache
 def retention_verdict() -> dict:
-    from lorapop.commands.retention.verdict import registered_verdict
+    from lorapop.retention.verdict import registered_verdict
 
     return registered_verdict(list(retention().values()))
 
@@ -173,7 +173,7 @@ def _retention_rule() -> dict[str, str]:
 
 
 def _collapses() -> dict[str, str]:
-    from lorapop.commands.retention.verdict import CLONE, CONTINUATION
+    from lorapop.retention.verdict import CLONE, CONTINUATION
 
     children = collapsed = nulls_collapsed = 0
     for name in SINGLE_PARENTS:
@@ -198,7 +198,7 @@ def _noise() -> dict[str, str]:
 
 def _drops() -> dict[str, str]:
     """Drops at the operator of the registered-strength operators that lost beyond the floor, per parent kind."""
-    from lorapop.commands.retention.verdict import CLONE, CONTINUATION, arm_outcome
+    from lorapop.retention.verdict import CLONE, CONTINUATION, arm_outcome
 
     def drops(names):
         return [arm_outcome(retention()[n], arm)["drop"] for n in names for arm in retention()[n]["arms"]
@@ -454,7 +454,7 @@ def retention_rule_row(arm: str) -> str:
 def retention_loss_row(arm: str) -> str:
     """A row of RESULTS' table of the arms that lost beyond the floor (the first retention verdict): per parent the
     drop, the recovered step and the final gap where the arm lost, ``-`` where it did not; on how many it lost."""
-    from lorapop.commands.retention.verdict import arm_outcome
+    from lorapop.retention.verdict import arm_outcome
 
     cells, lost = [], 0
     for name in RETENTION_PARENTS:

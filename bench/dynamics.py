@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lorapop.commands.compare import CompareConfig, run_compare  # noqa: E402
 from lorapop.criteria import across_seeds, criteria  # noqa: E402
-from lorapop.report.run_data import load_run  # noqa: E402
+from lorapop.records.run_data import load_run  # noqa: E402
 from lorapop.report.svg import PALETTE, Series, figure_svg, plot_svg  # noqa: E402
 
 PANELS = (("student/matched_solve_rate", "matched solve rate", (0.0, 1.0)),

@@ -5,7 +5,7 @@
     .venv/bin/python bench/gpu.py --shape small --step-ratios-only   # decode_capacity_ratio, long_tail_step_ratio
 
 ``--shape 7b`` builds a random-init model of Qwen2.5-Coder-7B's shapes (hidden 3584, MLP 18944, 28 layers, 28
-heads, 4 KV heads, vocabulary 152064: lorapop's own shape table, lorapop/plan_measure.py) in bf16, with seeded
+heads, 4 KV heads, vocabulary 152064: lorapop's own shape table, lorapop/plan/measure.py) in bf16, with seeded
 random token ids and a word-level tokenizer built here over that vocabulary: it needs torch, transformers and peft,
 no model package, no tokenizer files, no network; throughput and memory do not depend on the weights' or the ids'
 values. Its engine runs the shipped 4T+4S config's cache (engine.gen_batch_size 48 slots, engine.max_model_len and
@@ -113,7 +113,7 @@ def _seven_b():
     """The shipped 7B config (its engine section) and its model's shape from lorapop's own table: nothing to
     download, no model package."""
     from lorapop.config import load_config
-    from lorapop.plan_measure import SHAPES
+    from lorapop.plan.measure import SHAPES
 
     cfg = load_config(str(Path(__file__).resolve().parents[1] / "lorapop" / "configs" / f"{SEVEN_B_CONFIG}.yaml"))
     return cfg, dict(SHAPES[cfg.model.name])

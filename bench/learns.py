@@ -154,7 +154,7 @@ def answers_path(out: Path, seed: int, arm: str, setting: dict) -> Path:
 
 def run_unit(engine, executor, seed: int, arm: str, setting: dict, out: Path, flip: bool = False) -> dict:
     """One (seed, arm): trains and scores it, writes its answers and unit file, returns the unit."""
-    from lorapop.rundir import write_json_atomic
+    from lorapop.records.rundir import write_json_atomic
     from lorapop.tasks.easy import copyable, family_of
     from lorapop.train.student import StudentLoopConfig, run_arm
 
@@ -287,7 +287,7 @@ def base_signal(engine, executor, per_family: int, setting: dict, out: Path) -> 
     with at least one right answer, and the share the reward tells apart (some answers right, some not). Writes
     ``answers/base-signal.jsonl.gz`` and ``base_signal.json`` in ``out``."""
     from lorapop.tasks.compute_family import CANDIDATES as FAMILIES, compute_tasks
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.train.student import answer, set_lr
 
     drawn = {f: compute_tasks(per_family, SIGNAL_SEED, [f], heldout=False) for f in FAMILIES}
@@ -418,7 +418,7 @@ def main(argv=None) -> None:
         for f, v in sig.items():
             print(f"{f:13s} {v['kind']:8s} solve {v['solve_rate']:.3f}  any right {v['any_right']:.3f}  "
                   f"told apart {v['told_apart']:.3f}  ({v['tasks']} tasks)")
-        from lorapop.rundir import write_json_atomic
+        from lorapop.records.rundir import write_json_atomic
 
         write_json_atomic(args.out / "base_signal.json", {"setting": setting, "per_family": sig,
                                                           "seconds": sig_s})

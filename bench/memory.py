@@ -205,7 +205,7 @@ def main() -> None:
                          "threshold at M MiB); default: before and the run's own settings")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from lorapop.plan_cpu import plan_cpu
+    from lorapop.plan.cpu import plan_cpu
     from lorapop.train.loop import Trainer
 
     w = Windows()

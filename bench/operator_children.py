@@ -72,10 +72,10 @@ def refactored(adapter: dict, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lorapop.commands.retention.study import RetentionConfig, plan_study, study_engine
+    from lorapop.retention.study import RetentionConfig, plan_study, study_engine
     from lorapop.eval.harness import make_executor
     from lorapop.evolve.operators import OPERATORS, make_child
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.train.probe import run_probe
     from lorapop.train.stages import sampling_params
 

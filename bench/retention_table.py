@@ -11,7 +11,7 @@ continuation at the same step ("not recovered" when never within the 20 steps), 
 gap to the continuation over the steps after the operator, the noise band (+- the floor) shaded. A parent whose
 file is not finished (an arm with fewer scores than steps + 1, or no summary) is reported as such, never filled in.
 Then, over the finished parents: the probe's trivial yardsticks (lorapop/train/yardsticks.py), the registered rule
-applied literally with the clone and the continuation judged by it (lorapop/commands/retention/verdict.py), both
+applied literally with the clone and the continuation judged by it (lorapop/retention/verdict.py), both
 branches, the design's power and the headline; the figure also draws, per parent, the scores beside those yardsticks
 (dashed). The last line is JSON: per parent, the arms lost, recovered and not recovered; the verdict; the yardsticks.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lorapop.commands.retention.study import CLONE, CONTINUATION, stronger_arm  # noqa: E402
-from lorapop.commands.retention.verdict import headline, registered_verdict, verdict_lines  # noqa: E402
+from lorapop.retention.study import stronger_arm  # noqa: E402
+from lorapop.retention.verdict import CLONE, CONTINUATION, headline, registered_verdict, verdict_lines  # noqa: E402
 from lorapop.report.svg import PALETTE, Series, figure_svg, plot_svg, yardstick_series  # noqa: E402
 
 

@@ -198,7 +198,7 @@ def killed_and_resumed(args, overrides: list[str], duration_s: float) -> dict:
     got = [_comparable(json.loads(x)) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     diff = next(((w.get("step"), sorted(k for k in set(w) | set(g) if w.get(k) != g.get(k)))
                  for w, g in zip(want, got) if w != g), None)
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     kept = len(RunDir(out / "run").list_checkpoints())
     where = "" if diff is None else f"; first at step {diff[0]}: {diff[1][:8]}"

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lorapop.configlib import ConfigError
-from lorapop.rundir import RunDir, RunDirError
-from lorapop.train.members import AGENT, Member, role_from_id
+from lorapop.records import RunDirError
+from lorapop.records.members import AGENT, Member, role_from_id
+from lorapop.records.rundir import RunDir
 
 if TYPE_CHECKING:
     import torch

@@ -5,20 +5,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-
-def resolve_config_path(name: str) -> str:
-    """A YAML path, or the name of a shipped config: :func:`lorapop.config.resolve_config_path`, imported on call
-    so that ``--help`` stays light (it lives there because ``compare`` needs it and must not import the CLI)."""
-    from lorapop.config import resolve_config_path as resolve
-
-    return resolve(name)
-
-
 # The dispatch table: (name, module in lorapop/commands/, help, description, whether it takes --section.key=value
-# overrides). Each command module has add_arguments(parser) and run(args); it is imported only to build the parser
-# and imports what is heavy when it runs, so `lorapop --help` stays instant.
+# overrides); a command is added by writing its module and one row here. Each command module has
+# add_arguments(parser) and run(args); it is imported only to build the parser and imports what is heavy when it
+# runs, so `lorapop --help` stays instant.
 COMMANDS = (
     ("prepare-model", "prepare_model", "make a base model ready to train: convert the embedded model (or a .gguf) "
      "once to cached safetensors, download a hub id into the Hugging Face cache, check that it loads, print where "
@@ -40,15 +33,10 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lorapop.commands import compare, export, plan, prepare_model, report, retention, train
-    from lorapop.commands import eval as evaluation
-
-    modules = {"compare": compare, "eval": evaluation, "export": export, "plan": plan, "prepare_model": prepare_model,
-               "report": report, "retention": retention, "train": train}
     p = argparse.ArgumentParser(prog="lorapop", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     for name, module, help_, description, overrides in COMMANDS:
-        command = modules[module]
+        command = importlib.import_module(f"lorapop.commands.{module}")
         sp = sub.add_parser(name, help=help_, description=description)
         command.add_arguments(sp)
         sp.set_defaults(func=command.run, subparser=sp, accepts_overrides=overrides)

@@ -16,7 +16,7 @@ from lorapop.configlib import ConfigError, doc, from_dict, load_yaml, merge_over
 from lorapop.diagnostics.coverage import CoverageConfig
 from lorapop.engine.base import EngineConfig
 from lorapop.evolve.config import EvolveConfig
-from lorapop.executor.sandbox import ExecutorConfig
+from lorapop.executor.base import ExecutorConfig
 from lorapop.tasks.formats import prompt_format
 from lorapop.tasks.styles import STYLES, proposal_style
 from lorapop.tasks.styles.base import names_of
@@ -55,7 +55,7 @@ class PopulationConfig:
 
     def validate(self) -> None:
         from lorapop.adapters import assign
-        from lorapop.train.members import initial_members
+        from lorapop.records.members import initial_members
 
         if isinstance(self.init_from, str):
             self.init_from = [self.init_from] if self.init_from else []
@@ -76,24 +76,19 @@ class PopulationConfig:
 
 @dataclass
 class SamplingConfig:
-    max_new_tokens: int = doc(256, "generation length cap")
-    temperature: float = doc(1.0, "sampling temperature")
-    top_p: float = doc(1.0, "nucleus sampling mass")
-    min_new_tokens: int = doc(0, "EOS is masked until a row has this many tokens (benchmarks force equal lengths)")
+    max_new_tokens: int = doc(256, "generation length cap", ge=1)
+    temperature: float = doc(1.0, "sampling temperature", gt=0)
+    top_p: float = doc(1.0, "nucleus sampling mass", gt=0, le=1)
+    min_new_tokens: int = doc(0, "EOS is masked until a row has this many tokens (benchmarks force equal lengths)",
+                              ge=0)
     stop: list[str] = doc([], "vLLM's stop: a reply ends once its text contains one of these strings (kept in the "
                               "text). With selfplay.response_prefill the answer starts inside its block, so "
                               "solve.stop: ['```'] ends it at the block's close instead of running on to "
                               "max_new_tokens (the CPU configs)")
 
     def validate(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature: must be > 0, got {self.temperature}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+        if self.min_new_tokens > self.max_new_tokens:
             raise ConfigError(f"min_new_tokens: must be in [0, max_new_tokens], got {self.min_new_tokens}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop: must be a list of non-empty strings, got {self.stop!r}")
 
@@ -102,21 +97,24 @@ class SamplingConfig:
 class SelfPlayConfig:
     task_types: list[str] = doc(list(TASK_TYPE_NAMES), "AZR task types to play: code_o (deduction), code_i "
                                                        "(abduction), code_f (induction)")
-    tasks_per_type: int = doc(4, "proposals per teacher per task type per step (64 on GPU in the paper's setup)")
+    tasks_per_type: int = doc(4, "proposals per teacher per task type per step (64 on GPU in the paper's setup)", ge=2,
+                              why="TRR++ normalises rewards within each (member, task type, role) group of "
+                                  "tasks_per_type samples, and a group of one has advantage 0, so nobody would learn; "
+                                  "set it to 2 or more")
     n_solve: int = doc(2, "samples per task from the matched student (8 on GPU); they set solve rates, ratings and "
-                          "teacher rewards")
-    n_references: int = doc(6, "K reference tasks from the buffer shown to a proposing teacher")
+                          "teacher rewards", ge=1)
+    n_references: int = doc(6, "K reference tasks from the buffer shown to a proposing teacher", ge=1)
     buffer_max_tasks: int = doc(100_000, "most tasks each task type's buffer keeps; past it the oldest proposed task "
                                          "leaves (seed tasks stay). AZR keeps every valid task; this bounds a run of "
                                          "any length (about 0.5 KB a task, in memory and in every checkpoint) and "
                                          "is not reached by the paper's 200 steps unless nearly every proposal of 8 "
-                                         "teachers x 64 is valid. 0 keeps all")
+                                         "teachers x 64 is valid. 0 keeps all", ge=0)
     teacher_reward: Literal["auto", "adversarial", "learnability"] = doc(
         "auto", "'adversarial' (the paper's population reward: 1 - s), 'learnability' (AZR's: 1 - s if 0 < s < 1 "
                 "else 0) or 'auto': learnability in population.mode single (the baseline is AZR), adversarial in "
                 "population mode; resolved at load and saved resolved in config.yaml")
     pfsp_floor: float = doc(0.05, "added to every student's PFSP weight 4 p (1 - p) (p: TrueSkill's probability "
-                                  "that the student beats the teacher) before sampling, so no student is starved")
+                                  "that the student beats the teacher) before sampling, so no student is starved", ge=0)
     seed_files: list[str] = doc([], "optional JSONL seed files for the buffers (AZR layout: snippet/input/output or "
                                     "snippet/inputs/outputs/message); a path, or one relative to lorapop's data "
                                     "directory (seeds/azr_7b_coder_seed_io.jsonl, "
@@ -165,19 +163,6 @@ class SelfPlayConfig:
         if unknown or not self.task_types:
             raise ConfigError(f"selfplay.task_types: allowed values are {', '.join(TASK_TYPE_NAMES)} (at least one), "
                               f"got {self.task_types}")
-        for name in ("tasks_per_type", "n_solve", "n_references"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"selfplay.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.buffer_max_tasks < 0:
-            raise ConfigError(f"selfplay.buffer_max_tasks: must be >= 0 (0 keeps every task), got "
-                              f"{self.buffer_max_tasks}")
-        if self.tasks_per_type < 2:
-            # every TRR++ group (member, task type, role) holds tasks_per_type samples; one sample is its own mean
-            raise ConfigError(f"selfplay.tasks_per_type: must be >= 2, got {self.tasks_per_type}: TRR++ normalises "
-                              "rewards within each (member, task type, role) group of tasks_per_type samples, and a "
-                              "group of one has advantage 0, so nobody would learn; set it to 2 or more")
-        if self.pfsp_floor < 0:
-            raise ConfigError(f"selfplay.pfsp_floor: must be >= 0, got {self.pfsp_floor}")
         # the format first: its refusals (AZR's one layout) say more than the style's would
         style, fmt = proposal_style(self.proposal_style), prompt_format(self.prompt_format)
         fmt.check_config(self)
@@ -258,11 +243,11 @@ def resolve_report_to(value: list[str] | str, tensorboard: bool | None = None) -
 class RunConfig:
     name: str = doc("run", "run name; the run directory is <output_dir>/<name>")
     output_dir: str = doc("runs", "parent directory of run directories")
-    steps: int = doc(100, "self-play steps to run")
+    steps: int = doc(100, "self-play steps to run", ge=1)
     seed: int = doc(0, "master seed; every stage derives its seed from (seed, step), so a resumed run repeats "
                        "exactly what an uninterrupted one would have done")
-    save_interval: int = doc(20, "checkpoint every this many steps (and always at the end)")
-    keep_checkpoints: int = doc(3, "how many most recent checkpoints to keep (0 keeps all)")
+    save_interval: int = doc(20, "checkpoint every this many steps (and always at the end)", ge=1)
+    keep_checkpoints: int = doc(3, "how many most recent checkpoints to keep (0 keeps all)", ge=0)
     report_to: list[str] | str = doc(["tensorboard"], "experiment trackers that get every metrics.jsonl line at its "
                                      "step, and the resolved config (as transformers' report_to): a list of "
                                      f"{', '.join(REPORT_TO)}, or 'none'. tensorboard writes event files beside "
@@ -281,9 +266,9 @@ class RunConfig:
                                  "(lorapop/train/probe.py) into probe.jsonl, after the step's update and before its "
                                  "PBT replacement; before step 1 it also records the probe's noise floor (the spread "
                                  "of identical members' scores). Generation only, it changes no training. "
-                                 "0 turns it off")
-    probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels")
-    probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)")
+                                 "0 turns it off", ge=0)
+    probe_per_level: int = doc(30, "probe tasks at each of its 3 difficulty levels", ge=1)
+    probe_samples: int = doc(2, "answers per probe task and member (sampled as selfplay.solve)", ge=1)
     malloc_trim: bool = doc(True, "hand the C heap's free pages back to the OS (glibc malloc_trim) before and "
                                   "after each update and after each step (and checkpoint), and serve blocks of 1 MiB "
                                   "or more by their own memory maps (mallopt), so resident memory stays what is live "
@@ -293,21 +278,11 @@ class RunConfig:
     probe_min_age: int = doc(5, "a PBT child enters the probe's aggregate once it has trained this many steps since "
                                 "its birth; a younger child is still probed, its probe.jsonl rows marked "
                                 "counted: false, and lorapop/criteria.py and the report leave them out. Members of "
-                                "step 0 always count. 0 counts every child")
+                                "step 0 always count. 0 counts every child", ge=0)
 
     def validate(self) -> None:
-        for name, least in (("probe_interval", 0), ("probe_per_level", 1), ("probe_samples", 1),
-                            ("probe_min_age", 0)):
-            if getattr(self, name) < least:
-                raise ConfigError(f"run.{name}: must be >= {least}, got {getattr(self, name)}")
         self.report_to = resolve_report_to(self.report_to, self.tensorboard)
         self.tensorboard = None
-        if self.steps < 1:
-            raise ConfigError(f"run.steps: must be >= 1, got {self.steps}")
-        if self.save_interval < 1:
-            raise ConfigError(f"run.save_interval: must be >= 1, got {self.save_interval}")
-        if self.keep_checkpoints < 0:
-            raise ConfigError(f"run.keep_checkpoints: must be >= 0, got {self.keep_checkpoints}")
 
 
 @dataclass

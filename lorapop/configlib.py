@@ -1,10 +1,13 @@
 """Typed dataclass configs from YAML plus ``--section.key=value`` overrides, and argparse flags from a dataclass.
 
-Every config concern is a dataclass whose fields carry their documentation in ``metadata["help"]``. This module turns
-nested dicts (YAML) into those dataclasses with strict checking: an unknown key or a value of the wrong type raises
-:class:`ConfigError` with one line that names the field and what is allowed ("did you mean" for a near miss), before
-anything heavy (a model) loads. :func:`add_arguments` / :func:`from_args` give a flat dataclass (``lorapop eval``'s
-``EvalConfig``) one typed, documented ``--field-name`` flag per field, so a new field is a new flag with no CLI code.
+Every config concern is a dataclass whose fields carry their documentation in ``metadata["help"]`` and, where a
+value has a range, that range (``metadata`` keys ``choices``, ``ge``, ``gt``, ``le``, ``lt``; :func:`doc` writes
+both). This module turns nested dicts (YAML, ``--section.key=value`` overrides merged in) into those dataclasses with
+strict checking: an unknown key, a value of the wrong type or out of its field's range raises :class:`ConfigError`
+with one line that names the dotted field, the value and what is allowed ("did you mean" for a near miss), before
+anything heavy (a model) loads; rules that tie fields together live in the section's ``validate()``, which raises
+the same error. :func:`add_arguments` / :func:`from_args` give a flat dataclass (``lorapop eval``'s ``EvalConfig``)
+one typed, documented ``--field-name`` flag per field, so a new field is a new flag with no CLI code.
 
 Why our own ~250 lines rather than a library (OmegaConf, Hydra, simple-parsing, tyro, jsonargparse): we need exactly
 dataclasses + YAML + ``--a.b=c`` overrides + per-field help + one-line "did you mean" errors, with no new dependency
@@ -23,19 +26,77 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-import yaml
+# PyYAML is imported where a file or a flag is parsed, not here: the executor declares its config with doc() and is
+# imported by the unprivileged sandbox probes, which run on the system interpreter without the venv's packages.
 
 
 class ConfigError(ValueError):
     """A config problem; the message is one line naming the field and what is allowed."""
 
 
-def doc(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:
-    """A dataclass field with its documentation (mutable defaults are copied per instance)."""
+RANGE_KEYS = ("choices", "ge", "gt", "le", "lt")
+
+
+def doc(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None, ge: float | None = None,
+        gt: float | None = None, le: float | None = None, lt: float | None = None, why: str = "", **kw: Any) -> Any:
+    """A dataclass field with its documentation and the range its value must lie in (``choices``, or bounds
+    ``ge``/``gt``/``le``/``lt``; :func:`check_fields` enforces it, adding ``why`` to its error). Mutable defaults
+    are copied per instance."""
+    bounds = {"choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "why": why or None}
+    meta = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         value = default
-        return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata={"help": help}, **kw)
-    return dataclasses.field(default=default, metadata={"help": help}, **kw)
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(value), metadata=meta, **kw)
+    return dataclasses.field(default=default, metadata=meta, **kw)
+
+
+def allowed(meta: Any) -> str:
+    """A field's range in words: ``one of 'a', 'b'``, ``>= 1``, ``in (0, 1]``; "" when it declares none."""
+    if "choices" in meta:
+        return "one of " + ", ".join(repr(c) for c in meta["choices"])
+    low = (f"[{meta['ge']}" if "ge" in meta else f"({meta['gt']}" if "gt" in meta else None)
+    high = (f"{meta['le']}]" if "le" in meta else f"{meta['lt']})" if "lt" in meta else None)
+    if low and high:
+        return f"in {low}, {high}"
+    if low:
+        return (">= " if low[0] == "[" else "> ") + low[1:]
+    if high:
+        return ("<= " if high[-1] == "]" else "< ") + high[:-1]
+    return ""
+
+
+def in_range(value: Any, meta: Any) -> bool:
+    if "choices" in meta:
+        return value in meta["choices"]
+    return (("ge" not in meta or value >= meta["ge"]) and ("gt" not in meta or value > meta["gt"])
+            and ("le" not in meta or value <= meta["le"]) and ("lt" not in meta or value < meta["lt"]))
+
+
+def field_name(prefix: str, name: str, flags: bool = False) -> str:
+    """A field's name in an error: dotted (``engine.rank``), or as its flag (``--max-new-tokens``) for a flat
+    dataclass whose fields are flags (:func:`add_arguments`)."""
+    if flags:
+        return "--" + name.replace("_", "-")
+    return f"{prefix}.{name}" if prefix else name
+
+
+def check_fields(obj: Any, prefix: str, flags: bool = False) -> None:
+    """Every field of the dataclass ``obj`` against its annotation and its declared range: the one check every
+    config section gets, from a YAML file, a ``--section.key=value`` override, a flag or code. Raises
+    :class:`ConfigError` ``<prefix>.<field>: must be <range>, got <value>`` (choices: ``<value> is not one of ...``;
+    ``None`` passes a range: "unset")."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        name, value = field_name(prefix, f.name, flags), getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) or value is None:
+            continue
+        _coerce(value, hints[f.name], name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(k in f.metadata for k in RANGE_KEYS) and not all(in_range(v, f.metadata) for v in values):
+            if "choices" in f.metadata:
+                raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, f.metadata['choices']))}")
+            why = f": {f.metadata['why']}" if f.metadata.get("why") else ""
+            raise ConfigError(f"{name}: must be {allowed(f.metadata)}, got {value!r}{why}")
 
 
 def _type_name(tp: Any) -> str:
@@ -126,8 +187,9 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
     return value
 
 
-def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`."""
+def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "", flags: bool = False) -> Any:
+    """Build dataclass ``cls`` from ``data``; unknown keys, wrong types, values out of their field's range and the
+    section's own rules (``validate()``) raise :class:`ConfigError`; ``flags``: fields are named as flags."""
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
@@ -135,7 +197,7 @@ def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
+        full = field_name(prefix, str(key), flags)
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -145,14 +207,15 @@ def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
         obj = cls(**kwargs)
     except TypeError as e:  # a required field without default
         raise ConfigError(f"{prefix or 'config'}: {e}") from e
+    check_fields(obj, prefix, flags)
     check = getattr(obj, "validate", None)
     if callable(check):
         try:
             check()
-        except ConfigError:
+        except ConfigError as e:  # a section's rule names its fields from the section down; the prefix completes them
+            if prefix and not str(e).startswith(prefix):
+                raise ConfigError(f"{prefix}.{e}") from e
             raise
-        except ValueError as e:  # sub-configs written with plain ValueError still surface as one line
-            raise ConfigError(f"{prefix + ': ' if prefix and not str(e).startswith(prefix) else ''}{e}") from e
     return obj
 
 
@@ -168,6 +231,8 @@ def to_dict(obj: Any) -> Any:
 
 def parse_overrides(args: list[str]) -> list[tuple[list[str], Any]]:
     """``["--a.b=3", "--c=x"]`` -> ``[(["a","b"], 3), (["c"], "x")]``; values are parsed as YAML scalars/lists."""
+    import yaml
+
     out = []
     for arg in args:
         if not arg.startswith("--") or "=" not in arg:
@@ -196,6 +261,8 @@ def merge_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]
 
 
 def load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh)
@@ -252,6 +319,8 @@ def suggest(word: str, choices: list[str]) -> str:
 
 
 def _flag_value(tp: Any, flag: str):
+    import yaml
+
     def convert(text: str) -> Any:
         try:
             parsed = yaml.safe_load(text) if text != "" else ""
@@ -306,4 +375,4 @@ def from_args(cls: type, ns: argparse.Namespace, **values: Any) -> Any:
             v = getattr(ns, f.name)
             data[f.name] = dict(v) if typing.get_origin(hints[f.name]) is dict else v
     data.update(values)
-    return from_dict(cls, data)
+    return from_dict(cls, data, flags=True)

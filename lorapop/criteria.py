@@ -47,7 +47,7 @@ COMPLEXITY_KEY = "complexity/ast_depth"
 
 
 def _read(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    from lorapop.rundir import iter_jsonl
+    from lorapop.records.rundir import iter_jsonl
 
     notes: list[str] = []
     return [row for _, row in iter_jsonl(Path(run_dir) / name, notes)]
@@ -204,7 +204,7 @@ def capability(pop_dir: Path, single_dir: Path) -> dict[str, Any]:
     """``probe.jsonl`` rows: ``{"step", "member", "role", "task", "level", "score", "age", "counted"}`` (score: share
     of a task's answers that were correct) and step 0's noise floor. The last probe step both runs share is compared,
     per task: the mean over the population's counted students against the single agent's."""
-    from lorapop.train.probe import read_noise_floor, score_rows
+    from lorapop.records.probe import read_noise_floor, score_rows
 
     pop_rows, single_rows = _read(pop_dir, "probe.jsonl"), _read(single_dir, "probe.jsonl")
     floor = {"population": read_noise_floor(pop_rows), "single": read_noise_floor(single_rows)}
@@ -271,7 +271,7 @@ def bootstrap_diff_lower(a: list[float], b: list[float], seed: int = 0, n: int =
 def _probe_by_step(run_dir: Path) -> tuple[dict[int, dict[str, float]], float | None]:
     """Per probe step, each task's mean score over the counted learners (students, or the single agent), and the
     run's step-0 noise floor (the spread of identical replicates' mean scores)."""
-    from lorapop.train.probe import read_noise_floor, score_rows
+    from lorapop.records.probe import read_noise_floor, score_rows
 
     rows = _read(run_dir, "probe.jsonl")
     per: dict[int, dict[str, list[float]]] = {}

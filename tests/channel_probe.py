@@ -268,7 +268,7 @@ def _fence(tag: str, body: str) -> str:
 def probe() -> dict:
     from lorapop.executor import ExecutorConfig, SandboxExecutor
     from lorapop.executor.lockdown import machine
-    from lorapop.executor.sandbox import DEFAULT_PRELOAD
+    from lorapop.executor.base import DEFAULT_PRELOAD
     from lorapop.tasks import TASK_TYPES, Task
     from lorapop.tasks.code_f import CodeF
     from lorapop.tasks.validity import check_program

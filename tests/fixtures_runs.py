@@ -20,7 +20,7 @@ from lorapop.config import load_config
 from lorapop.diagnostics.coverage import CoverageTracker
 from lorapop.engine.base import Completion
 from lorapop.evolve.pbt import Replacement
-from lorapop.rundir import RunDir
+from lorapop.records.rundir import RunDir
 from lorapop.tasks import Invalid, ParseError, Task
 from lorapop.train import stages
 from lorapop.train.logger import MetricsLogger

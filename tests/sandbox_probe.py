@@ -200,7 +200,7 @@ def verdicts(props: dict, results: list) -> dict:
 def probe(host: dict) -> dict:
     from lorapop.executor import ExecutorConfig, SandboxExecutor
     from lorapop.executor.lockdown import machine
-    from lorapop.executor.sandbox import DEFAULT_PRELOAD
+    from lorapop.executor.base import DEFAULT_PRELOAD
     from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.common import fence
     from lorapop.tasks.validity import check_program

@@ -151,7 +151,7 @@ def buffers(cfg):
 
 def record(case: str, executor) -> dict:
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks import Task
     from lorapop.train import stages
     from lorapop.train.loop import Trainer
@@ -231,7 +231,8 @@ def read_fixture(case: str) -> dict:
 
 def make_executor():
     # a generous timeout: no recorded program comes near it, and a loaded machine must not turn a verdict into one
-    from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
+    from lorapop.executor.sandbox import SandboxExecutor
+    from lorapop.executor.base import ExecutorConfig
 
     return SandboxExecutor(ExecutorConfig(timeout_s=10.0, require_isolation=os.geteuid() == 0))
 

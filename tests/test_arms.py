@@ -28,7 +28,7 @@ def _bench():
 
 
 def _lora(run_dir: Path) -> dict[str, dict]:
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     ckpt = RunDir(run_dir).latest_checkpoint()
     return {d.name: load_file(str(d / "adapter_model.safetensors")) for d in sorted((ckpt / "adapters").iterdir())}

@@ -218,7 +218,7 @@ def test_both_readings_of_azrs_teacher_penalties():
 
 def test_stage_reward_applies_the_configured_reading():
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.train import stages
 
     teacher, student = Member("t0", 0, "teacher"), Member("s0", 1, "student")
@@ -272,8 +272,9 @@ def test_stages_read_azr_replies_from_the_think_block(ex):
     well-formed one becomes a task in the buffer, one without </think> is a format error paid -1."""
     from lorapop.config import SelfPlayConfig
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.tasks.formats import prompt_format
     from lorapop.train import stages
 
     sp = SelfPlayConfig(task_types=["code_o"], prompt_format="azr", reward_reading="azr_code")
@@ -281,7 +282,7 @@ def test_stages_read_azr_replies_from_the_think_block(ex):
     t0 = Member("t0", 0, "teacher")
     good = _reply("plan", ("python", PROGRAM), ("input", "[3, 9, 1], 1"))
     rollouts = [stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], text, "eos"),
-                               prefill=stages.reply_start(sp, ""))
+                               prefill=prompt_format(sp.prompt_format).reply_start(""))
                 for text in (good, good.replace("</think>", ""))]
     assert rollouts[0].reply.startswith("<think> plan")
     buffers = {"code_o": TaskBuffer("code_o")}
@@ -303,8 +304,9 @@ def test_prompts_stay_inside_the_run_caches_budget(ex):
 
     from lorapop.config import SelfPlayConfig
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
+    from lorapop.tasks.formats import prompt_format
     from lorapop.train import stages
 
     sp = SelfPlayConfig(task_types=["code_o"], tasks_per_type=2, n_solve=1, n_references=3, prompt_format="azr")
@@ -326,7 +328,7 @@ def test_prompts_stay_inside_the_run_caches_budget(ex):
 
     good = _reply("plan", ("python", PROGRAM), ("input", "[3, 9, 1], 1"))
     proposal = stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], good, "eos"),
-                              prefill=stages.reply_start(sp, ""))
+                              prefill=prompt_format(sp.prompt_format).reply_start(""))
     engine.cfg = SimpleNamespace(max_model_len=0)
     (ok,) = stages.validate(stages.StepContext(1, 0, engine, ex, sp, buffers), [proposal])
     from lorapop.tasks.styles import proposal_style
@@ -346,7 +348,7 @@ def test_the_engine_generates_after_assistant_think(ex, embedded_model):
     from <think>, and too short a reply to close its blocks is a format error by AZR's check."""
     from lorapop.config import SelfPlayConfig
     from lorapop.engine import EngineConfig, TorchEngine
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
     from lorapop.train import stages
 

@@ -117,6 +117,55 @@ def test_malformed_yaml_file(tmp_path):
         load_config(str(tmp_path / "missing.yaml"))
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("selfplay.propose.max_new_tokens", 0, "selfplay.propose.max_new_tokens: must be >= 1, got 0"),
+    ("selfplay.solve.min_new_tokens", 999, "selfplay.solve.min_new_tokens: must be in [0, max_new_tokens], got 999"),
+    ("selfplay.n_solve", 0, "selfplay.n_solve: must be >= 1, got 0"),
+    ("engine.replicas", 0, "engine.replicas: must be >= 1, got 0"),
+    ("engine.kv_cache", "pages", "engine.kv_cache: 'pages' is not one of auto, paged"),
+    ("engine.vllm_gpu_memory_utilization", 1.5, "engine.vllm_gpu_memory_utilization: must be in (0, 1), got 1.5"),
+    ("executor.timeout_s", -1, "executor.timeout_s: must be > 0, got -1.0"),
+    ("executor.ray_actors", 0, "executor.ray_actors: must be >= 1, got 0"),
+    ("evolve.quantile_fraction", 0.75, "evolve.quantile_fraction: must be in (0, 0.5], got 0.75"),
+    ("evolve.min_rated_matches", 2.5, "evolve.min_rated_matches: expected int, got float 2.5"),
+    ("coverage.n_cells", 0, "coverage.n_cells: must be >= 1, got 0"),
+])
+def test_a_bad_value_is_one_error_the_same_from_yaml_and_from_an_override(key, value, message, tmp_path):
+    """Every section, whichever dataclass declares it, refuses a value out of its field's range with one ConfigError
+    naming the dotted field, the value and what is allowed, word for word the same for a YAML file and a flag."""
+    *sections, name = key.split(".")
+    data: dict = {}
+    node = data
+    for part in sections:
+        node = node.setdefault(part, {})
+    node[name] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    errors = []
+    for args in ((str(path), []), (None, [f"--{key}={value}"])):
+        with pytest.raises(ConfigError) as e:
+            load_config(*args)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] == message
+
+
+def test_a_section_built_in_code_is_checked_by_the_same_rule():
+    """validate() of a section made in code (the engine factory, PBT, the student loop) applies the fields' declared
+    ranges: the same ConfigError as a config file gets."""
+    from lorapop.engine.base import EngineConfig
+    from lorapop.evolve.config import EvolveConfig
+    from lorapop.executor.base import ExecutorConfig
+    from lorapop.train.student import StudentLoopConfig
+
+    for cfg, message in ((EngineConfig(replicas=0), "engine.replicas: must be >= 1, got 0"),
+                         (EvolveConfig(burn_in_period=-1), "evolve.burn_in_period: must be >= 0, got -1"),
+                         (ExecutorConfig(ray_num_cpus=-1.0), "executor.ray_num_cpus: must be >= 0, got -1.0"),
+                         (StudentLoopConfig(temperature=0.0), "student.temperature: must be > 0, got 0.0")):
+        with pytest.raises(ConfigError) as e:
+            cfg.validate()
+        assert str(e.value) == message
+
+
 def test_every_field_is_documented():
     lines = describe(Config)
     assert len(lines) > 30
@@ -154,9 +203,13 @@ def test_cli_refuses_existing_run_dir_without_resume(tmp_path):
 def test_eval_flags_are_generated_from_every_eval_config_field():
     import dataclasses
 
-    from lorapop.commands.eval import EvalConfig, build_parser, config_from_args
+    import argparse
 
-    p = build_parser()
+    from lorapop.commands.eval import add_arguments, config_from_args
+    from lorapop.eval.runner import EvalConfig
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
     flags = set(p._option_string_actions)
     for f in dataclasses.fields(EvalConfig):
         assert "--" + f.name.replace("_", "-") in flags, f.name

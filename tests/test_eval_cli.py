@@ -8,17 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.commands.eval import cli_main
-from lorapop.eval import RunDirError, find_checkpoint, load_benchmark, load_members
+from lorapop.cli import main
+from lorapop.eval import load_benchmark
+from lorapop.records import RunDirError
+from lorapop.records.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
 
 def _write_run(root: Path, engine, slots: dict[str, int], roles: dict[str, str], mode: str, step: int = 3) -> Path:
-    """A run directory as the trainer writes it (through lorapop.rundir), with the engine's adapters."""
+    """A run directory as the trainer writes it (through lorapop.records.rundir), with the engine's adapters."""
     from lorapop.config import config_to_yaml, load_config
-    from lorapop.rundir import ADAPTERS, RunDir
-    from lorapop.train.members import Member
+    from lorapop.records.rundir import ADAPTERS, RunDir
+    from lorapop.records.members import Member
 
     rd = RunDir(root)
     rd.create(config_to_yaml(load_config(None, [f"--population.mode={mode}", "--engine.rank=4",
@@ -64,14 +66,14 @@ def runs(tmp_path_factory):
 
 
 def test_discovery(runs):
-    ck = find_checkpoint(runs["pop"])
+    ck = RunDir(runs["pop"]).find_checkpoint()
     assert ck.name == "step_000003"
-    ms = load_members(runs["pop"], ck)
+    ms = RunDir(runs["pop"]).checkpoint_members(ck)
     assert [(m.id, m.role, m.rank) for m in ms] == [("s0", "student", 4), ("t0", "teacher", 4)]
     with pytest.raises(RunDirError, match="no checkpoint for step 7"):
-        find_checkpoint(runs["pop"], 7)
+        RunDir(runs["pop"]).find_checkpoint(7)
     with pytest.raises(RunDirError, match=r"checkpoint has no adapters: .*empty.*step_000001.*adapters"):
-        load_members(runs["empty"], find_checkpoint(runs["empty"]))
+        RunDir(runs["empty"]).checkpoint_members(RunDir(runs["empty"]).find_checkpoint())
 
 
 def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch):
@@ -86,7 +88,7 @@ def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch
 
     monkeypatch.setattr(TorchEngine, "generate", counting)
     out = runs["root"] / "combined.json"
-    rc = cli_main([str(runs["pop"]), str(runs["single"]), "--benchmarks", "mbppplus,gsm8k", "--limit", "2",
+    rc = main(["eval", str(runs["pop"]), str(runs["single"]), "--benchmarks", "mbppplus,gsm8k", "--limit", "2",
                    "--max-new-tokens", "12", "--out", str(out), "--data-dir", str(data_dir), "--device", "cpu",
                    "--keep-text"])
     text = capsys.readouterr().out
@@ -133,9 +135,9 @@ def test_eval_one_batched_pass_per_benchmark(runs, data_dir, capsys, monkeypatch
 
 
 def test_eval_bad_inputs(runs, data_dir, tmp_path, capsys):
-    rc = cli_main([str(runs["pop"]), "--benchmarks", "mbppplus,bogus"])
+    rc = main(["eval", str(runs["pop"]), "--benchmarks", "mbppplus,bogus"])
     assert rc == 2 and "bogus" in capsys.readouterr().err
-    rc = cli_main([str(runs["empty"]), "--benchmarks", "gsm8k", "--limit", "1"])
+    rc = main(["eval", str(runs["empty"]), "--benchmarks", "gsm8k", "--limit", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "checkpoint has no adapters" in err and "step_000001" in err
     # a malformed line is skipped with a warning in eval.json; a missing file fails only its benchmark
@@ -143,7 +145,7 @@ def test_eval_bad_inputs(runs, data_dir, tmp_path, capsys):
     bad = tmp_path / "gsm8k.jsonl"
     bad.write_text(lines[0] + "\n{not json\n" + lines[1] + "\n")
     out = tmp_path / "e.json"
-    rc = cli_main([str(runs["single"]), "--benchmarks", "gsm8k,aime24", "--data", f"gsm8k={bad}",
+    rc = main(["eval", str(runs["single"]), "--benchmarks", "gsm8k,aime24", "--data", f"gsm8k={bad}",
                    "--data", f"aime24={tmp_path / 'nope.jsonl'}", "--max-new-tokens", "4", "--out", str(out),
                    "--device", "cpu"])
     res = json.loads(out.read_text())
@@ -154,7 +156,7 @@ def test_eval_bad_inputs(runs, data_dir, tmp_path, capsys):
 
 def test_base_only_eval(data_dir, tmp_path, capsys):
     out = tmp_path / "base.json"
-    rc = cli_main(["--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),
+    rc = main(["eval", "--benchmarks", "gsm8k", "--limit", "2", "--max-new-tokens", "4", "--out", str(out),
                    "--data-dir", str(data_dir), "--device", "cpu", "--prompt", "plain"])
     assert rc == 0
     res = json.loads(out.read_text())
@@ -171,7 +173,7 @@ def test_default_benchmarks_skip_missing_data_in_one_line(tmp_path, capsys):
     (tmp_path / "math" / "aime24.jsonl").write_text('{"id": 0, "problem": "What is 1+1?", "answer": "2"}\n')
     out = tmp_path / "e.json"
     t = time.monotonic()
-    rc = cli_main(["--data-dir", str(tmp_path), "--max-new-tokens", "2", "--out", str(out), "--device", "cpu"])
+    rc = main(["eval", "--data-dir", str(tmp_path), "--max-new-tokens", "2", "--out", str(out), "--device", "cpu"])
     text = capsys.readouterr().out
     assert rc == 0 and json.loads(out.read_text())["benchmarks"] == ["aime24"]
     skipped = [line for line in text.splitlines() if line.startswith("skipped ")]

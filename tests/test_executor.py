@@ -8,7 +8,7 @@ import os
 import pytest
 
 from lorapop.executor import ExecResult, ExecutorConfig, SandboxExecutor
-from lorapop.executor.sandbox import isolated
+from lorapop.executor.base import isolated
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ from lorapop.config import config_to_yaml, load_config
 from lorapop.configlib import to_dict
 from lorapop.engine.peft_io import CONFIG_NAME, WEIGHTS_NAME, save_peft_adapter
 from lorapop.commands.export import export
-from lorapop.rundir import ADAPTERS, TRAINER_STATE, RunDir, RunDirError, write_json_atomic
-from lorapop.train.members import initial_members
+from lorapop.records.rundir import ADAPTERS, TRAINER_STATE, RunDir, write_json_atomic
+from lorapop.records import RunDirError
+from lorapop.records.members import initial_members
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "run_v1"

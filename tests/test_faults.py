@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
-from lorapop.rundir import COMPLETE, RunDir, RunDirError
+from lorapop.executor.sandbox import SandboxExecutor
+from lorapop.executor.base import ExecutorConfig
+from lorapop.records.rundir import COMPLETE, RunDir
+from lorapop.records import RunDirError
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def test_plan_and_engine_size_the_kv_cache_with_one_function(monkeypatch):
 
     from lorapop.engine.kvsize import CUDA_RESERVED_BYTES, PAGE, token_bytes
     from lorapop.plan import engine_kv_cache
-    from lorapop.plan_measure import Measured, measure_phases
+    from lorapop.plan.measure import Measured, measure_phases
 
     eng = tiny_engine(gen_batch_size=6, max_model_len=200, kv_cache_memory_fraction=0.5)
     dims, dtype = eng.cache_dims()

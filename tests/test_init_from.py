@@ -14,7 +14,7 @@ from lorapop.adapters import InitPlan, Source, assign, fit_weights, plan_init, r
 from lorapop.config import load_config
 from lorapop.configlib import ConfigError
 from lorapop.engine.peft_io import CONFIG_NAME, save_peft_adapter
-from lorapop.train.members import Member, initial_members
+from lorapop.records.members import Member, initial_members
 from lorapop.commands.train import prepare_run_dir
 
 REPO = Path(__file__).resolve().parents[1]

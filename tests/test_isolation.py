@@ -214,7 +214,7 @@ def test_fork_and_threads_still_work_under_the_filter():
 def test_no_isolation_is_refused_unless_allowed(monkeypatch):
     """Neither root's namespaces nor user namespaces (here: no util-linux unshare to make them): refused with an
     error naming what is missing and the opt-out; with the opt-out it runs, says so, and is not `isolated`."""
-    from lorapop.executor.sandbox import isolated
+    from lorapop.executor.base import isolated
 
     monkeypatch.setenv("PATH", "/nonexistent-lorapop")
     with pytest.raises(IsolationError, match=r"unshare.*executor\.allow_unisolated: true"):
@@ -250,7 +250,7 @@ def test_an_unisolated_run_says_so_and_records_it(tmp_path, monkeypatch):
     """With the opt-out the run starts, its start shows the warning, population.json and the report record it."""
     from lorapop.config import load_config
     from lorapop.report.html import build_html
-    from lorapop.report.run_data import load_run
+    from lorapop.records.run_data import load_run
     from lorapop.train.loop import Trainer
 
     monkeypatch.setenv("PATH", "/nonexistent-lorapop")

@@ -100,7 +100,7 @@ def test_reward_transforms_shuffle_within_groups_and_flip_the_advantage():
     import random
 
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.train.stages import Rollout, trr_advantages
     from lorapop.train.student import transform_rewards
 

@@ -17,7 +17,7 @@ from test_engine_helpers import (K_REAL, K_TINY, K_TINY_GRAD, REAL_LOGIT_SCALE, 
                                  tiny_engine)
 from lorapop.engine import EngineConfig, SamplingParams, TorchEngine, TrainSample
 from lorapop.engine.replicas import merge_stats, share_stats
-from lorapop.train.members import Member
+from lorapop.records.members import Member
 from lorapop.train import stages
 from lorapop.train.metrics import train_means
 

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from lorapop.commands.eval import cli_main
+from lorapop.cli import main
 from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks, pass_at_k
 
 
@@ -42,12 +42,12 @@ def test_k_above_the_sample_count_is_refused_with_what_to_change():
 
 
 def test_the_cli_refuses_k_above_samples_and_k_without_samples_before_loading_anything(capsys):
-    assert cli_main(["--samples", "2", "--k", "1,5", "--benchmarks", "gsm8k"]) == 2
+    assert main(["eval", "--samples", "2", "--k", "1,5", "--benchmarks", "gsm8k"]) == 2
     err = capsys.readouterr().err
     assert "pass@5 needs at least 5 samples per problem, but --samples is 2" in err, err
-    assert cli_main(["--k", "1", "--benchmarks", "gsm8k"]) == 2
+    assert main(["eval", "--k", "1", "--benchmarks", "gsm8k"]) == 2
     assert "add --samples N" in capsys.readouterr().err
-    assert cli_main(["--samples", "2", "--temperature", "0", "--benchmarks", "gsm8k"]) == 2
+    assert main(["eval", "--samples", "2", "--temperature", "0", "--benchmarks", "gsm8k"]) == 2
     assert "--temperature" in capsys.readouterr().err
 
 
@@ -60,8 +60,8 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
     from lorapop.eval.mathcheck import score_math
     from lorapop.eval.data import load_benchmark
     from lorapop.model import load_base_model
-    from lorapop.rundir import ADAPTERS, RunDir
-    from lorapop.train.members import Member
+    from lorapop.records.rundir import ADAPTERS, RunDir
+    from lorapop.records.members import Member
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -78,7 +78,7 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
         rd.write_population(1, [Member("a0", 0, "agent").to_json()], [])
         eng.close()
         out = tmp_path / "eval.json"
-        rc = cli_main([str(rd.path), "--benchmarks", "mbppplus,gsm8k", "--limit", "2", "--samples", "2",
+        rc = main(["eval", str(rd.path), "--benchmarks", "mbppplus,gsm8k", "--limit", "2", "--samples", "2",
                        "--temperature", "1.0", "--k", "1,2", "--max-new-tokens", "12", "--device", "cpu",
                        "--data-dir", str(data_dir), "--out", str(out), "--keep-text"])
     finally:
@@ -113,7 +113,7 @@ def test_eval_with_samples_reports_pass_at_k_for_base_and_members(tmp_path, data
 
     # the report shows one evaluation table per k, from the run's own eval.json
     from lorapop.report.html import eval_comparison
-    from lorapop.report.run_data import load_run
+    from lorapop.records.run_data import load_run
 
     section = eval_comparison([load_run(rd.path)])
     assert "pass@k in % from 2 samples per problem" in section

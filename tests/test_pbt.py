@@ -239,8 +239,7 @@ def test_min_rated_matches_skips_a_role_left_with_fewer_than_two():
 def test_the_cpu_demo_ends_on_a_pbt_round_where_its_members_can_take_part():
     """The demo shows evolution: its last step is a PBT round, and members with the rated matches the
     demo gives them by then (3-5 each in the 2026-11-23 runs, docs/RESULTS.md) are judged, not left out."""
-    from lorapop.cli import resolve_config_path
-    from lorapop.config import load_config
+    from lorapop.config import load_config, resolve_config_path
 
     cfg = load_config(resolve_config_path("cpu_demo"))
     assert is_evolve_step(cfg.run.steps, cfg.evolve)

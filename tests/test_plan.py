@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from lorapop import plan as planmod
+from lorapop.plan import gpu as planmod
 from lorapop.config import load_config
 from lorapop.plan import GIB, PlanError, assemble, check_fits, measure, measure_phases, model_config
 
@@ -36,7 +36,7 @@ def test_two_depths_give_the_full_models_figures():
     from transformers import LlamaConfig
 
     from lorapop.engine.base import EngineConfig
-    from lorapop.plan import PROBE_LAYERS, _at_depth
+    from lorapop.plan.measure import PROBE_LAYERS, _at_depth
 
     mcfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
@@ -329,7 +329,7 @@ def test_cpu_plan_counts_the_largest_call_and_names_what_lowers_the_peak(embedde
     """`lorapop plan --cpu` and the check `lorapop train` makes on CPU: the KV cache counts the rows of the largest
     generate call (not gen_batch_size slots), the update the configured micro-batch, and a memory too small for
     either gets the setting that lowers it, before step 1."""
-    from lorapop import plan_cpu
+    from lorapop.plan import cpu as plan_cpu
     from lorapop.cli import main
 
     cfg = _small("cpu_demo", "--engine.gradient_checkpointing=false")
@@ -376,7 +376,7 @@ def test_cpu_upper_bound_is_above_the_measured_plan_and_skips_it_when_far_below(
     """The closed-form bound the check before a CPU run tries first is at least the fake-tensor plan's peak (so
     skipping the measurement below it never hides a warning), and where the machine's memory is above the bound
     nothing is measured."""
-    from lorapop import plan_cpu
+    from lorapop.plan import cpu as plan_cpu
 
     cfg = _small("cpu_demo", f"--engine.gradient_checkpointing={str(ckpt).lower()}")
     ecfg = dataclasses.replace(embedded.engine, gradient_checkpointing=ckpt)

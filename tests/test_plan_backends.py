@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lorapop import plan as planmod
+from lorapop.plan import gpu as planmod
 from lorapop.cli import main
 
 SHORT = ["--prompt-tokens", "128", "--selfplay.propose.max_new_tokens=64", "--selfplay.solve.max_new_tokens=64",

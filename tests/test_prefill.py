@@ -12,8 +12,9 @@ from lorapop.engine.base import Completion
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES, Task
 from lorapop.tasks.buffer import TaskBuffer
+from lorapop.tasks.formats import prompt_format
 from lorapop.train import stages
-from lorapop.train.population import Member
+from lorapop.records.members import Member
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +52,9 @@ def test_prefill_ends_the_prompt_and_answers_are_checked_with_it(executor, embed
     engine = TorchEngine(model, tok, 1, EngineConfig(device="cpu", gen_batch_size=8), seed=0)
     try:  # the model is the session's shared fixture: leave it without LoRA layers
         base = engine.chat_prompt("hi")
-        ids = stages.prompt_ids(engine, "hi", "```output\n")
+        ids = prompt_format("short").prompt_ids(engine, "hi", "```output\n")
         assert ids[:len(base)] == base and tok.decode(ids[len(base):]) == "```output\n"
-        assert stages.prompt_ids(engine, "hi", "") == base
+        assert prompt_format("short").prompt_ids(engine, "hi", "") == base
         task = Task(type="code_o", program="def f(a):\n    return a", inputs=["'x'"], outputs=["'x'"])
         s0 = Member("s0", 0, "student")
         sp = SelfPlayConfig(task_types=["code_o"], n_solve=2, response_prefill=True)

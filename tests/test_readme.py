@@ -77,7 +77,8 @@ def test_the_readme_shows_the_two_commands_and_stays_short():
 
 
 def _dry_lorapop(args: list[str], capsys) -> None:
-    from lorapop.cli import build_parser, main, resolve_config_path
+    from lorapop.cli import build_parser, main
+    from lorapop.config import resolve_config_path
 
     parser = build_parser()
     try:
@@ -99,7 +100,8 @@ def _dry_lorapop(args: list[str], capsys) -> None:
         ccfg = from_args(CompareConfig, ns)
         compare_configs(ns.config, ns.overrides, ccfg.name, ccfg.output_dir)
     elif ns.command == "eval":
-        from lorapop.commands.eval import config_from_args, select_benchmarks
+        from lorapop.commands.eval import config_from_args
+        from lorapop.eval.runner import select_benchmarks
 
         select_benchmarks(config_from_args(ns))
     # report, retention, prepare-model and train --resume take paths only: parsing them is their dry form

@@ -25,7 +25,8 @@ from test_engine_helpers import K_REAL, K_REAL_GRAD, REAL_LOGIT_SCALE, VOCAB, as
 from lorapop.engine.base import Engine, EngineConfig, SamplingParams, TrainSample
 from lorapop.engine.replicas import ReplicaError, ReplicatedEngine, deal, split_rows
 from lorapop.executor.ray_executor import RayExecutor, cut
-from lorapop.executor.sandbox import ExecutorConfig, SandboxExecutor
+from lorapop.executor.sandbox import SandboxExecutor
+from lorapop.executor.base import ExecutorConfig
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +209,7 @@ def test_a_private_local_ray_starts_with_the_first_user_and_stops_with_the_last(
     code = """
 import ray
 from lorapop.executor.ray_executor import RayExecutor
-from lorapop.executor.sandbox import ExecutorConfig
+from lorapop.executor.base import ExecutorConfig
 from lorapop.raycluster import RayHold
 assert not ray.is_initialized()
 hold = RayHold(None, 1)  # as a Trainer holds it for its engine and executor

@@ -13,8 +13,9 @@ from fixtures_runs import write_population_run, write_single_run
 from lorapop.commands.report import main
 from lorapop.report.html import SECTIONS, json_tables, write_report
 from lorapop.config import config_to_yaml, load_config
-from lorapop.report.run_data import RunDirError, load_run
-from lorapop.rundir import RunDir
+from lorapop.records.run_data import load_run
+from lorapop.records import RunDirError
+from lorapop.records.rundir import RunDir
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_overlay_of_single_and_population(runs, tmp_path):
 
 
 def test_probe_chart_shows_the_noise_floor_and_leaves_out_young_children(runs, tmp_path):
-    from lorapop.train.probe import read_noise_floor, step_means
+    from lorapop.records.probe import read_noise_floor, step_means
 
     html = write_report([runs["pop"], runs["single"]], tmp_path / "probe.html").read_text()
     sec = html[html.index('<section id="probe">'):html.index("</section>", html.index('<section id="probe">'))]

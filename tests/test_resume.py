@@ -224,7 +224,8 @@ def test_a_foreign_directory_is_never_emptied(tmp_path):
 
 def test_clear_empties_what_a_run_killed_before_its_first_checkpoint_wrote(tmp_path):
     # run.probe_interval writes probe.jsonl at step 0, before any checkpoint: a kill there must not strand the name
-    from lorapop.rundir import RunDir, RunDirError
+    from lorapop.records.rundir import RunDir
+    from lorapop.records import RunDirError
 
     rd = RunDir(tmp_path / "r")
     rd.create("run: {}\n")

@@ -42,8 +42,8 @@ ARGS = ["--operators", "clone", "average", "--stronger", "3", "--stronger-ops", 
 @pytest.mark.slow
 def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_dir, tmp_path, capsys):
     from lorapop.cli import main
-    from lorapop.commands.retention.study import rank_members
-    from lorapop.rundir import RunDir
+    from lorapop.retention.study import rank_members
+    from lorapop.records.rundir import RunDir
 
     rd = RunDir(run_dir)
     ranked = rank_members(run_dir, rd.find_checkpoint(), "student")
@@ -115,7 +115,7 @@ def test_retention_scores_the_probe_family_with_a_noise_floor_and_resumes(run_di
 
 
 def test_noise_floor_and_verdicts_come_from_the_replicates():
-    from lorapop.commands.retention.study import summarise
+    from lorapop.retention.study import summarise
 
     arms = {"continuation": {"heldout": [0.5, 0.6, 0.7], "step0_tasks": [0.5, 0.5]},
             "clone": {"heldout": [0.45, 0.6, 0.65], "step0_tasks": [0.5, 0.4]},
@@ -133,7 +133,7 @@ def test_noise_floor_and_verdicts_come_from_the_replicates():
 
 
 def test_recovered_step_compares_with_the_reference_at_the_same_step():
-    from lorapop.commands.retention.study import recovered_step
+    from lorapop.retention.verdict import recovered_step
 
     cont = [0.5, 0.6, 0.8, 0.8]
     assert recovered_step([0.2, 0.58, 0.7, 0.8], cont, 0.05) == 1
@@ -161,7 +161,7 @@ def test_stronger_settings_turn_each_knob():
 
 
 def test_training_tasks_are_the_probe_family_less_the_held_out():
-    from lorapop.commands.retention.study import family_tasks
+    from lorapop.retention.study import family_tasks
     from lorapop.train.probe import probe_tasks
 
     held, train = family_tasks("selection", 30, 30, seed=0)
@@ -188,7 +188,7 @@ def test_keep_final_copies_a_parent_run_directory_nothing_prunes(run_dir, tmp_pa
     import importlib.util
 
     from lorapop.adapters import resolve_source
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     spec = importlib.util.spec_from_file_location("bench_arms", Path(__file__).resolve().parents[1] / "bench" / "arms.py")
     arms = importlib.util.module_from_spec(spec)
@@ -206,7 +206,7 @@ def test_keep_final_copies_a_parent_run_directory_nothing_prunes(run_dir, tmp_pa
 
 
 def test_a_sparse_scoring_schedule_leaves_unscored_steps_out_of_the_verdicts():
-    from lorapop.commands.retention.study import eval_steps, summarise
+    from lorapop.retention.study import eval_steps, summarise
 
     assert eval_steps(20, 4) == [0, 1, 2, 4, 8, 12, 16, 20] and eval_steps(3, 1) == [0, 1, 2, 3]
     assert eval_steps(1, 4) == [0, 1]

@@ -113,14 +113,14 @@ def test_the_rule_sees_imports_and_attributes_across_rooms_only():
         "engine/torch_engine.py": "class E:\n    def __init__(self):\n        self._ctx = 1\n"
                                   "def _helper():\n    pass\n",
         "engine/replicas.py": "from .torch_engine import _helper\n\ndef f(e):\n    return e._ctx\n",
-        "plan_measure.py": "from lorapop.engine.torch_engine import _helper\n\ndef g(eng):\n    return eng._ctx\n",
-        "plan.py": "from lorapop.plan_measure import _at_depth\nimport torch\nx = torch._dynamo\n",
+        "plan/measure.py": "from lorapop.engine.torch_engine import _helper\n\ndef g(eng):\n    return eng._ctx\n",
+        "plan/gpu.py": "from lorapop.plan.measure import _at_depth\nimport torch\nx = torch._dynamo\n",
         "executor/sandbox.py": "from lorapop.executor.handle import _PAGE\n",
     }
     found = violations(sources)
     assert len(found) == 2, found
-    assert any("plan_measure.py:1 imports _helper" in f for f in found)
-    assert any("plan_measure.py:4 reads eng._ctx" in f for f in found)
+    assert any("plan/measure.py:1 imports _helper" in f for f in found)
+    assert any("plan/measure.py:4 reads eng._ctx" in f for f in found)
 
 
 # ------------------------------------------------------------------ sizes
@@ -160,3 +160,62 @@ def test_the_size_exceptions_are_current_and_say_why():
     stale = sorted(set(allowed()) - oversized())
     assert not stale, "back under the limit or gone; take them off 'Over the size limits': " + ", ".join(stale)
     assert all(len(why.split()) >= 5 for why in allowed().values()), allowed()
+
+
+# ------------------------------------------------------------------ one door per name
+def _top_level_names(src: str) -> set[str]:
+    """The names a module defines at its top level (defs, classes, assignments, also under if/try)."""
+    out = set()
+    for node in ast.parse(src).body:
+        for n in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(n.name)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+                for target in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    out |= {x.id for x in ast.walk(target) if isinstance(x, ast.Name)}
+    return out
+
+
+def second_doors(sources: dict[str, str], packages: set[str]) -> list[str]:
+    """Every ``from lorapop.x import name`` (absolute or relative) in ``sources`` (path relative to the repository ->
+    text) where ``lorapop.x`` is a module, not a package's ``__init__``, that does not define ``name`` itself: a name
+    reached through a module that only imports it. ``packages``: the dotted names of lorapop's packages."""
+    modules = {p[:-3].replace("/", "."): s for p, s in sources.items() if p.startswith("lorapop/")}
+    modules = {m[:-len(".__init__")] if m.endswith(".__init__") else m: s for m, s in modules.items()}
+    found = []
+    for path, src in sorted(sources.items()):
+        here = path[:-3].replace("/", ".").split(".")
+        for node in ast.walk(ast.parse(src)):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                parent = here[:-1]  # the package of a module, or of an __init__ its own
+                base = ".".join(parent[:len(parent) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("lorapop") or base in packages or base not in modules:
+                continue
+            defined = _top_level_names(modules[base])
+            found += [f"{path}:{node.lineno} imports {a.name} from {base}, which does not define it"
+                      for a in node.names if f"{base}.{a.name}" not in modules and a.name not in defined]
+    return found
+
+
+def test_every_name_has_one_door():
+    """A name is imported from the module that defines it or from its package's __init__, nowhere else: no module
+    of the package, test, bench script or script passes on a name it only imports."""
+    sources = {p.relative_to(REPO).as_posix(): p.read_text()
+               for d in ("lorapop", "tests", "bench", "scripts") for p in sorted((REPO / d).rglob("*.py"))}
+    packages = {p.parent.relative_to(REPO).as_posix().replace("/", ".") for p in PKG.rglob("__init__.py")}
+    found = second_doors(sources, packages)
+    assert not found, "import these from where they are defined (or the package's __init__):\n" + "\n".join(found)
+
+
+def test_the_door_rule_sees_relative_and_absolute_imports():
+    sources = {"lorapop/a/__init__.py": "from lorapop.a.base import X\n",
+               "lorapop/a/base.py": "X = 1\n",
+               "lorapop/a/impl.py": "from .base import X\n",
+               "lorapop/b.py": "from lorapop.a.impl import X\nfrom lorapop.a import X\nfrom lorapop.a.base import X\n",
+               "tests/t.py": "from lorapop.a.impl import X\n"}
+    found = second_doors(sources, {"lorapop", "lorapop.a"})
+    assert found == ["lorapop/b.py:1 imports X from lorapop.a.impl, which does not define it",
+                     "tests/t.py:1 imports X from lorapop.a.impl, which does not define it"], found

@@ -163,7 +163,7 @@ def test_validate_stage_passes_the_engines_token_counter_and_the_solve_budget(ex
 
     from lorapop.config import load_config
     from lorapop.engine.base import Completion
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
     from lorapop.tasks.buffer import TaskBuffer
     from lorapop.train.stages import Rollout, StepContext, validate
 

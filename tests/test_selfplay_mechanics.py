@@ -13,7 +13,8 @@ from lorapop.engine.base import Completion
 from lorapop.tasks import Invalid, ParseError
 from lorapop.train import stages
 from lorapop.train.matchmaking import matchmake, pfsp_probabilities
-from lorapop.train.population import Member, Population
+from lorapop.records.members import Member
+from lorapop.train.population import Population
 from lorapop.train.rating import MatchResult, Ratings
 
 

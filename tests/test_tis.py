@@ -17,7 +17,7 @@ from floattol import sum_tol
 from test_engine_helpers import K_TINY, K_TINY_GRAD, VOCAB, tiny_engine
 from lorapop.engine import Completion, TrainSample
 from lorapop.engine.replicas import merge_stats, share_stats
-from lorapop.train.members import Member
+from lorapop.records.members import Member
 from lorapop.train import stages
 from lorapop.train.metrics import step_metrics, train_means
 

@@ -36,7 +36,9 @@ def test_owned_tempdir_names_its_owner_and_clears_the_dead_ones(tmp_path):
 
 def test_the_sandbox_worker_roots_use_it(tmp_path, monkeypatch):
     """The sandbox's worker roots carry the pid too, and a dead run's roots go when the next sandbox starts."""
-    from lorapop.executor.sandbox import SANDBOX_PREFIX, ExecutorConfig, SandboxExecutor
+    from lorapop.executor.sandbox import SandboxExecutor
+    from lorapop.executor.handle import SANDBOX_PREFIX
+    from lorapop.executor.base import ExecutorConfig
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile

@@ -21,7 +21,7 @@ import pytest
 
 from lorapop.config import load_config
 from lorapop.configlib import ConfigError
-from lorapop.rundir import RunDir
+from lorapop.records.rundir import RunDir
 from lorapop.train.logger import MetricsLogger
 from lorapop.train.trackers import wandb_records
 

@@ -84,7 +84,7 @@ def _halve_rank(run: Path, to: Path) -> Path:
     """A copy of ``run`` whose last checkpoint's adapters keep their first rank/2 directions: another (model, rank)
     group for `lorapop eval`."""
     from lorapop.engine.peft_io import load_peft_adapter, save_peft_adapter
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     shutil.copytree(run, to)
     for d in sorted((RunDir(to).find_checkpoint() / "adapters").iterdir()):
@@ -100,7 +100,7 @@ def _halve_rank(run: Path, to: Path) -> Path:
 EVAL_SCRIPT = """
 import gc, json, sys
 import lorapop.engine.vllm_engine as ve
-from lorapop.commands.eval import cli_main
+from lorapop.cli import main
 events = []
 init, close = ve.VLLMEngine.__init__, ve.VLLMEngine.close
 def logged_init(self, *a, **k):
@@ -110,7 +110,7 @@ def logged_close(self):
     close(self)
     events.append(("closed", gc.get_freeze_count()))
 ve.VLLMEngine.__init__, ve.VLLMEngine.close = logged_init, logged_close
-rc = cli_main(sys.argv[1:])
+rc = main(["eval"] + sys.argv[1:])
 print("EVENTS " + json.dumps({"rc": rc, "events": events, "frozen": gc.get_freeze_count()}))
 """
 
@@ -358,7 +358,7 @@ def test_a_run_may_switch_backend_on_resume_but_not_what_it_computes(tmp_path):
     """A vLLM run continued on torch replicas: engine.backend and engine.vllm_* are where it runs, like replicas."""
     from lorapop.config import config_to_yaml, load_config, resolve_config_path
     from lorapop.configlib import ConfigError
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
     from lorapop.commands.train import load_run_config
 
     run = tmp_path / "r"
@@ -431,7 +431,7 @@ def test_cpu_demo_on_vllm_killed_and_resumed_then_vllm_serves_the_checkpoint(eng
     """`lorapop train cpu_demo --engine.backend=vllm`, killed with SIGKILL after step 1's checkpoint, resumed to
     step 2 (a PBT round), logs sync metrics and writes its report; its last checkpoint loaded into the shared engine
     serves the torch engine's greedy rows."""
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     out = background.result()
     killed, done, run = out["killed"], out["resumed"], out["run"]

@@ -1,5 +1,5 @@
 """Trivial yardsticks (lorapop/train/yardsticks.py) on task sets small enough to check by hand, through the real
-sandbox and the real math checker; and the registered retention rule (lorapop/commands/retention/verdict.py) on
+sandbox and the real math checker; and the registered retention rule (lorapop/retention/verdict.py) on
 hand-made retention files, the clone and the continuation judged by it like every operator."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ PARENTS = [
 
 
 def test_the_registered_rule_counts_all_parents_but_one_and_judges_the_null_arms():
-    from lorapop.commands.retention.verdict import arm_outcome, headline, holds, registered_verdict, verdict_lines
+    from lorapop.retention.verdict import arm_outcome, headline, holds, registered_verdict, verdict_lines
 
     assert [holds(k, 3) for k in range(4)] == [False, False, True, True]
     assert holds(1, 2) and not holds(0, 1) and holds(1, 1)
@@ -117,7 +117,7 @@ def test_the_registered_rule_counts_all_parents_but_one_and_judges_the_null_arms
 
 
 def test_power_from_the_arms_that_lost_nothing():
-    from lorapop.commands.retention.verdict import ALPHA, POWER, power, training_noise
+    from lorapop.retention.verdict import ALPHA, POWER, power, training_noise
 
     # p1: `quiet` ended at 0.000 (a collapse): left out of the noise, counted as collapsed
     tn = training_noise(PARENTS[1])

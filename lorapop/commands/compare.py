@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lorapop.configlib import doc
 
 # Per-step curves written to compare.json and printed at the end: the dynamics the paper's claims are about.
 CURVES = ("valid_rate", "student/matched_solve_rate", "student/topup_solve_rate", "teacher/zero_adv_group_frac",
@@ -39,17 +41,15 @@ CURVES = ("valid_rate", "student/matched_solve_rate", "student/topup_solve_rate"
 
 @dataclass
 class CompareConfig:
-    name: str = field(default="compare", metadata={
-        "help": "name of the comparison: the runs go to <output-dir>/<name>/population and .../single"})
-    output_dir: str = field(default="runs", metadata={"help": "parent directory of the comparison directory"})
-    eval_benchmarks: str = field(default="mbppplus,gsm8k", metadata={
-        "help": "benchmarks for `lorapop eval` (names, 'code', 'math', 'available' or 'all')"})
-    eval_limit: int | None = field(default=20, metadata={
-        "help": "evaluate only the first N problems of each benchmark (none: all of them)"})
-    eval_max_new_tokens: int = field(default=384, metadata={"help": "generation budget per eval answer"})
-    eval_threads: int | None = field(default=None, metadata={
-        "help": "torch CPU threads during evaluation (default: torch's choice)"})
-    skip_eval: bool = field(default=False, metadata={"help": "train and report only"})
+    name: str = doc("compare", "name of the comparison: the runs go to <output-dir>/<name>/population and "
+                               ".../single")
+    output_dir: str = doc("runs", "parent directory of the comparison directory")
+    eval_benchmarks: str = doc("mbppplus,gsm8k", "benchmarks for `lorapop eval` (names, 'code', 'math', 'available' "
+                                                 "or 'all')")
+    eval_limit: int | None = doc(20, "evaluate only the first N problems of each benchmark (none: all of them)", ge=1)
+    eval_max_new_tokens: int = doc(384, "generation budget per eval answer", ge=1)
+    eval_threads: int | None = doc(None, "torch CPU threads during evaluation (default: torch's choice)", ge=1)
+    skip_eval: bool = doc(False, "train and report only")
 
 
 def compare_configs(config: str | None, overrides: list[str], name: str, output_dir: str):
@@ -77,7 +77,7 @@ def compare_configs(config: str | None, overrides: list[str], name: str, output_
 
 def train(cfg: Any, note: Any = print) -> Path:
     """Train one run to ``cfg.run.steps``, continuing it from its last checkpoint when it exists."""
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
     from lorapop.commands.train import prepare_run_dir
     from lorapop.train.loop import Trainer
 
@@ -91,7 +91,7 @@ def train(cfg: Any, note: Any = print) -> Path:
 
 
 def curves(run_dir: Path) -> dict[str, list[float | None]]:
-    from lorapop.report.run_data import load_run
+    from lorapop.records.run_data import load_run
 
     run = load_run(run_dir)
     out: dict[str, list[float | None]] = {"step": [float(s) for s in run.steps]}

@@ -15,15 +15,13 @@ from lorapop.eval.prompts import PROMPT_CHOICES
 from lorapop.eval.runner import EvalConfig, format_table, run_eval, select_benchmarks
 
 
-def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags come from :class:`EvalConfig` (lorapop.configlib.add_arguments): a new field is a new flag."""
-    from lorapop.configlib import add_arguments
+    from lorapop.configlib import add_arguments as config_arguments
 
-    p = p or argparse.ArgumentParser(prog="lorapop eval", description=__doc__.split("\n\n")[0])
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training runs (none: evaluate --model only)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="set both generation budgets")
-    add_arguments(p, EvalConfig)
-    return p
+    config_arguments(p, EvalConfig)
 
 
 def config_from_args(a: argparse.Namespace) -> EvalConfig:
@@ -41,8 +39,8 @@ def config_from_args(a: argparse.Namespace) -> EvalConfig:
     return cfg
 
 
-def run_from_args(a: argparse.Namespace) -> int:
-    from lorapop.eval.runs import RunDirError
+def run(a: argparse.Namespace) -> int:
+    from lorapop.records import RunDirError
 
     try:
         cfg = config_from_args(a)
@@ -53,20 +51,3 @@ def run_from_args(a: argparse.Namespace) -> int:
         return 2
     print(format_table(result))
     return 0 if not result["errors"] else 1
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    return run_from_args(build_parser().parse_args(argv))
-
-
-# Hooks in the shape lorapop/cli.py uses for subcommands: sub.add_parser("eval"); add_arguments(p); func=run.
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    build_parser(p)
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_from_args(args)
-
-
-if __name__ == "__main__":
-    sys.exit(cli_main())

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from lorapop.adapters import Picked, describe_best, pick_members
-from lorapop.rundir import EVAL, RunDir, RunDirError, read_json
+from lorapop.records import RunDirError
+from lorapop.records.rundir import EVAL, RunDir, read_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """`lorapop plan CONFIG`: the GPU memory of each phase of a config's run, measured under fake tensors (no GPU, no
-weights), and whether it fits (lorapop/plan.py); `--cpu`: a CPU run's peak resident memory (lorapop/plan_cpu.py)."""
+weights), and whether it fits (lorapop/plan/gpu.py); `--cpu`: a CPU run's peak resident memory (lorapop/plan/cpu.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from lorapop.plan_measure import AZR_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS, REPLY_TOKENS
+from lorapop.plan.measure import AZR_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS, REPLY_TOKENS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help=f"also count the rows of prompt + this many reply tokens the cache "
                          f"holds (default {REPLY_TOKENS}, an assumed typical reply, capped at max_new_tokens)")
     ap.add_argument("--cpu", action="store_true",
-                    help="plan the run on CPU instead: its peak resident memory on this machine (lorapop/plan_cpu.py)")
+                    help="plan the run on CPU instead: its peak resident memory on this machine (lorapop/plan/cpu.py)")
     ap.add_argument("--memory", type=float, default=None, metavar="GIB",
                     help="with --cpu: the memory to plan against (default: what this machine has available now)")
     ap.add_argument("--backends", default=None, metavar="torch,vllm",
@@ -66,7 +66,7 @@ def run_config(args: argparse.Namespace, config_path: str) -> int:
 def _run_cpu(args: argparse.Namespace, cfg: Any) -> int:
     from lorapop.configlib import ConfigError
     from lorapop.plan import GIB
-    from lorapop.plan_cpu import machine_bytes, plan_cpu
+    from lorapop.plan.cpu import machine_bytes, plan_cpu
 
     memory = int(args.memory * GIB) if args.memory else machine_bytes()
     if memory is None:

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit status: 0 with the report's path on stdout, or 1 with one error line on stderr."""
-    from lorapop.report.run_data import RunDirError
+    from lorapop.records import RunDirError
     from lorapop.report.html import write_report
 
     try:

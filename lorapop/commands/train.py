@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError, VLLMUnavailable) as e:
         print(f"lorapop train: {e}", file=sys.stderr)
         return 2
-    from lorapop.executor.sandbox import IsolationError
-    from lorapop.rundir import RunDirError
+    from lorapop.executor.base import IsolationError
+    from lorapop.records import RunDirError
     from lorapop.train.loop import Trainer
 
     try:
@@ -98,8 +98,9 @@ def prepare_run_dir(cfg: "Config", resume: bool, note: Any = print) -> tuple[Pat
     from lorapop.config import config_to_yaml, resolve_teacher_reward
     from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
     from lorapop.plan import check_on_cuda
-    from lorapop.plan_cpu import check_on_cpu
-    from lorapop.rundir import RunDir, RunDirError
+    from lorapop.plan.cpu import check_on_cpu
+    from lorapop.records import RunDirError
+    from lorapop.records.rundir import RunDir
     from lorapop.train.loop import check_compatible, init_plans
 
     check_on_cuda(cfg)  # on CUDA: refuse, before any weights load, a config whose update cannot fit the GPU
@@ -135,7 +136,7 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> "Config":
     overridden on resume. A tracker added to run.report_to on resume gets the run's steps so far first
     (lorapop/train/trackers.py)."""
     from lorapop.config import load_config
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
 
     if not RunDir(run_dir).has_config():
         raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")

@@ -15,12 +15,14 @@ stores one elite per cell and has no notion of "which teacher filled this cell".
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
+from lorapop.configlib import doc
 
 COVERAGE_DESCRIPTORS: tuple[str, ...] = ("ast_depth", "cyclomatic", "loc", "n_node_types", "input_size")
 CENTROIDS_FILE = "coverage_centroids.npy"
@@ -39,21 +41,18 @@ DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
 
 @dataclass
 class CoverageConfig:
-    n_cells: int = field(default=512, metadata={"help": "number of CVT cells (k-means centroids) when generating"})
-    centroids_path: str | None = field(
-        default=None,
-        metadata={"help": "load centroids from this .npy ((n_cells, 5) array in the unit cube) instead of generating "
-                          "them; pass another run's coverage_centroids.npy to make coverage numbers comparable"})
-    seed: int = field(default=0, metadata={"help": "seed of the centroid generation (samples and k-means)"})
-    kmeans_samples: int = field(
-        default=20_000,
-        metadata={"help": "uniform samples clustered into centroids; 20k samples x 50 iterations takes ~0.3 s on one "
-                          "core, pyribs' default 100k takes several seconds for a barely more uniform CVT"})
-    kmeans_max_iter: int = field(default=50, metadata={"help": "k-means iterations when generating centroids"})
-    bounds: dict[str, tuple[float, float]] = field(
-        default_factory=lambda: dict(DEFAULT_BOUNDS),
-        metadata={"help": "descriptor -> (low, high) for linear normalisation to [0, 1] with clipping; keys are "
-                          "ast_depth, cyclomatic, loc, n_node_types, input_size"})
+    n_cells: int = doc(512, "number of CVT cells (k-means centroids) when generating", ge=1)
+    centroids_path: str | None = doc(
+        None, "load centroids from this .npy ((n_cells, 5) array in the unit cube) instead of generating them; pass "
+              "another run's coverage_centroids.npy to make coverage numbers comparable")
+    seed: int = doc(0, "seed of the centroid generation (samples and k-means)")
+    kmeans_samples: int = doc(
+        20_000, "uniform samples clustered into centroids; 20k samples x 50 iterations takes ~0.3 s on one core, "
+                "pyribs' default 100k takes several seconds for a barely more uniform CVT", ge=1)
+    kmeans_max_iter: int = doc(50, "k-means iterations when generating centroids", ge=1)
+    bounds: dict[str, tuple[float, float]] = doc(
+        DEFAULT_BOUNDS, "descriptor -> (low, high) for linear normalisation to [0, 1] with clipping; keys are "
+                        "ast_depth, cyclomatic, loc, n_node_types, input_size")
 
 
 def normalise(descriptors: dict[str, float], bounds: dict[str, Any] | None = None) -> np.ndarray:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from lorapop.configlib import ConfigError, check_fields
+
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -53,7 +55,7 @@ class TrainSample:
 
 @dataclass
 class EngineConfig:
-    backend: str = field(default="torch", metadata={
+    backend: str = field(default="torch", metadata={"choices": ("torch", "vllm"),
         "help": "What generates (torch | vllm). torch: lorapop's own TorchEngine does everything. vllm: every "
                 "generate call (rollouts, the probe, eval, retention) runs on one in-process vllm.LLM with LoRA "
                 "enabled, each row under its member's LoRARequest; a TorchEngine still holds the master weights, "
@@ -76,7 +78,7 @@ class EngineConfig:
                 "eval configs default to auto. LoRA weights and optimizer state stay float32 (master weights; see "
                 "lora_compute_dtype), float64 on a float64 base: the numerical reference the identity tests run in "
                 "(about 2x float32's time), never chosen by auto."})
-    lora_compute_dtype: str = field(default="auto", metadata={
+    lora_compute_dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16"),
         "help": "dtype of the LoRA matmuls (auto | float32 | bfloat16 | float16). The LoRA weights, their gradients "
                 "and AdamW state stay float32 (master weights); only the products run in this dtype, as in "
                 "torchtune and PEFT under bf16 autocast. 'auto' follows the base: bfloat16 on a bf16 base (so "
@@ -94,11 +96,11 @@ class EngineConfig:
         "help": "AdamW learning rate for every slot. Higher than the 7B "
                 "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
                 "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run."})
-    weight_decay: float = field(default=0.0, metadata={
+    weight_decay: float = field(default=0.0, metadata={"ge": 0,
         "help": "Decoupled (AdamW) weight decay on A and B, per step lr * weight_decay of the weights. AZR trains "
                 "with veRL's AdamW default 0.01 (the 7B configs); 0 keeps the adapters' weights as the gradient "
                 "moves them (the CPU configs)."})
-    entropy_coeff: float = field(default=0.0, metadata={
+    entropy_coeff: float = field(default=0.0, metadata={"ge": 0,
         "help": "Entropy bonus: the update minimises (per adapter, token means over its response tokens) "
                 "-advantage * logp - entropy_coeff * H, H the entropy of the next-token distribution at each "
                 "sample's scoring temperature; logged as train/entropy. AZR's 0.001 (veRL's entropy_coeff, "
@@ -125,13 +127,13 @@ class EngineConfig:
         "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
                 "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
                 "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory)."})
-    max_model_len: int = field(default=0, metadata={
+    max_model_len: int = field(default=0, metadata={"ge": 0,
         "help": "Tokens (prompt + max_new_tokens) a row may reach, fixed for the run (vLLM's name); 0: the model's "
                 "max_position_embeddings, as vLLM. The KV cache is allocated once, on the first generate, for rows "
                 "of this length (lorapop/engine/kvsize.py sizes it) and kept for the whole run, through every "
                 "update. A row (prompt + its max_new_tokens) over it is refused, never grows the cache; the trainer "
                 "cuts its proposer prompts to max_model_len - max_new_tokens (their reference snippets dropped)."})
-    kv_cache: str = field(default="auto", metadata={
+    kv_cache: str = field(default="auto", metadata={"choices": ("auto", "paged"),
         "help": "backend torch: the KV cache's layout; one kind, paged (auto is the same). A pool of 16-position "
                 "pages that rows take as they grow (vLLM's PagedAttention, lorapop/engine/paged.py), so the budget "
                 "holds as many rows (up to gen_batch_size) as their real lengths allow, and each decode step reads "
@@ -169,7 +171,7 @@ class EngineConfig:
         "help": "Activation checkpointing of every decoder layer in train_step: keeps only each layer's input and "
                 "recomputes the rest in backward (~1/3 more compute, far less memory). Needed for the paper's "
                 "1024 + 1024-token rows on an 80 GB GPU; gradients are unchanged."})
-    gradient_checkpointing_every: int = field(default=1, metadata={
+    gradient_checkpointing_every: int = field(default=1, metadata={"ge": 1,
         "help": "With gradient_checkpointing: checkpoint one decoder layer in every this many (1: every layer; 2: "
                 "every other, keeping the others' activations for backward: about half the recomputation for about "
                 "half the saved memory). Gradients are unchanged either way."})
@@ -177,7 +179,7 @@ class EngineConfig:
         "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
                 "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
                 "(128 measured ~2x cheaper per element than 512; the CPU configs use 128); GPUs like larger."})
-    replicas: int = field(default=1, metadata={
+    replicas: int = field(default=1, metadata={"ge": 1,
         "help": "Data-parallel engine replicas, each a Ray actor holding the base model and every adapter on its own "
                 "device (one GPU each on CUDA, else cores // replicas CPU threads each). Generation rows are split "
                 "across them by token count; a train step sums their gradients (all-reduce) before one identical "
@@ -196,12 +198,12 @@ class EngineConfig:
                 "sampler's log-probs (both backends report them); the torch backend's ratio is 1 up to rounding. "
                 "<= 0 disables the correction (the mismatch is still logged: train/logprob_mismatch, "
                 "train/is_capped_frac)."})
-    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={"gt": 0, "lt": 1,
         "help": "backend vllm on CUDA: fraction of the GPU's total memory vLLM takes for its copy of the base "
                 "weights, activations and KV cache (vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The "
                 "TorchEngine's base copy, adapters, optimizer and the update use the rest; `lorapop plan` checks "
                 "both fit."})
-    vllm_kv_cache_gib: int = field(default=1, metadata={
+    vllm_kv_cache_gib: int = field(default=1, metadata={"gt": 0,
         "help": "backend vllm off CUDA: whole GiB of vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, an integer; "
                 "vLLM's default asks for most of the machine's memory and is refused on small machines)."})
     vllm_enable_sleep_mode: bool = field(default=True, metadata={
@@ -211,48 +213,22 @@ class EngineConfig:
     vllm_enforce_eager: bool = field(default=False, metadata={
         "help": "backend vllm: run vLLM's model eagerly, without CUDA graphs or torch.compile (vLLM's "
                 "enforce_eager): starts faster, decodes slower. The CPU configs and tests turn it on."})
-    collective_timeout_s: float = field(default=600.0, metadata={
+    collective_timeout_s: float = field(default=600.0, metadata={"gt": 0,
         "help": "With replicas > 1: seconds a replica waits in the gradient all-reduce for the others before it "
                 "gives up, so a replica lost on another node fails the step instead of hanging the run."})
 
     def validate(self) -> None:
-        if self.lora_compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"engine.lora_compute_dtype: {self.lora_compute_dtype!r} is not one of auto, float32, "
-                             "bfloat16, float16")
-        if self.max_model_len < 0:
-            raise ValueError(f"engine.max_model_len: must be >= 0 (0: from the first generate), got "
-                             f"{self.max_model_len}")
         if self.kv_cache == "static":
-            raise ValueError("engine.kv_cache: static is gone: the one KV cache is paged, every row reading its own "
-                             "length (docs/METHOD.md, \"What a step reads\"); drop the setting or set paged")
-        if self.kv_cache not in ("auto", "paged"):
-            raise ValueError(f"engine.kv_cache: {self.kv_cache!r} is not one of auto, paged")
-        if self.backend not in ("torch", "vllm"):
-            raise ValueError(f"engine.backend: {self.backend!r} is not one of torch, vllm")
+            raise ConfigError("engine.kv_cache: static is gone: the one KV cache is paged, every row reading its own "
+                              "length (docs/METHOD.md, \"What a step reads\"); drop the setting or set paged")
+        check_fields(self, "engine")
         if self.backend == "vllm" and self.replicas > 1:
-            raise ValueError(f"engine.backend vllm with engine.replicas {self.replicas}: each Ray replica would need "
-                             "its own vLLM engine, which lorapop does not build; set engine.replicas=1 (one vLLM "
-                             "engine batches every member's rows) or engine.backend=torch to keep the replicas")
+            raise ConfigError(f"engine.backend vllm with engine.replicas {self.replicas}: each Ray replica would need "
+                              "its own vLLM engine, which lorapop does not build; set engine.replicas=1 (one vLLM "
+                              "engine batches every member's rows) or engine.backend=torch to keep the replicas")
         if self.backend == "vllm" and self.dtype == "float64":
-            raise ValueError("engine.backend vllm with engine.dtype float64: vLLM has no float64 (float64 is the torch "
-                             "backend's numerical reference); set engine.dtype=auto or float32")
-        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
-            raise ValueError(f"engine.vllm_gpu_memory_utilization: must be in (0, 1), got "
-                             f"{self.vllm_gpu_memory_utilization}")
-        if self.vllm_kv_cache_gib <= 0:
-            raise ValueError(f"engine.vllm_kv_cache_gib: must be > 0, got {self.vllm_kv_cache_gib}")
-        if self.replicas < 1:
-            raise ValueError(f"engine.replicas: must be >= 1, got {self.replicas}")
-        if self.weight_decay < 0:
-            raise ValueError(f"engine.weight_decay: must be >= 0, got {self.weight_decay}")
-        if self.entropy_coeff < 0:
-            raise ValueError(f"engine.entropy_coeff: must be >= 0 (a negative bonus lowers entropy), got "
-                             f"{self.entropy_coeff}")
-        if self.gradient_checkpointing_every < 1:
-            raise ValueError(f"engine.gradient_checkpointing_every: must be >= 1 (1: every layer), got "
-                             f"{self.gradient_checkpointing_every}")
-        if self.collective_timeout_s <= 0:
-            raise ValueError(f"engine.collective_timeout_s: must be > 0, got {self.collective_timeout_s}")
+            raise ConfigError("engine.backend vllm with engine.dtype float64: vLLM has no float64 (float64 is the "
+                              "torch backend's numerical reference); set engine.dtype=auto or float32")
 
 
 # Input checks shared by every engine (a replicated engine checks before dispatching, so bad input never reaches

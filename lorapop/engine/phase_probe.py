@@ -3,7 +3,7 @@
 :class:`PhaseProbe` builds a :class:`~lorapop.engine.torch_engine.TorchEngine` on a fake-tensor base model (no
 weights read, nothing computed) and runs each phase of a run through the engine's own code: the inference copies of
 the adapters, one prefill chunk, one decode step, one train micro-batch, one scoring batch. The planner
-(:mod:`lorapop.plan_measure`) counts the bytes each call allocates; this is all it needs of the engine, so the engine's
+(:mod:`lorapop.plan.measure`) counts the bytes each call allocates; this is all it needs of the engine, so the engine's
 internals can change without the plan silently measuring something else.
 """
 

@@ -249,7 +249,7 @@ class TorchEngine:
     def refresh_inference_copies(self) -> LlamaFamilyDecoder:
         """Refill what generation reads besides the float32 adapters: their base-dtype copies and, with
         engine.compile, the decoder's dense stacks. Made before the KV cache is sized, so its budget is taken
-        from the memory left beside them, as the plan counts it (lorapop/plan.py)."""
+        from the memory left beside them, as the plan counts it (lorapop/plan/gpu.py)."""
         dec = self.decoder()
         if self.cfg.compile:
             dec.refresh_dense()

@@ -53,7 +53,8 @@ def result_cap(expected_chars: int) -> int:
 
 def make_executor(workers: int = 2, memory_mb: int = 4096) -> Any:
     """A SandboxExecutor sized for benchmark judging (large verdict/expected-output reprs, more memory)."""
-    from lorapop.executor.sandbox import DEFAULT_PRELOAD, ExecutorConfig, SandboxExecutor
+    from lorapop.executor.base import DEFAULT_PRELOAD, ExecutorConfig
+    from lorapop.executor.sandbox import SandboxExecutor
 
     preload = tuple(DEFAULT_PRELOAD) + tuple(m for m in EVAL_PRELOAD if m not in DEFAULT_PRELOAD)
     return SandboxExecutor(ExecutorConfig(n_workers=workers, memory_mb=memory_mb, preload=preload,

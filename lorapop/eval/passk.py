@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from lorapop.configlib import ConfigError
 
-class PassKError(ValueError):
-    """A k that the samples cannot estimate."""
+
+class PassKError(ConfigError):
+    """A k that the samples cannot estimate (a config error: ``--k`` against ``--samples``)."""
 
 
 def parse_ks(text: str | None, n: int) -> list[int]:

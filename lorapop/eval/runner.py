@@ -24,72 +24,73 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapop.eval.passk import PassKError, mean_pass_at_k, parse_ks
+from lorapop.configlib import ConfigError, doc
+from lorapop.eval.passk import mean_pass_at_k, parse_ks
 from lorapop.eval.data import (BENCHMARKS, BenchmarkError, default_data_dir, get_spec, is_available, load_benchmark,
                                parse_benchmarks)
 from lorapop.eval.prompts import describe, template_for
-from lorapop.eval.runs import Member, find_checkpoint, is_single, load_members, model_name
-from lorapop.rundir import RunDir
+from lorapop.records.members import Member
+from lorapop.records.rundir import RunDir
 
 BASE = -1
 
 
 @dataclass
 class EvalConfig:
-    benchmarks: str = field(default="available", metadata={
-        "help": f"comma-separated benchmark names ({', '.join(BENCHMARKS)}), or 'all', 'code', 'math'; "
-                "'available' (default): every benchmark whose data is present, naming the ones it skips"})
-    prompt: str = field(default="auto", metadata={
-        "help": "prompt template: auto (evalplus for code, azr for math), evalplus, azr or plain; see "
-                "lorapop/eval/prompts.py and docs/USAGE.md for the exact text"})
-    limit: int | None = field(default=None, metadata={"help": "evaluate only the first N problems of each benchmark"})
-    step: int | None = field(default=None, metadata={"help": "checkpoint step to evaluate (default: latest complete)"})
-    max_new_tokens_code: int = field(default=512, metadata={"help": "generation budget for code benchmarks"})
-    max_new_tokens_math: int = field(default=512, metadata={"help": "generation budget for math benchmarks"})
-    batch_size: int = field(default=32, metadata={"help": "rows per generation forward (engine gen_batch_size)"})
-    data_dir: str | None = field(default=None, metadata={
-        "help": "directory with code/*.jsonl and math/*.jsonl (default: $LORAPOP_DATA_DIR or the data shipped in "
-                "lorapop/data)"})
-    data: dict[str, str] = field(default_factory=dict, metadata={
-        "help": "per-benchmark source: a local JSONL file or a hub dataset id (name=PATH, repeatable)"})
-    min_time_limit: float = field(default=1.0, metadata={
-        "help": "EvalPlus: least seconds a candidate may take on one input (evalplus --min-time-limit, default 1; "
-                "AZR's evaluation uses 10)"})
-    gt_time_limit_factor: float = field(default=4.0, metadata={
-        "help": "EvalPlus: a candidate may take this many times the canonical solution's time on each input "
-                "(evalplus --gt-time-limit-factor, default 4; AZR's evaluation uses 8)"})
-    code_timeout_s: float = field(default=10.0, metadata={
-        "help": "LiveCodeBench: sandbox wall clock per candidate for all of its tests"})
-    math_timeout_s: float = field(default=20.0, metadata={
-        "help": "longest wait for one math answer check (math-verify runs in a helper process that is replaced "
-                "when it overruns; the answer then counts as wrong)"})
-    code_workers: int = field(default=2, metadata={"help": "sandbox workers judging code in parallel"})
-    device: str = field(default="auto", metadata={"help": "engine device: auto | cpu | cuda"})
-    dtype: str = field(default="auto", metadata={
-        "help": "base model dtype: auto (bfloat16 on a bf16 GPU or a CPU where bf16 measures faster, else float32), "
-                "float32, bfloat16 or float16"})
-    backend: str = field(default="torch", metadata={
-        "help": "what generates the answers: torch (lorapop's engine) or vllm (one multi-LoRA vLLM engine over "
-                "every member, as engine.backend vllm; needs scripts/setup.sh --vllm)"})
-    baseline: str | None = field(default=None, metadata={
-        "help": "run dir to treat as the baseline (default: the run whose config has population.mode: single)"})
-    out: str | None = field(default=None, metadata={"help": "path of the combined eval.json (default: none)"})
-    keep_text: bool = field(default=False, metadata={"help": "store every generated text in eval.json"})
-    write_run_files: bool = field(default=True, metadata={"help": "write eval.json into each run dir"})
-    threads: int | None = field(default=None, metadata={
-        "help": "torch CPU threads (1 is fastest on a CPU shared with other jobs); default: torch's choice"})
-    model: str = field(default="embedded", metadata={
-        "help": "base model when no run dir is given (base-only evaluation)"})
-    samples: int | None = field(default=None, metadata={
-        "help": "sample this many answers per problem and report pass@k (Chen et al. 2021's unbiased estimator) "
-                "instead of greedy pass@1 (default: greedy, one answer)"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature with --samples"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass with --samples"})
-    k: str | None = field(default=None, metadata={
-        "help": "comma-separated k for pass@k with --samples, each at most --samples (default: those of 1,5,10 "
-                "that --samples allows)"})
-    seed: int = field(default=0, metadata={"help": "sampling seed with --samples (a row's seed is derived from it "
-                                                   "and the problem and sample index, the same for every member)"})
+    benchmarks: str = doc("available",
+        f"comma-separated benchmark names ({', '.join(BENCHMARKS)}), or 'all', 'code', 'math'; "
+        "'available' (default): every benchmark whose data is present, naming the ones it skips")
+    prompt: str = doc("auto",
+        "prompt template: auto (evalplus for code, azr for math), evalplus, azr or plain; see "
+        "lorapop/eval/prompts.py and docs/USAGE.md for the exact text")
+    limit: int | None = doc(None, "evaluate only the first N problems of each benchmark", ge=1)
+    step: int | None = doc(None, "checkpoint step to evaluate (default: latest complete)")
+    max_new_tokens_code: int = doc(512, "generation budget for code benchmarks", ge=1)
+    max_new_tokens_math: int = doc(512, "generation budget for math benchmarks", ge=1)
+    batch_size: int = doc(32, "rows per generation forward (engine gen_batch_size)", ge=1)
+    data_dir: str | None = doc(None,
+        "directory with code/*.jsonl and math/*.jsonl (default: $LORAPOP_DATA_DIR or the data shipped in "
+        "lorapop/data)")
+    data: dict[str, str] = doc({},
+        "per-benchmark source: a local JSONL file or a hub dataset id (name=PATH, repeatable)")
+    min_time_limit: float = doc(1.0,
+        "EvalPlus: least seconds a candidate may take on one input (evalplus --min-time-limit, default 1; "
+        "AZR's evaluation uses 10)", ge=0)
+    gt_time_limit_factor: float = doc(4.0,
+        "EvalPlus: a candidate may take this many times the canonical solution's time on each input "
+        "(evalplus --gt-time-limit-factor, default 4; AZR's evaluation uses 8)", gt=0)
+    code_timeout_s: float = doc(10.0,
+        "LiveCodeBench: sandbox wall clock per candidate for all of its tests", gt=0)
+    math_timeout_s: float = doc(20.0,
+        "longest wait for one math answer check (math-verify runs in a helper process that is replaced "
+        "when it overruns; the answer then counts as wrong)", gt=0)
+    code_workers: int = doc(2, "sandbox workers judging code in parallel", ge=1)
+    device: str = doc("auto", "engine device: auto | cpu | cuda")
+    dtype: str = doc("auto",
+        "base model dtype: auto (bfloat16 on a bf16 GPU or a CPU where bf16 measures faster, else float32), "
+        "float32, bfloat16 or float16")
+    backend: str = doc("torch",
+        "what generates the answers: torch (lorapop's engine) or vllm (one multi-LoRA vLLM engine over "
+        "every member, as engine.backend vllm; needs scripts/setup.sh --vllm)", choices=("torch", "vllm"))
+    baseline: str | None = doc(None,
+        "run dir to treat as the baseline (default: the run whose config has population.mode: single)")
+    out: str | None = doc(None, "path of the combined eval.json (default: none)")
+    keep_text: bool = doc(False, "store every generated text in eval.json")
+    write_run_files: bool = doc(True, "write eval.json into each run dir")
+    threads: int | None = doc(None,
+        "torch CPU threads (1 is fastest on a CPU shared with other jobs); default: torch's choice", ge=1)
+    model: str = doc("embedded",
+        "base model when no run dir is given (base-only evaluation)")
+    samples: int | None = doc(None,
+        "sample this many answers per problem and report pass@k (Chen et al. 2021's unbiased estimator) "
+        "instead of greedy pass@1 (default: greedy, one answer)", ge=1)
+    temperature: float = doc(1.0, "sampling temperature with --samples")
+    top_p: float = doc(1.0, "nucleus sampling mass with --samples")
+    k: str | None = doc(None,
+        "comma-separated k for pass@k with --samples, each at most --samples (default: those of 1,5,10 "
+        "that --samples allows)")
+    seed: int = doc(0, "sampling seed with --samples (a row's seed is derived from it "
+                       "and the problem and sample index, the same for every member)")
 
     def sampling(self):
         """The :class:`~lorapop.eval.harness.Sampling` of ``--samples``, or None (greedy)."""
@@ -103,15 +104,13 @@ class EvalConfig:
     def validate(self) -> None:
         if self.samples is None:
             if self.k is not None:
-                raise PassKError("--k: pass@k needs sampled answers; add --samples N (N >= the largest k)")
+                raise ConfigError("--k: pass@k needs sampled answers; add --samples N (N >= the largest k)")
             return
-        if self.samples < 1:
-            raise PassKError(f"--samples: must be at least 1, got {self.samples}")
         if self.temperature <= 0:
-            raise PassKError(f"--temperature: must be > 0 with --samples (greedy is the default without "
-                             f"--samples), got {self.temperature}")
+            raise ConfigError(f"--temperature: must be > 0 with --samples (greedy is the default without "
+                              f"--samples), got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise PassKError(f"--top-p: must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"--top-p: must be in (0, 1], got {self.top_p}")
         self.ks()
 
 
@@ -160,10 +159,9 @@ def _engine_for(group: list[_Run], cfg: EvalConfig):
 def _discover(run_dirs: list[str], step: int | None) -> list[_Run]:
     runs = []
     for d in run_dirs:
-        p = Path(d)
-        ck = find_checkpoint(p, step)
-        members = load_members(p, ck)
-        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), members, model_name(p)))
+        p, rd = Path(d), RunDir(d)
+        ck = rd.find_checkpoint(step)
+        runs.append(_Run(p, ck, int(ck.name.split("_")[-1]), rd.checkpoint_members(ck), rd.model_name()))
     return runs
 
 
@@ -354,7 +352,7 @@ def _assemble(runs, names, problems, errors, warnings, base_scores, per_member, 
         if baseline_path not in per_member:
             raise ValueError(f"--baseline {cfg.baseline} is not one of the evaluated run dirs")
     else:
-        singles = [str(r.path) for r in runs if is_single(r.path)]
+        singles = [str(r.path) for r in runs if RunDir(r.path).is_single()]
         baseline_path = singles[0] if singles else None
     run_objs = []
     for r in runs:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from lorapop.configlib import ConfigError, check_fields, doc
 
 # Default mix: three mutations and three crossovers, equal weights, from what each operator's child of two trained
 # parents computes (docs/METHOD.md, "What a child computes, and the default mix"; bench/operator_children.py). In:
@@ -26,69 +28,52 @@ DEFAULT_OPERATORS: dict[str, float] = {
 
 @dataclass
 class EvolveConfig:
-    operators: dict[str, float] = field(
-        default_factory=lambda: dict(DEFAULT_OPERATORS),
-        metadata={"help": "operator name -> weight; a child's operator is drawn with probability weight/sum. Names: "
-                          "svd_structured (M1), layer_selective_gaussian (M2), component_masking (M3), full_gaussian "
-                          "(M4), neftune_style (M5), dare (X1), layer_wise (X2), svd_subspace (X3), extrapolative "
-                          "(X4), xes (X5), average, svd_merge, clone. Default: M1, M2, M4, X2, X3, svd_merge at 1.0"})
-    params: dict[str, dict[str, float]] = field(
-        default_factory=dict,
-        metadata={"help": "per-operator parameter overrides, e.g. {full_gaussian: {eps: 0.05}, dare: {p: 0.5}}; "
-                          "unset parameters keep the defaults"})
-    perturbation_interval: int = field(
-        default=20, metadata={"help": "steps between PBT rounds (Ray Tune's name): evolve at steps that are "
-                                      "multiples of it, once burn_in_period has passed"})
-    burn_in_period: int = field(
-        default=20, metadata={"help": "no replacement before this step (Ray Tune's name); with the defaults the "
-                                      "first round is at step 20"})
-    min_rated_matches: int = field(
-        default=10, metadata={"help": "a member takes part in a PBT round (may be replaced or chosen as a parent) "
-                                      "only once it has played this many rated matches since it was born; ratings "
-                                      "that never moved cannot tell members apart (Ray Tune's PBT likewise only "
-                                      "ranks trials with real results). A role left with fewer than 2 such members "
-                                      "skips the round; skips are logged (evolve/too_few_matches). 0 turns it off"})
-    quantile_fraction: float = field(
-        default=0.25, metadata={"help": "fraction of each role replaced per round (bottom) and used as parents "
-                                        "(top), Ray Tune's rule: ceil(n * fraction), at least 1, at most n // 2"})
+    operators: dict[str, float] = doc(
+        DEFAULT_OPERATORS, "operator name -> weight; a child's operator is drawn with probability weight/sum. Names: "
+                           "svd_structured (M1), layer_selective_gaussian (M2), component_masking (M3), full_gaussian "
+                           "(M4), neftune_style (M5), dare (X1), layer_wise (X2), svd_subspace (X3), extrapolative "
+                           "(X4), xes (X5), average, svd_merge, clone. Default: M1, M2, M4, X2, X3, svd_merge at 1.0")
+    params: dict[str, dict[str, float]] = doc(
+        {}, "per-operator parameter overrides, e.g. {full_gaussian: {eps: 0.05}, dare: {p: 0.5}}; unset parameters "
+            "keep the defaults")
+    perturbation_interval: int = doc(
+        20, "steps between PBT rounds (Ray Tune's name): evolve at steps that are multiples of it, once "
+            "burn_in_period has passed", ge=1)
+    burn_in_period: int = doc(
+        20, "no replacement before this step (Ray Tune's name); with the defaults the first round is at step 20", ge=0)
+    min_rated_matches: int = doc(
+        10, "a member takes part in a PBT round (may be replaced or chosen as a parent) only once it has played this "
+            "many rated matches since it was born; ratings that never moved cannot tell members apart (Ray Tune's "
+            "PBT likewise only ranks trials with real results). A role left with fewer than 2 such members skips the "
+            "round; skips are logged (evolve/too_few_matches). 0 turns it off", ge=0)
+    quantile_fraction: float = doc(
+        0.25, "fraction of each role replaced per round (bottom) and used as parents (top), Ray Tune's rule: "
+              "ceil(n * fraction), at least 1, at most n // 2", gt=0, le=0.5)
 
     def validate(self) -> None:
-        """Raise ValueError naming the field (``evolve.<field>``); called by the config loader and by the planner."""
+        """Raise ConfigError naming the field (``evolve.<field>``); called by the config loader and by the planner."""
         from lorapop.evolve.operators import OPERATORS, check_params
 
-        if not isinstance(self.operators, dict) or not self.operators:
-            raise ValueError("evolve.operators: expected a non-empty mapping of operator name to weight")
+        check_fields(self, "evolve")
+        if not self.operators:
+            raise ConfigError("evolve.operators: expected a non-empty mapping of operator name to weight")
         for name, w in self.operators.items():
             if name not in OPERATORS:
-                raise ValueError(f"evolve.operators: unknown operator '{name}'; known: {', '.join(OPERATORS)}")
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-                raise ValueError(f"evolve.operators.{name}: weight must be a finite number, got {w!r}")
+                raise ConfigError(f"evolve.operators: unknown operator '{name}'; known: {', '.join(OPERATORS)}")
+            if not math.isfinite(w):
+                raise ConfigError(f"evolve.operators.{name}: weight must be a finite number, got {w!r}")
             if w < 0:
-                raise ValueError(f"evolve.operators.{name}: weight must be >= 0, got {w}")
+                raise ConfigError(f"evolve.operators.{name}: weight must be >= 0, got {w}")
         if sum(self.operators.values()) <= 0:
-            raise ValueError("evolve.operators: weights must sum to a positive number, got "
-                             f"{sum(self.operators.values())}")
+            raise ConfigError("evolve.operators: weights must sum to a positive number, got "
+                              f"{sum(self.operators.values())}")
         for name, over in self.params.items():
             if name not in OPERATORS:
-                raise ValueError(f"evolve.params: unknown operator '{name}'; known: {', '.join(OPERATORS)}")
-            if not isinstance(over, dict):
-                raise ValueError(f"evolve.params.{name}: expected a mapping of parameter to value, got {over!r}")
+                raise ConfigError(f"evolve.params: unknown operator '{name}'; known: {', '.join(OPERATORS)}")
             try:
                 check_params(name, over)
             except ValueError as e:
-                raise ValueError(f"evolve.params.{name}: {e}") from None
-        for key in ("perturbation_interval",):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"evolve.{key}: must be an integer >= 1, got {v!r}")
-        if isinstance(self.burn_in_period, bool) or not isinstance(self.burn_in_period, int) or self.burn_in_period < 0:
-            raise ValueError(f"evolve.burn_in_period: must be an integer >= 0, got {self.burn_in_period!r}")
-        m = self.min_rated_matches
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ValueError(f"evolve.min_rated_matches: must be an integer >= 0, got {m!r}")
-        q = self.quantile_fraction
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 0.5:
-            raise ValueError(f"evolve.quantile_fraction: must be in (0, 0.5], got {q!r}")
+                raise ConfigError(f"evolve.params.{name}: {e}") from None
 
 
 # The strength knob of each operator that has one (retention's "stronger setting"): the parameters that set how far a

@@ -4,8 +4,10 @@ Torch-free and process-free: :mod:`.sandbox` implements it, :mod:`.ray_executor`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
+
+from lorapop.configlib import check_fields, doc
 
 WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
 RUN_STATUSES = ("ok", "error", "memory", "output_limit", "crashed")  # what a child may report of itself
@@ -20,65 +22,61 @@ DEFAULT_PRELOAD = (
 
 @dataclass
 class ExecutorConfig:
-    n_workers: int = field(default=2, metadata={"help": "worker processes per hash seed (parallel runs)"})
-    timeout_s: float = field(default=5.0, metadata={"help": "default wall-clock limit per run, seconds; a task's "
-                                                            "validation runs must end within half of it (every "
-                                                            "check runs it again: lorapop/tasks/common.py)"})
-    memory_mb: int = field(default=512, metadata={"help": "address-space limit per run (RLIMIT_AS), MiB, "
-                                                          "interpreter included; 0 = none"})
-    disk_mb: int = field(default=64, metadata={"help": "size of each worker's private tmpfs, MiB (the runs' root "
-                                                       "filesystem, read-only to them: no run can write a file)"})
-    fsize_mb: int = field(default=4, metadata={"help": "largest file a run may write (RLIMIT_FSIZE), MiB"})
-    max_procs: int = field(default=1, metadata={"help": "processes and threads a run may have at once, itself "
-                                                        "included (RLIMIT_NPROC); 1: no fork and no thread, so "
-                                                        "memory_mb bounds every byte a run holds (each extra "
-                                                        "process may take memory_mb more)"})
-    max_open_files: int = field(default=64, metadata={"help": "open file descriptors per run (RLIMIT_NOFILE)"})
-    max_output_chars: int = field(default=100_000, metadata={"help": "stdout+stderr chars before status "
-                                                                     "output_limit; output is discarded"})
-    max_repr_chars: int = field(default=400, metadata={"help": "longest repr(_result) returned (400 = the task "
-                                                               "output limit); longer gives output_limit"})
-    isolate_network: bool = field(default=True, metadata={"help": "network namespace (unshare --net)"})
-    isolate_filesystem: bool = field(default=True, metadata={"help": "mount namespace + private tmpfs + chroot"})
-    isolate_pids: bool = field(default=True, metadata={"help": "pid namespace: runs cannot see or signal other "
-                                                               "processes; leftovers are killed after each run"})
-    drop_privileges: bool = field(default=True, metadata={"help": "run programs without privileges: under an "
-                                                                  "unprivileged uid as root, with every capability "
-                                                                  "dropped in a user namespace"})
-    uid_base: int | None = field(default=None, metadata={"help": "as root: first uid for runs (one per worker); "
-                                                                 "None derives one from the pid"})
-    seccomp: bool = field(default=True, metadata={"help": "syscall filter on every run (namespaces, mount, ptrace, "
-                                                          "bpf, sockets, exec... fail with EPERM; "
-                                                          "lorapop/executor/lockdown.py)"})
-    allow_unisolated: bool = field(default=False, metadata={"help": "run model-written programs even where this "
-                                                                    "machine gives the sandbox no isolation (neither "
-                                                                    "root nor unprivileged user namespaces, or no "
-                                                                    "seccomp): they can then read your files and "
-                                                                    "reach the network; warned at every start and "
-                                                                    "recorded in population.json and the report"})
-    require_isolation: bool = field(default=False, metadata={"help": "refuse any missing protection, even with "
-                                                                     "allow_unisolated"})
-    default_hashseed: int = field(default=1, metadata={"help": "PYTHONHASHSEED for runs that do not name one"})
-    grace_s: float = field(default=5.0, metadata={"help": "extra seconds the trainer waits for a worker before "
-                                                          "replacing it"})
-    python: str | None = field(default=None, metadata={"help": "interpreter for workers (default: this one)"})
-    preload: tuple[str, ...] = field(default=DEFAULT_PRELOAD, metadata={"help": "stdlib modules importable by "
-                                                                                "programs (nothing else is)"})
-    ray: bool = field(default=False, metadata={"help": "run validation and checking jobs on Ray executor actors "
-                                                     "(any node of engine.ray_address's cluster, or a local Ray), "
-                                                     "each wrapping this same sandbox with every protection above; "
-                                                     "needs `.venv/bin/pip install -e '.[ray]'` (lorapop/executor/ray_executor.py)"})
-    ray_actors: int = field(default=2, metadata={"help": "with ray: executor actors; a batch is split across them, "
-                                                         "each runs its share on its own n_workers sandbox workers"})
-    ray_num_cpus: float = field(default=1.0, metadata={"help": "with ray: CPUs Ray reserves per executor actor "
-                                                               "(where it places them; the sandbox itself runs "
-                                                               "n_workers processes)"})
+    n_workers: int = doc(2, "worker processes per hash seed (parallel runs)", ge=1)
+    timeout_s: float = doc(5.0, "default wall-clock limit per run, seconds; a task's validation runs must end "
+                                "within half of it (every check runs it again: lorapop/tasks/common.py)", gt=0)
+    memory_mb: int = doc(512, "address-space limit per run (RLIMIT_AS), MiB, "
+                              "interpreter included; 0 = none", ge=0)
+    disk_mb: int = doc(64, "size of each worker's private tmpfs, MiB (the runs' root "
+                           "filesystem, read-only to them: no run can write a file)", ge=1)
+    fsize_mb: int = doc(4, "largest file a run may write (RLIMIT_FSIZE), MiB", ge=0)
+    max_procs: int = doc(1, "processes and threads a run may have at once, itself "
+                            "included (RLIMIT_NPROC); 1: no fork and no thread, so "
+                            "memory_mb bounds every byte a run holds (each extra "
+                            "process may take memory_mb more)", ge=1)
+    max_open_files: int = doc(64, "open file descriptors per run (RLIMIT_NOFILE)", ge=1)
+    max_output_chars: int = doc(100_000, "stdout+stderr chars before status "
+                                         "output_limit; output is discarded", ge=1)
+    max_repr_chars: int = doc(400, "longest repr(_result) returned (400 = the task "
+                                   "output limit); longer gives output_limit", ge=1)
+    isolate_network: bool = doc(True, "network namespace (unshare --net)")
+    isolate_filesystem: bool = doc(True, "mount namespace + private tmpfs + chroot")
+    isolate_pids: bool = doc(True, "pid namespace: runs cannot see or signal other "
+                                   "processes; leftovers are killed after each run")
+    drop_privileges: bool = doc(True, "run programs without privileges: under an "
+                                      "unprivileged uid as root, with every capability "
+                                      "dropped in a user namespace")
+    uid_base: int | None = doc(None, "as root: first uid for runs (one per worker); "
+                                     "None derives one from the pid")
+    seccomp: bool = doc(True, "syscall filter on every run (namespaces, mount, ptrace, "
+                              "bpf, sockets, exec... fail with EPERM; "
+                              "lorapop/executor/lockdown.py)")
+    allow_unisolated: bool = doc(False, "run model-written programs even where this "
+                                        "machine gives the sandbox no isolation (neither "
+                                        "root nor unprivileged user namespaces, or no "
+                                        "seccomp): they can then read your files and "
+                                        "reach the network; warned at every start and "
+                                        "recorded in population.json and the report")
+    require_isolation: bool = doc(False, "refuse any missing protection, even with "
+                                         "allow_unisolated")
+    default_hashseed: int = doc(1, "PYTHONHASHSEED for runs that do not name one")
+    grace_s: float = doc(5.0, "extra seconds the trainer waits for a worker before "
+                              "replacing it", ge=0)
+    python: str | None = doc(None, "interpreter for workers (default: this one)")
+    preload: tuple[str, ...] = doc(DEFAULT_PRELOAD, "stdlib modules importable by "
+                                                    "programs (nothing else is)")
+    ray: bool = doc(False, "run validation and checking jobs on Ray executor actors "
+                         "(any node of engine.ray_address's cluster, or a local Ray), "
+                         "each wrapping this same sandbox with every protection above; "
+                         "needs `.venv/bin/pip install -e '.[ray]'` (lorapop/executor/ray_executor.py)")
+    ray_actors: int = doc(2, "with ray: executor actors; a batch is split across them, "
+                             "each runs its share on its own n_workers sandbox workers", ge=1)
+    ray_num_cpus: float = doc(1.0, "with ray: CPUs Ray reserves per executor actor "
+                                   "(where it places them; the sandbox itself runs "
+                                   "n_workers processes)", ge=0)
 
     def validate(self) -> None:
-        if self.ray_actors < 1:
-            raise ValueError(f"executor.ray_actors: must be >= 1, got {self.ray_actors}")
-        if self.ray_num_cpus < 0:
-            raise ValueError(f"executor.ray_num_cpus: must be >= 0, got {self.ray_num_cpus}")
+        check_fields(self, "executor")
 
 
 @dataclass

@@ -17,7 +17,7 @@ import itertools
 
 from lorapop import raycluster
 
-from .sandbox import ExecResult, ExecutorConfig
+from .base import ExecResult, ExecutorConfig
 
 
 class _SandboxActor:

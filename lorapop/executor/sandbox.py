@@ -62,9 +62,8 @@ import warnings
 
 from lorapop.progress import progress
 
-from .base import (DEFAULT_PRELOAD, ISOLATION_KEYS, RUN_STATUSES, WORKER_DIED, ExecResult,  # noqa: F401 - re-exported
-                   Executor, ExecutorConfig, IsolationError, isolated)
-from .handle import SANDBOX_PREFIX, WORKER_PY, WorkerHandle  # noqa: F401 - re-exported
+from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError
+from .handle import WorkerHandle
 
 ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
 

@@ -1,6 +1,6 @@
-"""The run report: a run read tolerantly (run_data.py), its charts as inline SVG (svg.py), one static report.html
-(html.py). Floor 4: imports rundir, config, train's probe and yardstick readers; never a command. Stdlib only until
-a report is written; ``write_report`` is kept here for scripts."""
+"""The run report: a run as records/run_data.py reads it, its charts as inline SVG (svg.py), one static report.html
+(html.py). Imports records, config and train's yardsticks; never a command. Stdlib only until a report is
+written; ``write_report`` is the package's door."""
 
 from lorapop.report.html import write_report
 

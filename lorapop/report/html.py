@@ -2,7 +2,7 @@
 
 The page is static HTML with inline SVG (lorapop/report/svg.py) and inline CSS: no script, nothing fetched, so it
 opens from disk on an offline machine and in a CI artifact viewer. Runs are read tolerantly
-(lorapop/report/run_data.py); whatever was skipped is listed at the top of the page.
+(lorapop/records/run_data.py); whatever was skipped is listed at the top of the page.
 
 With several runs, run-level curves (rewards by role, solve rate, validity, complexity, coverage, lengths) share axes
 with one colour per run; per-member plots, the lineage and the config are shown run by run.
@@ -18,8 +18,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from lorapop.report.run_data import (RunData, RunDirError, complexity_series, complexity_stats,
-                                     complexity_teachers, in_role, lineage, load_run, member_ids, roles)
+from lorapop.records import RunDirError
+from lorapop.records.run_data import (RunData, complexity_series, complexity_stats, complexity_teachers, in_role,
+                                      lineage, load_run, member_ids, roles)
 from lorapop.report.svg import (DASHES, Life, Series, color, line_chart, lineage_timeline, no_data,
                                 yardstick_series)
 
@@ -245,7 +246,7 @@ def probe_section(runs: list[RunData]) -> str:
     and the floor itself written under the chart; dashed grey lines at the probe family's best trivial yardsticks
     (always the first element, the last..., lorapop/train/yardsticks.py), and every strategy's score under it. Rows
     of PBT children younger than run.probe_min_age are left out, as lorapop/criteria.py leaves them out."""
-    from lorapop.train.probe import describe_noise_floor, read_noise_floor, score_rows, step_means
+    from lorapop.records.probe import describe_noise_floor, read_noise_floor, score_rows, step_means
     from lorapop.train.yardsticks import describe
 
     probed = [r for r in runs if r.probe]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 @dataclass

@@ -11,7 +11,7 @@ from lorapop.tasks.base import Invalid, Proposal, Task
 from lorapop.tasks.values import NotLiteral, call_key
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 IDENTITY_PROGRAM = "def f(a):\n    return a"
 IDENTITY_MESSAGE = "Write a function that returns whatever you input"

@@ -19,7 +19,7 @@ from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import call_code, check_program
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 def _shown_program(references: list[Task]) -> str:

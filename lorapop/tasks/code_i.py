@@ -13,7 +13,7 @@ from lorapop.tasks.values import NotLiteral, call_form
 
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 class CodeI(ProgramInputTask):
     name = "code_i"

@@ -12,7 +12,7 @@ from lorapop.tasks.validity import check_literal
 from lorapop.tasks.values import same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 MAX_ANSWER_CHARS = 2000
 

@@ -14,7 +14,7 @@ from lorapop.tasks.validity import MAX_OUTPUT_CHARS, call_code, check_call_args,
 from lorapop.tasks.values import NotLiteral, call_key, literal_value, same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 DETERMINISM_SEEDS = (1, 2)  # two processes with different hash randomisation
 _SHUFFLE = random.SystemRandom()  # the order of a check's runs: nothing a program can see or predict

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from lorapop.rundir import RunDir
+from lorapop.records.rundir import RunDir
 from lorapop.train.trackers import scalars
 
 

@@ -15,7 +15,8 @@ from lorapop.engine.base import Engine
 from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
 from lorapop.hostmem import StagePeaks, map_large_allocations, process_memory, release_free_memory
 from lorapop.faults import fault_point  # the test seam: a no-op unless a kill test names the point
-from lorapop.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, RunDirError, write_json_atomic
+from lorapop.records.rundir import ADAPTERS, ENGINE_STATE, TRAINER_STATE, RunDir, write_json_atomic
+from lorapop.records import RunDirError
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.styles import proposal_style
@@ -29,7 +30,7 @@ from lorapop.train.rating import Ratings
 
 if TYPE_CHECKING:
     from lorapop.diagnostics.coverage import CoverageTracker
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 # Config fields a checkpoint must agree on to be resumed: they fix the shapes and meaning of the saved state.
 COMPAT_FIELDS = ("model.name", "population.mode", "population.n_teachers", "population.n_students", "engine.rank",
@@ -56,7 +57,7 @@ def check_compatible(cfg: Config, ckpt_cfg: dict) -> None:
 def init_plans(cfg: Config) -> list:
     """``population.init_from`` resolved and checked against the run (lorapop/adapters.py): [] when unset."""
     from lorapop.adapters import plan_init
-    from lorapop.train.members import initial_members
+    from lorapop.records.members import initial_members
 
     p = cfg.population
     return plan_init(p.init_from, initial_members(p.mode, p.n_teachers, p.n_students), rank=cfg.engine.rank,

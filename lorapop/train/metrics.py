@@ -165,7 +165,7 @@ def _complexity(task_rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 def sandbox_record(executor: Any) -> dict[str, Any] | None:
     """population.json's ``sandbox``: the executor's protections and ``isolated`` (None for an executor that does
     not report them)."""
-    from lorapop.executor.sandbox import isolated
+    from lorapop.executor.base import isolated
 
     prot = getattr(executor, "protections", None)
     return None if not isinstance(prot, dict) else {**prot, "isolated": isolated(prot)}
@@ -173,7 +173,7 @@ def sandbox_record(executor: Any) -> dict[str, Any] | None:
 
 def unisolated_note(sandbox: dict[str, Any]) -> str:
     """The line shown at every start of a run whose sandbox does not isolate."""
-    from lorapop.executor.sandbox import ISOLATION_KEYS
+    from lorapop.executor.base import ISOLATION_KEYS
 
     missing = ", ".join(k for k in ISOLATION_KEYS if not sandbox.get(k))
     return (f"WARNING: the sandbox is NOT ISOLATED (executor.allow_unisolated; mechanism {sandbox.get('mechanism')}, "

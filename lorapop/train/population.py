@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lorapop.train.members import AGENT, ROLE_PREFIX, Member, initial_members
+from lorapop.records.members import AGENT, ROLE_PREFIX, Member, initial_members
 
 if TYPE_CHECKING:
     from lorapop.evolve.pbt import Replacement

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lorapop.engine.base import Completion, Engine, SamplingParams, TrainSample
-from lorapop.train.members import Member
+from lorapop.records.members import Member
 from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.formats import prompt_format
@@ -42,7 +42,7 @@ from lorapop.train.rating import MatchResult
 
 if TYPE_CHECKING:  # the config module imports the executor's; the stages only need the types
     from lorapop.config import SamplingConfig, SelfPlayConfig
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 @dataclass(frozen=True)
@@ -119,18 +119,6 @@ def step_rng(seed: int, step: int, stage: str) -> random.Random:
 def sampling_params(cfg: SamplingConfig) -> SamplingParams:
     return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                           min_new_tokens=cfg.min_new_tokens, stop=tuple(cfg.stop))
-
-
-def reply_start(sp: SelfPlayConfig, prefill: str) -> str:
-    """What every reply starts with, in the prompt's ids: the prompt format's (the R1 template's ``<think>`` under
-    prompt_format azr), else the block prefill (empty without response_prefill)."""
-    return prompt_format(sp.prompt_format).reply_start(prefill)
-
-
-def prompt_ids(engine: Engine, text: str, prefill: str, fmt: str = "short") -> list[int]:
-    """The prompt of ``text`` in prompt format ``fmt``: the chat prompt, its assistant turn started with ``prefill``
-    (may be empty); under ``azr`` the R1 plain-text prompt, which ends with ``Assistant: <think>``."""
-    return prompt_format(fmt).prompt_ids(engine, text, prefill)
 
 
 def prompt_budget(engine: Engine, max_new_tokens: int) -> int | None:

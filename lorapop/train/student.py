@@ -20,42 +20,37 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from lorapop.configlib import doc
-from lorapop.train.members import Member
+from lorapop.configlib import check_fields, doc
+from lorapop.records.members import Member
 from lorapop.tasks.base import Task
 from lorapop.train.stages import Rollout, SolveJob, StepContext, reward, solve, trr_groups, update
 
 if TYPE_CHECKING:
     from lorapop.engine.base import Engine
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 @dataclass
 class StudentLoopConfig:
-    steps: int = doc(8, "update steps per arm")
-    tasks_per_step: int = doc(8, "training tasks answered per step (drawn with the step's seed)")
-    n_samples: int = doc(4, "answers per training task; all enter the TRR++-normalised update")
+    steps: int = doc(8, "update steps per arm", ge=1)
+    tasks_per_step: int = doc(8, "training tasks answered per step (drawn with the step's seed)", ge=1)
+    n_samples: int = doc(4, "answers per training task; all enter the TRR++-normalised update", ge=1)
     lr: float = doc(1e-3, "AdamW learning rate of a trained arm. A sanity run may use far more than the paper's "
-                           "~1e-6: it has a handful of steps and a 135M base, and must show movement, not a schedule")
-    max_new_tokens: int = doc(96, "answer length cap (training and evaluation)")
+                           "~1e-6: it has a handful of steps and a 135M base, and must show movement, not a schedule",
+                   ge=0)
+    max_new_tokens: int = doc(96, "answer length cap (training and evaluation)", ge=1)
     temperature: float = doc(0.7, "sampling temperature of training answers. For the 135M base with response_prefill: "
                                   "0.3 solves most easy tasks (22%; bench/learns.py), 1.0 leaves about half the "
-                                  "replies unclosed")
-    eval_temperature: float = doc(0.7, "sampling temperature of held-out evaluation answers")
-    eval_samples: int = doc(2, "answers per held-out task")
+                                  "replies unclosed", gt=0)
+    eval_temperature: float = doc(0.7, "sampling temperature of held-out evaluation answers", gt=0)
+    eval_samples: int = doc(2, "answers per held-out task", ge=1)
     seed: int = doc(0, "seed of task draws and sampling; arms share it, so they see the same tasks and seeds")
     response_prefill: bool = doc(False, "start every answer with its task type's opening block (selfplay."
                                         "response_prefill): the base then only has to write the value and close "
                                         "the block")
 
     def validate(self) -> None:
-        for name in ("steps", "tasks_per_step", "n_samples", "max_new_tokens", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.steps and self.lr < 0:
-            raise ValueError(f"lr: must be >= 0, got {self.lr}")
-        if self.temperature <= 0 or self.eval_temperature <= 0:
-            raise ValueError("temperature and eval_temperature must be > 0")
+        check_fields(self, "student")
 
 
 def _context(engine: Engine, executor: Executor, step: int, seed: int, n_samples: int, temperature: float,

@@ -5,7 +5,7 @@ network or disk. A tracker's thread makes every call into its library (start, lo
 tracker delays only itself. The queues are drained at checkpoints (bounded wait) and at close.
 
 Each tracker keeps its run id and the last step it took in the run directory (``trackers.json``, via
-lorapop/rundir.py), so that:
+lorapop/records/rundir.py), so that:
 
 * ``--resume`` continues the same tracker run (wandb: the id lorapop chose, ``resume="allow"``; trackio: the run's
   name with ``resume="must"``, checked against its id; mlflow: the run id), and a resumed run is one run in the
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from lorapop.rundir import METRICS, RunDir, iter_jsonl
+from lorapop.records.rundir import METRICS, RunDir, iter_jsonl
 
 # Seconds the loop waits for the trackers' queues: at a checkpoint (the steps before it are then on record in
 # trackers.json) and at close (where the trackers also finish their runs).

@@ -22,7 +22,7 @@ from lorapop.tasks import expression_family
 from lorapop.tasks.base import Invalid, ParseError, Proposal, Task, TaskType
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 class ProposalStyle:

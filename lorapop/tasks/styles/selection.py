@@ -25,7 +25,7 @@ from lorapop.tasks.styles.base import register_style
 from lorapop.tasks.styles.expression import OneBlockStyle
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
-    from lorapop.executor.sandbox import Executor
+    from lorapop.executor.base import Executor
 
 
 class SelectionStyle(OneBlockStyle):

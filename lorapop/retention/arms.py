@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorapop.commands.retention.study import (ANSWERS, CONTINUATION, TRAINING, RetentionConfig, Spec, Study,
-                                              arm_specs, plan_study, resume_output, stronger_arm, study_engine,
-                                              summarise)
+from lorapop.retention.study import (ANSWERS, TRAINING, RetentionConfig, Spec, Study, arm_specs, plan_study,
+                                     resume_output, stronger_arm, study_engine, summarise)
+from lorapop.retention.verdict import CONTINUATION
 
 
 def _fmt(v: float | None) -> str:
@@ -65,7 +65,7 @@ class Arms:
         import torch
 
         from lorapop.evolve.operators import OPERATORS, make_child
-        from lorapop.train.members import Member
+        from lorapop.records.members import Member
         from lorapop.train.student import set_lr
 
         s, members = self.study, []
@@ -116,7 +116,7 @@ class Arms:
 
     def write_group(self, members: list[Any]) -> None:
         """The raw samples first: a group killed before retention.json names it runs again and rewrites them."""
-        from lorapop.rundir import write_json_atomic, write_text_atomic
+        from lorapop.records.rundir import write_json_atomic, write_text_atomic
 
         out_dir = self.study.out_dir
         (out_dir / ANSWERS).mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def run_retention(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dic
     """The study (Appendix J) on ``run_dir``'s last checkpoint: every arm trained and scored, retention.json
     written (and returned, with its ``path``)."""
     from lorapop.eval.harness import make_executor
-    from lorapop.rundir import write_json_atomic
+    from lorapop.records.rundir import write_json_atomic
 
     t0 = time.perf_counter()
     study = plan_study(run_dir, cfg, loop_overrides, log)

@@ -1,6 +1,6 @@
 """A population member as a run records it (`Member`, with the PEFT files of a checkpointed one), the members a run
-starts with, and the role an id stands for. A record type at the bottom of the package: the run directory
-(lorapop/rundir.py), the config, adapters and eval read it without importing the training loop."""
+starts with, and the role an id stands for. A record of the run: the run directory (lorapop/records/rundir.py), the
+config, adapters, eval and the training loop read it from here."""
 
 from __future__ import annotations
 
@@ -8,18 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lorapop.records import RunDirError
+
 AGENT = "agent"  # single mode: one member plays both roles
 ROLE_PREFIX = {"teacher": "t", "student": "s", AGENT: "a"}  # member ids are <prefix><per-role counter>
 
 
-class RunDirError(Exception):
-    """A run directory, checkpoint or adapter that is missing or unusable (the message names the path). Defined with
-    the records the run directory reads, so that they can raise it; lorapop.rundir exports it."""
-
-
 class NoAdapterFiles(RunDirError):
     """A member not read from a checkpoint asked for its adapter files (a caller's mistake: every member the run
-    directory reads from a checkpoint has them); a RunDirError, as it was when Member lived in the run directory."""
+    directory reads from a checkpoint has them)."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ run again with the same arguments, finished arms are kept and the others trained
 The raw samples: ``answers/<arm>.jsonl`` beside it, one row per scoring of a probe task (arm, step, scoring: the
 arm's own or a ``#replicate``, task, score, the replies and their checker statuses), written with the group.
 ``lorapop report`` renders the file of a run directory. After the arms, ``lorapop retention`` prints the registered
-rule applied to this parent (lorapop/commands/retention/verdict.py), with the clone and the continuation (against the
+rule applied to this parent (lorapop/retention/verdict.py), with the clone and the continuation (against the
 clone) judged by it like every operator, the parent's training noise and the losses one run per arm can see.
 """
 
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lorapop.configlib import doc
-from lorapop.commands.retention.verdict import CLONE, CONTINUATION
-from lorapop.rundir import RETENTION
+from lorapop.configlib import check_fields, doc
+from lorapop.records.rundir import RETENTION
+from lorapop.retention.verdict import CLONE, CONTINUATION, floor_spread, gaps, recovered_step
 
 ANSWERS = "answers"  # beside retention.json: the raw samples of every scoring, one file per arm
 
@@ -61,31 +61,29 @@ class RetentionConfig:
     member: str | None = doc(None, "parent member id (default: the student with the best TrueSkill expose)")
     second_parent: str | None = doc(None, "crossovers' second parent, an adapter source (PEFT directory, RUN_DIR:best, "
                                           "RUN_DIR:<id>); default: the second-best member of the parent's role")
-    steps: int = doc(20, "training steps per arm after the operator (the paper's window is about 20)")
-    answers: int = doc(4, "answers per probe task in every scoring (the score's resolution is 1 / (tasks x answers))")
+    steps: int = doc(20, "training steps per arm after the operator (the paper's window is about 20)", ge=1)
+    answers: int = doc(4, "answers per probe task in every scoring (the score's resolution is 1 / (tasks x answers))",
+                       ge=1)
     eval_every: int = doc(1, "score the arms after every this many steps (and always after steps 0, 1, 2 and the "
-                              "last): scoring costs more than a step")
+                              "last): scoring costs more than a step", ge=1)
     floor_replicates: int = doc(4, "extra scorings of the parent at step 0, beside the continuation and the clone, "
-                                   "for the noise floor")
-    stronger: float = doc(0.0, "strength factor of the stronger arms (0: none)")
+                                   "for the noise floor", ge=0)
+    stronger: float = doc(0.0, "strength factor of the stronger arms (0: none)", ge=0)
     stronger_ops: list[str] = doc(["auto"], "operators that get a stronger arm: names, or auto (those whose drop at "
                                             "step 0 is within the noise floor)")
     probe_per_level: int | None = doc(None, "probe tasks per level (default: the run's run.probe_per_level); fewer "
-                                            "for a quick check only")
-    n_train_per_level: int = doc(30, "training tasks per probe level (drawn from the probe's shapes with another seed)")
+                                            "for a quick check only", ge=1)
+    n_train_per_level: int = doc(30, "training tasks per probe level (drawn from the probe's shapes with another seed)",
+                                 ge=1)
     group_size: int = doc(4, "arms trained together in one engine (slots = group_size)")
     min_parent_steps: int = doc(20, "refuse a checkpoint fewer self-play steps in than this: the protocol starts "
-                                    "from a parent trained in self-play")
-    backend: str = doc("torch", "what generates the arms' answers: torch or vllm (engine.backend)")
+                                    "from a parent trained in self-play", ge=0)
+    backend: str = doc("torch", "what generates the arms' answers: torch or vllm (engine.backend)",
+                       choices=("torch", "vllm"))
     out: str | None = doc(None, "directory of retention.json (default: the run directory)")
 
     def validate(self) -> None:
-        if self.steps < 1 or self.answers < 1 or self.n_train_per_level < 1 or self.min_parent_steps < 0:
-            raise ValueError("steps, answers and train tasks must be >= 1, min-parent-steps >= 0")
-        if self.probe_per_level is not None and self.probe_per_level < 1:
-            raise ValueError("probe-per-level must be >= 1")
-        if self.floor_replicates < 0 or self.stronger < 0 or self.eval_every < 1:
-            raise ValueError("floor-replicates and stronger must be >= 0, eval-every >= 1")
+        check_fields(self, "retention")
 
 
 def eval_steps(steps: int, every: int) -> list[int]:
@@ -100,7 +98,8 @@ TRAINING = ("student loop (lorapop/train/student.py: answers to code_o tasks of 
 
 def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]]:
     """Members of ``role`` in the checkpoint (an ``agent`` counts as a student), best expose first."""
-    from lorapop.rundir import POPULATION, RunDir, RunDirError, read_json
+    from lorapop.records import RunDirError
+    from lorapop.records.rundir import POPULATION, RunDir, read_json
 
     rd = RunDir(run_dir)
     try:  # the checkpoint's own ratings; else population.json's (written every step); else the prior's
@@ -118,18 +117,10 @@ def rank_members(run_dir: Path, ckpt: Path, role: str) -> list[tuple[Any, float]
     return sorted(((m, expose(m.id)) for m in members), key=lambda x: (-x[1], x[0].id))
 
 
-def recovered_step(curve: list[float | None], reference: list[float | None], floor: float) -> int | None:
-    """First scored step (0 = right after the operator; None: a step not scored) whose gap to the reference (the
-    continuation arm's value at the same step) is within ``floor``, else None."""
-    for step, (v, ref) in enumerate(zip(curve, reference)):
-        if v is not None and ref is not None and ref - v <= floor:
-            return step
-    return None
-
-
 def parent_steps(rd: Any, ckpt: Path) -> int:
     """Self-play steps behind the checkpoint (its trainer state's ``step``, else its directory's number)."""
-    from lorapop.rundir import RunDirError, checkpoint_step
+    from lorapop.records import RunDirError
+    from lorapop.records.rundir import checkpoint_step
 
     try:
         return int(rd.read_trainer_state(ckpt).get("step"))
@@ -151,7 +142,7 @@ def family_tasks(style: str, per_level: int, train_per_level: int, seed: int) ->
     return held, train
 
 
-def floor_of(out: dict[str, Any]) -> dict[str, Any] | None:
+def replicate_floor(out: dict[str, Any]) -> dict[str, Any] | None:
     """The noise floor (:func:`lorapop.train.probe.noise_floor`) of the step-0 replicates in ``out``: the
     continuation, the clone and the parent's extra scorings, per task."""
     from lorapop.train.probe import noise_floor
@@ -166,11 +157,11 @@ def floor_of(out: dict[str, Any]) -> dict[str, Any] | None:
 
 def summarise(out: dict[str, Any]) -> None:
     """Per arm, against the continuation at the same step and the noise floor: gap, drop, lost, recovered step."""
-    nf = out["noise_floor"] = floor_of(out)
-    floor = nf["spread"] if nf else 0.0
+    out["noise_floor"] = replicate_floor(out)
+    floor = floor_spread(out)
     ref = out["arms"][CONTINUATION]["heldout"]
     for name, arm in out["arms"].items():
-        arm["gap"] = [None if c is None or v is None else c - v for c, v in zip(ref, arm["heldout"])]
+        arm["gap"] = gaps(ref, arm["heldout"])
         arm["drop"], arm["final_gap"] = arm["gap"][0], arm["gap"][-1]
         arm["lost"] = None if name == CONTINUATION else arm["drop"] > floor
         arm["recovered_step"] = None if name == CONTINUATION else recovered_step(arm["heldout"], ref, floor)
@@ -254,7 +245,7 @@ def plan_study(run_dir: str | Path, cfg: RetentionConfig, loop_overrides: dict[s
     """The study a run's last checkpoint allows: refused when the parent has too few self-play steps; the probe,
     sampling and learning rate are the run's own."""
     from lorapop.config import SamplingConfig
-    from lorapop.rundir import RunDir
+    from lorapop.records.rundir import RunDir
     from lorapop.tasks import TASK_TYPES
     from lorapop.tasks.styles import proposal_style
     from lorapop.train.student import StudentLoopConfig

@@ -39,11 +39,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lorapop import faults
-from lorapop.train.members import (AGENT, ROLE_PREFIX, AdapterFiles, Member, RunDirError,  # noqa: F401
-                                   initial_members, role_from_id)
-
-# Member and its kin live with the population code (lorapop/train/members.py); the names stay importable from here
-# because the run directory reads and writes them (checkpoint_members, population.json) and scripts import them here.
+from lorapop.records import RunDirError
+from lorapop.records.members import AdapterFiles, Member, role_from_id
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -51,7 +48,7 @@ TASKS = "tasks.jsonl"
 PROBE = "probe.jsonl"  # run.probe_interval (lorapop/train/probe.py)
 POPULATION = "population.json"
 EVAL = "eval.json"
-RETENTION = "retention.json"  # `lorapop retention` (lorapop/commands/retention/study.py)
+RETENTION = "retention.json"  # `lorapop retention` (lorapop/retention/study.py)
 REPORT = "report.html"
 TRACKERS = "trackers.json"  # lorapop/train/trackers.py
 CENTROIDS = "coverage_centroids.npy"

@@ -42,12 +42,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from lorapop.configlib import ConfigError
-
-from lorapop.plan_measure import (  # noqa: F401 - the plan's public names, re-exported
-    AZR_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS, PROBE_LAYERS, REPLY_TOKENS, SHAPES, LiveBytes, Measured, PlanError,
-    VLLM_MAX_CAPTURE_TOKENS, UnknownShape, _at_depth, default_prompt_tokens, measure, measure_phases, model_config,
-    vllm_graph_capture_tokens)
+from lorapop.plan.measure import (DEFAULT_PROMPT_TOKENS, REPLY_TOKENS, Measured, PlanError, UnknownShape,
+                                  default_prompt_tokens, measure, vllm_graph_capture_tokens)
 
 GIB = 2**30
 HEADROOM = 0.92  # of the GPU's memory the plan lets tensors take (context, workspaces, fragmentation: the rest)
@@ -105,7 +101,7 @@ class MemoryPlan:
                 moved = self.vllm_sleep_host_bytes
                 lines.append(f"  sleep (level 1) per step: {moved / GIB:.2f} GiB to host memory and {moved / GIB:.2f} "
                              f"GiB back (its weights and LoRA slots), about {vllm_sleep_seconds(moved):.1f} s at "
-                             f"{HOST_LINK_BYTES_S / 1e9:g} GB/s each way (assumed: see lorapop/plan.py)")
+                             f"{HOST_LINK_BYTES_S / 1e9:g} GB/s each way (assumed: see lorapop/plan/gpu.py)")
         lines.append("fits" if self.fits else "does NOT fit")
         lines += [f"  - {a}" for a in self.advice]
         return "\n".join(lines)

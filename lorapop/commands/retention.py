@@ -1,6 +1,6 @@
 """`lorapop retention RUN_DIR`: how fast each PBT operator's child recovers its parent's solve rate (Appendix J): the
-study planned in study.py, its arms run in arms.py, its rule in verdict.py. A command: imports train, eval,
-engine, evolve and tasks freely; nothing in the library imports it."""
+flags, then the study of lorapop/retention/ (planned in study.py, its arms run in arms.py, its rule in verdict.py)
+and its lines printed."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from lorapop.commands.retention.arms import run_retention
-from lorapop.commands.retention.study import RetentionConfig
-from lorapop.commands.retention.verdict import (CLONE, CONTINUATION, arm_outcome, headline, registered_verdict,
-                                               verdict_lines)
+from lorapop.retention.arms import run_retention
+from lorapop.retention.study import RetentionConfig
+from lorapop.retention.verdict import CLONE, CONTINUATION, arm_outcome, headline, registered_verdict, verdict_lines
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lorapop.configlib import ConfigError
-    from lorapop.rundir import RunDirError
+    from lorapop.records import RunDirError
 
     cfg = RetentionConfig(operators=list(args.operators), member=args.member, second_parent=args.second_parent,
                           steps=args.steps, answers=args.answers, floor_replicates=args.floor_replicates,

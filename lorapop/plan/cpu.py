@@ -1,5 +1,5 @@
 """`lorapop plan CONFIG --cpu`: the peak resident memory of a run on CPU, measured as `lorapop plan` measures a GPU's
-(the engine's own code on fake tensors, :mod:`lorapop.plan_measure`), and the check `lorapop train` makes before
+(the engine's own code on fake tensors, :mod:`lorapop.plan.measure`), and the check `lorapop train` makes before
 step 1 on CPU.
 
 What a CPU run holds differs from a GPU's in three ways, each taken from the engine's own behaviour:
@@ -157,7 +157,7 @@ class CpuPlan:
 
 
 def measured_cached(cfg: Any, prompt_tokens: int) -> Any:
-    """:func:`lorapop.plan_measure.measure` of ``cfg``, kept on disk (``$LORAPOP_CACHE/plans``) under a hash of all
+    """:func:`lorapop.plan.measure.measure` of ``cfg``, kept on disk (``$LORAPOP_CACHE/plans``) under a hash of all
     it depends on: the config's model and engine sections, its members, its lengths, the torch and
     transformers versions and the source of the engine and of the measurement. `lorapop train` plans every CPU run
     before step 1, and measuring takes seconds of CPU; an unchanged config is measured once."""
@@ -171,10 +171,10 @@ def measured_cached(cfg: Any, prompt_tokens: int) -> Any:
 
     from lorapop.configlib import to_dict
     from lorapop.model import cache_dir
-    from lorapop.plan_measure import Measured, measure
+    from lorapop.plan.measure import Measured, measure
 
-    src = Path(__file__).parent
-    code = b"".join(f.read_bytes() for f in sorted([*(src / "engine").glob("*.py"), src / "plan_measure.py"]))
+    src = Path(__file__).parents[1]  # lorapop/
+    code = b"".join(f.read_bytes() for f in sorted([*(src / "engine").glob("*.py"), src / "plan" / "measure.py"]))
     d, sp = to_dict(cfg), cfg.selfplay  # what measure() reads: the model, the engine, the lengths, the adapters
     key = json.dumps([d["model"], d["engine"], cfg.population.n_members, sp.propose.max_new_tokens,
                       sp.solve.max_new_tokens, prompt_tokens, torch.__version__, transformers.__version__],
@@ -202,7 +202,7 @@ def plan_cpu(cfg: Any, memory_bytes: int, prompt_tokens: int | None = None,
     ``process_bytes``: the process's own memory (default: this process's, measured)."""
     from lorapop.engine.dtype import resolve_dtype
     from lorapop.hostmem import proc_status_kb
-    from lorapop.plan_measure import default_prompt_tokens
+    from lorapop.plan.measure import default_prompt_tokens
 
     cfg = copy.deepcopy(cfg)
     cfg.engine.device = "cpu"
@@ -288,7 +288,7 @@ def upper_bound_bytes(cfg: Any, process_bytes: int, prompt_tokens: int | None = 
     import torch
 
     from lorapop.model import import_transformers
-    from lorapop.plan_measure import default_prompt_tokens, model_config
+    from lorapop.plan.measure import default_prompt_tokens, model_config
 
     mcfg, e, sp = model_config(cfg.model.name), cfg.engine, cfg.selfplay
     elt = 8 if e.dtype == "float64" else 4
@@ -329,7 +329,7 @@ def check_on_cpu(cfg: Any, note: Any = print) -> CpuPlan | None:
     avail = machine_bytes()
     if torch.device(dev).type != "cpu" or avail is None or cfg.engine.backend != "torch":
         return None
-    from lorapop.plan_measure import UnknownShape
+    from lorapop.plan.measure import UnknownShape
 
     import lorapop.engine.torch_engine  # noqa: F401 - the process as plan_cpu measures it
     from lorapop.hostmem import proc_status_kb

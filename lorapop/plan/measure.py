@@ -22,7 +22,7 @@ AZR_PROMPT_TOKENS = AZR.plan_prompt_tokens
 # not a measurement (an example of AZR's typical reply, far below its 8096-token budget); --reply-tokens.
 REPLY_TOKENS = 600
 
-# vLLM captures CUDA graphs up to min(2 x max_num_seqs, 512) tokens (lorapop/plan.py says where that comes from);
+# vLLM captures CUDA graphs up to min(2 x max_num_seqs, 512) tokens (lorapop/plan/gpu.py says where that comes from);
 # the plan measures a decode step of the largest capture as part of vLLM's graph pool.
 VLLM_MAX_CAPTURE_TOKENS = 512
 

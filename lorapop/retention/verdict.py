@@ -31,7 +31,7 @@ from statistics import NormalDist
 from typing import Any
 
 # the two arms with no operator: the parent trained on (the reference every child is judged against) and its exact
-# copy; lorapop/commands/retention/study.py names its arms with these
+# copy; lorapop/retention/study.py names its arms with these
 CONTINUATION = "continuation"
 CLONE = "clone"
 ALPHA, POWER = 0.05, 0.8  # a one-sided test at 5%, detected 4 times out of 5: the usual convention
@@ -43,13 +43,21 @@ def holds(k: int, n: int) -> bool:
     return n >= 1 and k >= max(1, n - 1)
 
 
-def floor_of(ret: dict[str, Any]) -> float:
+def floor_spread(ret: dict[str, Any]) -> float:
+    """The floor a study's arms are judged by: the spread of its noise floor (0 when none was measured)."""
     return float((ret.get("noise_floor") or {}).get("spread") or 0.0)
 
 
-def _first_within(child: list, ref: list, floor: float) -> int | None:
-    for step, (v, r) in enumerate(zip(child, ref)):
-        if v is not None and r is not None and r - v <= floor:
+def gaps(reference: list[float | None], curve: list[float | None]) -> list[float | None]:
+    """``reference - curve`` at every step (None where either was not scored)."""
+    return [None if r is None or v is None else r - v for r, v in zip(reference, curve)]
+
+
+def recovered_step(curve: list[float | None], reference: list[float | None], floor: float) -> int | None:
+    """First scored step (0 = right after the operator; None: a step not scored) whose gap to the reference (the
+    continuation arm's value at the same step) is within ``floor``, else None."""
+    for step, (v, ref) in enumerate(zip(curve, reference)):
+        if v is not None and ref is not None and ref - v <= floor:
             return step
     return None
 
@@ -57,12 +65,12 @@ def _first_within(child: list, ref: list, floor: float) -> int | None:
 def arm_outcome(ret: dict[str, Any], name: str) -> dict[str, Any]:
     """One arm on one parent under the registered rule: drop, lost, recovered step, final gap and whether it is
     beyond the floor. The continuation is judged against the clone, every other arm against the continuation."""
-    arms, floor = ret["arms"], floor_of(ret)
+    arms, floor = ret["arms"], floor_spread(ret)
     ref_name = CLONE if name == CONTINUATION else CONTINUATION
     child, ref = arms[name]["heldout"], arms[ref_name]["heldout"]
-    gap = [None if c is None or v is None else c - v for c, v in zip(ref, child)]
+    gap = gaps(ref, child)
     lost = gap[0] > floor
-    return {"against": ref_name, "drop": gap[0], "lost": lost, "recovered_step": _first_within(child, ref, floor),
+    return {"against": ref_name, "drop": gap[0], "lost": lost, "recovered_step": recovered_step(child, ref, floor),
             "final_gap": gap[-1], "final_beyond": gap[-1] > floor, "floor": floor}
 
 
@@ -127,12 +135,12 @@ def power(rets: Sequence[dict[str, Any]]) -> dict[str, Any]:
         beyond = sum(arm_outcome(r, n)["final_beyond"] for n in nulls)
         tn = training_noise(r)
         sd = tn["sd_final"] or 0.0
-        per[r.get("_name", str(i))] = {"floor": floor_of(r), "training_noise": tn, "null_arms": len(nulls),
+        per[r.get("_name", str(i))] = {"floor": floor_spread(r), "training_noise": tn, "null_arms": len(nulls),
                                        "null_final_beyond": beyond,
                                        "min_detectable_loss": z * sd * math.sqrt(2) if tn["sd_final"] else None}
         shares.append(beyond / len(nulls) if nulls else 0.0)
         sds.append(sd)
-        floors.append(floor_of(r))
+        floors.append(floor_spread(r))
     k = max(1, len(rets) - 1)
 
     def flags(d: float) -> float:  # the rule's chance of "final gap beyond the floor" on k of the parents

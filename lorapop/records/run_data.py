@@ -1,4 +1,4 @@
-"""Reading a run directory for the report, tolerantly, through :mod:`lorapop.rundir`.
+"""Reading a run directory for the report, tolerantly, through :mod:`lorapop.records.rundir`.
 
 A run may still be in progress or may have been killed mid-write, so every file is optional and every line is
 checked on its own: what cannot be read is skipped and described in `RunData.notes`, which the report shows. Only a
@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorapop.rundir import (CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir,
-                            RunDirError, iter_jsonl, read_json, read_text)
-from lorapop.train.members import AGENT, role_from_id
+from lorapop.records import RunDirError
+from lorapop.records.members import AGENT, role_from_id
+from lorapop.records.rundir import (CONFIG, EVAL, KNOWN_FILES, METRICS, POPULATION, PROBE, RETENTION, TASKS, RunDir,
+                                    iter_jsonl, read_json, read_text)
 
 
 @dataclass
