@@ -69,7 +69,8 @@ LAYERS = {
     # 0: leaf utilities and records: no lorapop import above this floor
     "lorapop": 0, "lorapop.configlib": 0, "lorapop.progress": 0, "lorapop.rundir": 0, "lorapop.raycluster": 0,
     "lorapop.model": 0, "lorapop.data": 0, "lorapop.hostmem": 0, "lorapop.tmpdirs": 0,
-    "lorapop.faults": 0,  # the test seam (fault injection), called by the trainer and the run directory
+    "lorapop.faults": 0,
+    "lorapop.modeltext": 0,  # the one parser of model-written text: tasks, diagnostics and eval read through it  # the test seam (fault injection), called by the trainer and the run directory
     "lorapop.train.members": 0,  # Member and its kin: records the run directory, config and eval read
     # 1: the machinery: the multi-LoRA engine, the sandbox, program diagnostics
     "lorapop.engine": 1, "lorapop.executor": 1, "lorapop.diagnostics": 1,

@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable
 
 from lorapop.tasks.base import Invalid, Task
+from lorapop.tasks.values import MAX_CALL_CHARS, NotLiteral, literal_value, parse_text
 
 # level -> expressions over nums. 1: one selection on a short list; 2: negative or sorted positions, a slice, a
 # conditional; 3: computed indices and two selections composed, on longer lists.
@@ -103,15 +104,15 @@ def check_shape(program: str, inp: str) -> Invalid | None:
     """Static checks of the style: the input is a list of ints, and f has one parameter and a body of exactly one
     ``return <expr>`` (the shared checks have already required exactly one top-level f)."""
     try:
-        value = ast.literal_eval(inp)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = literal_value(inp, MAX_CALL_CHARS)
+    except NotLiteral:
         value = None
     if not (isinstance(value, list) and value and all(type(v) is int for v in value)):
         return Invalid("input_not_int_list", f"the input must be a non-empty list of ints, got {inp[:60]!r}")
     try:
-        tree = ast.parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:  # the shared checks report it first
-        return Invalid("syntax_error", f"{type(exc).__name__}: {exc}"[:200])
+        tree = parse_text(program)
+    except NotLiteral as exc:  # the shared checks report it first
+        return Invalid("syntax_error", exc.detail)
     f = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"), None)
     if f is None:
         return Invalid("no_f", "no def f")
