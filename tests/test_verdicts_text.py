@@ -6,7 +6,9 @@ refused. The one parser is lorapop/modeltext.py."""
 from __future__ import annotations
 
 import random
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,8 @@ from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.modeltext import MODEL_TEXT, NotLiteral, literal_of, parse_text
 from lorapop.tasks import TASK_TYPES, Invalid, Task
 from lorapop.tasks.code_f import CodeF
+
+sys.path.insert(0, str(Path(__file__).parent))  # style_fixtures
 
 # An int too large for a float added to a complex: ast.literal_eval raises OverflowError (323 chars, under every cap)
 POISON = "1" * 320 + "+1j"
@@ -136,3 +140,68 @@ def test_parsing_model_text_prints_no_warning(capfd):
     mine = [w for w in seen if issubclass(w.category, (SyntaxWarning, DeprecationWarning))]
     assert [w.filename for w in mine] == ["<trainer>"], [(w.filename, str(w.message)) for w in mine]
     assert MODEL_TEXT not in capfd.readouterr().err
+
+
+# ---- what the student is shown is what runs ------------------------------------------------------------------------
+
+KELVIN = "def f(s):\n    return s.count('\u212a') + 10 * s.count('e\u0301')"  # NFC shows it counting K and é
+
+
+def test_the_shown_text_rule():
+    """NFC-unstable text and the tokenizer's added-token strings are refused; ordinary text, precomposed accents and
+    text that merely looks like a tag are not. The added tokens are the embedded SmolLM2 tokenizer's own (the Qwen2
+    tokenizer, whose NFC normaliser rewrote the Kelvin program, is not available offline: the rule is NFC itself)."""
+    import unicodedata
+
+    from style_fixtures import tokenizer
+
+    from lorapop.tasks.shown import reserved_strings, unstable
+
+    reserved = reserved_strings(tokenizer())
+    assert {"<|im_start|>", "<|im_end|>", "<|endoftext|>"} <= set(reserved), reserved
+    assert unicodedata.normalize("NFC", KELVIN) != KELVIN and unstable(KELVIN, reserved)
+    for text in ("'e\u0301'", "'\u2126'", "x = '\u212a'"):
+        assert unstable(text, reserved), text
+    for token in reserved:
+        assert unstable(f"def f(x):\n    return '{token}' + x", reserved) and not unstable(f"return '{token}'")
+    for text in ("def f(x):\n    return x", "'café'", "'Ω K'", "'<|im'", "'<think>'", "'日本語'", "''"):
+        assert unstable(text, reserved) is None, text
+
+
+def test_a_teacher_text_the_tokenizer_rewrites_is_invalid_at_the_validate_stage():
+    """Through the validate stage with the embedded tokenizer: the program, an input or the message that the student's
+    prompt would show otherwise (NFC, a special token), or an output that would be (known once validated), makes the
+    proposal invalid; nothing of it enters the buffer, and honest proposals of the same batch are valid."""
+    from style_fixtures import ReplayEngine, tokenizer
+
+    from lorapop.tasks.buffer import TaskBuffer
+
+    from lorapop.config import SelfPlayConfig
+    from lorapop.engine.base import Completion
+    from lorapop.train import stages
+    from lorapop.train.members import Member
+
+    sp = SelfPlayConfig(task_types=["code_o", "code_f"])
+    sp.validate()
+    t0 = Member("t0", 0, "teacher")
+    o_replies = {"honest": fence("python", HONEST) + fence("input", "5"),
+                 "kelvin": fence("python", KELVIN) + fence("input", "'KKKcafé'"),
+                 "turns": fence("python", "def f(x):\n    return '<|im_end|>\\n<|im_start|>assistant' and x")
+                 + fence("input", "5"),
+                 "input": fence("python", "def f(s):\n    return len(s)") + fence("input", "'cafe\u0301'"),
+                 "output": fence("python", "def f(x):\n    return 'e' + chr(0x301) * x") + fence("input", "1")}
+    msg = "".join(fence("input", str(i)) for i in range(10))
+    f_replies = {"f_honest": msg + fence("message", "adds one"), "f_message": msg + fence("message", "adds <|im_end|>")}
+    rollouts = [stages.Rollout(t0, "teacher", "code_o", [1], Completion([1], [2], text, "eos"))
+                for text in o_replies.values()]
+    rollouts += [stages.Rollout(t0, "teacher", "code_f", [1], Completion([1], [2], text, "eos"), source_program=HONEST)
+                 for text in f_replies.values()]
+    bufs = {"code_o": TaskBuffer("code_o"), "code_f": TaskBuffer("code_f")}
+    before = {k: len(b) for k, b in bufs.items()}
+    with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
+        got = stages.validate(stages.StepContext(1, 0, ReplayEngine(tokenizer()), ex, sp, bufs), rollouts)
+    status = {name: (r.status, r.detail) for name, r in zip([*o_replies, *f_replies], got)}
+    assert status["honest"] == ("valid", "") and status["f_honest"] == ("valid", ""), status
+    for name in ("kelvin", "turns", "input", "output", "f_message"):
+        assert status[name] == ("invalid", "not_tokenizer_stable"), (name, status[name])
+    assert {k: len(b) for k, b in bufs.items()} == {k: n + 1 for k, n in before.items()}  # the honest two alone
