@@ -205,3 +205,31 @@ def test_a_teacher_text_the_tokenizer_rewrites_is_invalid_at_the_validate_stage(
     for name in ("kelvin", "turns", "input", "output", "f_message"):
         assert status[name] == ("invalid", "not_tokenizer_stable"), (name, status[name])
     assert {k: len(b) for k, b in bufs.items()} == {k: n + 1 for k, n in before.items()}  # the honest two alone
+
+
+@pytest.mark.parametrize("style_name", ["expression", "input_first", "azr", "selection"])
+def test_a_task_whose_answer_cannot_fit_the_students_reply_is_invalid_in_every_style(style_name):
+    """A code_o output (or code_i input) whose block takes more tokens than selfplay.solve.max_new_tokens could only be
+    answered by a reply cut at the budget, a format error: every style's validation refuses it (answer_over_budget),
+    counted with the embedded tokenizer, as the validate stage counts; the same task fits a larger budget."""
+    from style_fixtures import tokenizer
+
+    from lorapop.tasks.styles import proposal_style
+
+    tok = tokenizer()
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False))
+
+    style, code_o = proposal_style(style_name), TASK_TYPES["code_o"]
+    program = ("def f(nums):\n    return nums[0] ** 60" if style_name == "selection"
+               else "def f(x):\n    return x ** 60")
+    inp = "[7, 1, 2]" if style_name == "selection" else "7"
+    prop = code_o.parse_proposal(fence("python", program) + fence("input", inp))
+    if style_name == "selection":  # its own layout: the list above f
+        prop = type(prop)(type="code_o", program=program, inputs=[inp])
+    with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
+        tight = style.validate_many(code_o, [prop], ex, count_tokens=count, answer_budget=12)[0]
+        loose = style.validate_many(code_o, [prop], ex, count_tokens=count, answer_budget=200)[0]
+    assert isinstance(tight, Invalid) and tight.reason == "answer_over_budget", tight
+    assert isinstance(loose, Task) and loose.outputs == [str(7 ** 60)], loose

@@ -1,4 +1,5 @@
-"""What a student is shown must be what runs: a teacher's text that the student's tokenizer would rewrite is refused.
+"""What a student is shown must be what runs, and what it must write must fit its reply: a teacher's text that the
+student's tokenizer would rewrite is refused, and so is a task whose answer cannot fit the student's budget.
 
 A task's program, inputs, outputs and message reach a student (and later teachers, as references) through the
 chat template and the tokenizer, while the sandbox runs the text as generated. Two rewrites lie between:
@@ -20,7 +21,7 @@ NFKC (or lower-case) would need that form here instead; the configs' tokenizers 
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lorapop.tasks.base import Invalid
@@ -64,3 +65,29 @@ def proposal_texts(p: Any) -> list[tuple[str, str]]:
     out = [("program", p.program)] + [(f"input {i + 1}", t) for i, t in enumerate(p.inputs)]
     out += [(f"output {i + 1}", t) for i, t in enumerate(getattr(p, "outputs", None) or [])]
     return out + ([("message", p.message)] if getattr(p, "message", None) else [])
+
+
+def answer_of(type_name: str, task: Any) -> str:
+    """What the student writes inside its answer block: the output (code_o) or the input (code_i)."""
+    return task.inputs[0] if type_name == "code_i" else task.outputs[0]
+
+
+def answer_tokens(answer: str, count_tokens: Callable[[str], int]) -> int:
+    # The answer block's content and the newline and fence the stop string ends at: all generated tokens.
+    return count_tokens(f"{answer}\n```")
+
+
+def over_budget(type_name: str, task: Any, count_tokens: Callable[[str], int] | None,
+                answer_budget: int | None) -> Invalid | None:
+    """``answer_over_budget`` when a code_o or code_i task's answer and its fence take more tokens than the student's
+    reply may (``selfplay.solve.max_new_tokens``): the best reply would be cut at the budget, an unclosed block, a
+    format error, so no student could answer. Every style's validation applies it (lorapop/tasks/styles/base.py);
+    ``count_tokens`` None skips it (a caller without a tokenizer: the validate stage always passes the engine's).
+    Under a prefill the prefilled part is counted too: the check errs by a token on the safe side."""
+    if type_name not in ("code_o", "code_i") or count_tokens is None or answer_budget is None:
+        return None
+    n = answer_tokens(answer_of(type_name, task), count_tokens)
+    if n > answer_budget:
+        return Invalid("answer_over_budget", f"the {type_name} answer and its fence take {n} tokens > "
+                                             f"selfplay.solve.max_new_tokens {answer_budget}")
+    return None

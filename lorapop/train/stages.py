@@ -192,7 +192,8 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     outputs once validated."""
     style, fmt = proposal_style(ctx.cfg.proposal_style), prompt_format(ctx.cfg.prompt_format)
     budget = prompt_budget(ctx.engine, ctx.cfg.solve.max_new_tokens)
-    reserved = reserved_strings(getattr(ctx.engine, "tokenizer", None))
+    tok = getattr(ctx.engine, "tokenizer", None)
+    reserved = reserved_strings(tok)
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
@@ -205,11 +206,12 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
             by_type[r.task_type].append((i, proposal))
 
     def count_tokens(text: str) -> int:
-        return len(ctx.engine.tokenizer.encode(text, add_special_tokens=False))
+        return len(tok.encode(text, add_special_tokens=False))
 
     for tt, items in by_type.items():
         results = style.validate_many(TASK_TYPES[tt], [p for _, p in items], ctx.executor,
-                                      count_tokens=count_tokens, answer_budget=ctx.cfg.solve.max_new_tokens)
+                                      count_tokens=count_tokens if tok is not None else None,
+                                      answer_budget=ctx.cfg.solve.max_new_tokens)
         for (i, _), res in zip(items, results):
             r = out[i]
             res = shown_invalid(proposal_texts(res), reserved) or res if isinstance(res, Task) else res
