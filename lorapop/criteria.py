@@ -39,6 +39,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from lorapop.modeltext import NotLiteral, parse_text
+
 MIN_STEPS = 15
 BOOTSTRAP = 2000
 # the matched solve-rate key: it now lives under student/; older runs logged it at the top level
@@ -107,8 +109,8 @@ def is_trivial(row: dict[str, Any]) -> bool:
     of the program (``code_o``); an input equals the output or is a constant of the program (``code_i``). An
     unparsable program is not trivial (it was valid, so this does not happen for logged tasks)."""
     try:
-        tree = ast.parse(row["program"])
-    except (SyntaxError, ValueError, TypeError):
+        tree = parse_text(row["program"])
+    except NotLiteral:
         return False
     fs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"]
     if fs:

@@ -50,7 +50,8 @@ for _name, (_x86, _arm) in {
         "io_uring_register": (427, 427), "inotify_init1": (294, 26), "inotify_add_watch": (254, 27),
         "inotify_rm_watch": (255, 28), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
         "name_to_handle_at": (303, 264), "kcmp": (312, 272), "sync": (162, 81), "syncfs": (306, 267),
-        "mmap_hugetlb": (9, 222)}.items():
+        "mmap_hugetlb": (9, 222), "uname": (63, 160), "sysinfo": (99, 179), "sched_getaffinity": (204, 123),
+        "times": (100, 153)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 # Arguments chosen so that, without the filter, each call fails with something other than EPERM or does nothing
 # harmful (CLONE_NEWUSER|CLONE_FS is EINVAL; reboot with a wrong magic is EINVAL; prlimit64 on pid 1 only reads).
@@ -93,6 +94,8 @@ CALL_ARGS.update({
     "inotify_rm_watch": (-1, 0), "fanotify_init": (0xFFFFFFFF, 0), "fanotify_mark": (-1, 0, 0, 0, 0),
     "name_to_handle_at": (-1, 0, 0, 0, 0), "kcmp": (0, 0, 99, 0, 0), "sync": (), "syncfs": (-1,),
     "mmap_hugetlb": (0, 4096, 3, 0x22 | 0x40000, -1, 0),
+    # facts of the machine: NULL buffers (EFAULT), a zero-length CPU set (EINVAL); times(NULL) only reads the clock
+    "uname": (0,), "sysinfo": (0,), "sched_getaffinity": (0, 0, 0), "times": (0,),
 })
 EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
 

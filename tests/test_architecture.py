@@ -70,6 +70,7 @@ LAYERS = {
     # 0: leaf utilities: no lorapop import above this floor
     "lorapop": 0, "lorapop.configlib": 0, "lorapop.progress": 0, "lorapop.raycluster": 0,
     "lorapop.model": 0, "lorapop.data": 0, "lorapop.hostmem": 0, "lorapop.tmpdirs": 0,
+    "lorapop.modeltext": 0,  # the one parser of model-written text: tasks, diagnostics and eval read through it
     "lorapop.faults": 0,  # the test seam (fault injection), called by the trainer and the run directory
     # 1: the run's records: the run directory, members, what a probe and an eval write and read back
     "lorapop.records": 1,

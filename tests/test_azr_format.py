@@ -17,8 +17,8 @@ from lorapop.configlib import ConfigError
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import (TASK_TYPES, Invalid, Outcome, ParseError, Proposal, Task, identity_task,
                            read_seed_file, student_reward, teacher_reward)
-from lorapop.tasks.azr_format import (AZR_BANNED_KEYWORDS, AZR_PREAMBLE, THINK_OPEN, answer_content, format_ok,
-                                      r1_prompt, r1_prompt_ids, unwrap)
+from lorapop.tasks.azr_format import (AZR_BANNED_KEYWORDS, AZR_PREAMBLE, FORMAT_RE, THINK_OPEN, answer_content,
+                                      format_ok, r1_prompt, r1_prompt_ids, unwrap)
 from lorapop.tasks.formats import AZR as R1
 from lorapop.tasks.styles import AZR
 
@@ -126,6 +126,23 @@ def test_eval_and_selfplay_share_the_r1_sentence():
 def test_format_check_is_azrs_anchored_regex(reply, ok):
     assert format_ok(reply) is ok
     assert isinstance(unwrap(reply), ParseError) is not ok
+    assert (FORMAT_RE.match(reply.lstrip()) is not None) is ok
+
+
+def test_linear_format_check_agrees_with_azrs_regex_on_generated_replies():
+    """format_ok is a linear rewrite of AZR's regex (which is quadratic in repeats of "</think><answer>"): the two
+    agree on ordinary replies and on replies made of the tags, white space of every kind and text in any order."""
+    import random
+
+    rng = random.Random(5)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "\t", "\x1c", "\x85", "\xa0", "\u2028",
+              "\u3000", "x", "<", ">", "</", "think", "answer", "<think", "</answer", "```output\n3\n```", ""]
+    replies = ["<think>" + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14))) for _ in range(20000)]
+    replies += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 10))) for _ in range(5000)]
+    replies += ["<think>" + "</think><answer>" * n + tail for n in (1, 50, 400) for tail in ("", "</answer>", "x")]
+    replies += [f"<think>step {i}</think>\n<answer>\n```output\n{i}\n```\n</answer>" for i in range(50)]
+    for reply in replies:
+        assert format_ok(reply) is (FORMAT_RE.match(reply.lstrip()) is not None), repr(reply)
 
 
 def test_answer_extraction_takes_the_last_answer_block():

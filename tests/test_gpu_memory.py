@@ -138,7 +138,7 @@ def test_the_engine_sizes_its_cache_from_the_memory_the_plan_counts(monkeypatch,
     from lorapop.engine.kvsize import CUDA_RESERVED_BYTES
     from lorapop.engine.phase_probe import PhaseProbe
     from lorapop.plan import engine_kv_cache
-    from lorapop.plan_measure import Measured, _at_depth, default_prompt_tokens, measure_phases, model_config
+    from lorapop.plan.measure import Measured, _at_depth, default_prompt_tokens, measure_phases, model_config
 
     cfg = load_config(f"lorapop/configs/{name}.yaml")
     ecfg = copy.deepcopy(cfg.engine)

@@ -65,7 +65,9 @@ CODE_I = {
 CODE_O = {
     "pid": program("    return x + os.getpid()"),
     "file_state": CODE_I["count_runs_in_a_file"],
-    "hostname": program("    return os.uname().nodename"),
+    # the node name is the sandbox's own; with the filter, uname (release, version) is refused whole
+    "hostname": program("    try:\n        return os.uname().nodename\n    except OSError as e:\n"
+                        "        return e.errno"),
 }
 CLOCK = program("    return x + int(sys.modules['time'].time())")  # the same within a second, never after it
 
@@ -133,9 +135,11 @@ LOOK = RAW_SYS + (
     "fds = []\nfor fd in range(64):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n    except OSError:\n"
     "        pass\n"
     "st = os.statvfs('.')\n"
-    "_result = {'listdir': os.listdir('.'), 'fresh': st.f_bfree == st.f_blocks, 'host': os.uname().nodename,\n"
+    "def attempt(fn):\n    try:\n        return fn()\n    except OSError as e:\n        return e.errno\n"
+    "_result = {'listdir': os.listdir('.'), 'fresh': st.f_bfree == st.f_blocks,\n"
+    "           'host': attempt(lambda: os.uname().nodename),\n"
     "           'nice': os.getpriority(os.PRIO_PROCESS, 0), 'sched': os.sched_getscheduler(0),\n"
-    "           'cpus': len(os.sched_getaffinity(0)), 'modules': sorted(m for m in seen if 'ctypes' in m or\n"
+    "           'cpus': attempt(lambda: len(os.sched_getaffinity(0))), 'modules': sorted(m for m in seen if 'ctypes' in m or\n"
     "           'lockdown' in m), 'ctypes_objects': ct, 'fds': fds}")
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
+from lorapop.modeltext import literal_of, quiet_parse
+
 DESCRIPTOR_KEYS: tuple[str, ...] = ("ast_depth", "cyclomatic", "loc", "n_node_types", "input_size", "n_inputs",
                                     "parse_ok")
 
@@ -46,7 +48,7 @@ def node_types(tree: ast.AST) -> set[str]:
 def cyclomatic(program: str) -> int:
     from radon.visitors import ComplexityVisitor, Function
 
-    v = ComplexityVisitor.from_code(program)
+    v = ComplexityVisitor.from_ast(quiet_parse(program))  # radon's from_code would parse it aloud (its warnings)
     # radon's `blocks` lists methods both inside their class and flattened beside it: start from the top level only.
     total, stack = max(0, v.complexity - 1), list(v.functions) + list(v.classes)
     while stack:
@@ -77,7 +79,7 @@ def input_size(inputs: Iterable[str]) -> int:
     for s in inputs:
         s = s if isinstance(s, str) else repr(s)
         try:
-            total += len(repr(ast.literal_eval(s.strip())))
+            total += len(repr(literal_of(s)))
         except Exception:  # noqa: BLE001 - junk input still has a size
             total += len(s.strip())
     return total
@@ -92,7 +94,7 @@ def program_descriptors(program: str, inputs: list[str] | None = None) -> dict[s
     except Exception:  # noqa: BLE001
         pass
     try:
-        tree = ast.parse(program)
+        tree = quiet_parse(program)
         depth, types = ast_depth(tree), node_types(tree)
         cc, loc = cyclomatic(program), source_loc(program)
     except Exception:  # noqa: BLE001 - SyntaxError, ValueError (null bytes), RecursionError, radon errors

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ast
 
+from lorapop.modeltext import quiet_parse
+
 # O(n^2) parses to find the longest valid block; above this many lines only prefixes and suffixes are tried.
 _MAX_QUADRATIC_LINES = 200
 # The search's work is bounded by characters parsed: each failed parse is charged the text up to the line where the
@@ -38,7 +40,7 @@ def _parse_cost(src: str) -> tuple[bool, int, int | None]:
     """(whether ``src`` parses, the characters charged for finding out, the line the parser stopped at when it did
     not need the rest of the text to fail, else None)."""
     try:
-        ast.parse(src)
+        quiet_parse(src)  # the candidate is model text: its SyntaxWarnings would flood the log
         return True, len(src), None
     except SyntaxError as e:  # IndentationError included
         line = max(e.lineno or 0, e.end_lineno or 0)
@@ -50,7 +52,7 @@ def _parse_cost(src: str) -> tuple[bool, int, int | None]:
             if end < 0:
                 return False, len(src), None
         return False, end + 1, line
-    except (ValueError, RecursionError, MemoryError):
+    except Exception:  # noqa: BLE001 - ValueError (NUL), RecursionError, MemoryError, OverflowError: unparsable
         # ValueError: NUL bytes; RecursionError, MemoryError ("parser stack overflowed"): nesting past the parser's
         # depth, which a program cannot run with either
         return False, len(src), None
@@ -135,7 +137,7 @@ def sanitize(code: str, entry_point: str | None) -> str:
     """``code`` reduced to its imports and the definitions reachable from ``entry_point`` (all definitions when it
     is None or not defined, so that the harness reports the missing entry point rather than a syntax error)."""
     block = longest_valid_block(code)
-    tree = ast.parse(block)
+    tree = quiet_parse(block)
     imports, defs = [], []  # defs: (node, names it defines)
     for node in tree.body:
         if _is_import_only(node):

@@ -24,6 +24,10 @@ from .base import RUN_STATUSES, WORKER_DIED, ExecResult
 from .worker import unpack_result
 
 WORKER_PY = Path(__file__).with_name("worker.py")
+# The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
+# directory goes on sys.path for the modules beside it, and no name of the launcher's stays for a run to read.
+LAUNCH = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "exec(compile(open(sys.argv[1] + '/worker.py', 'rb').read(), 'worker.py', 'exec'), {'__name__': '__main__'})")
 SANDBOX_PREFIX = "lorapop-sbx-"  # + owner pid: each worker's scratch root under the temp directory
 _PAGE = 4096  # what a pipe always holds, even for a user past the kernel's pipe-buffer quota
 
@@ -42,9 +46,9 @@ class WorkerHandle:
         self.info: dict = {}
         self.root: str | None = None
 
-    def _command(self, root: str, cfg_json: str, mechanism: str) -> list[str]:
+    def _command(self, root: str, mechanism: str) -> list[str]:
         c = self.ex.config
-        py = [c.python or sys.executable, "-s", "-S", str(WORKER_PY), cfg_json]
+        py = [c.python or sys.executable, "-s", "-S", "-c", LAUNCH, str(WORKER_PY.parent)]
         if mechanism == "none":
             return py
         # util-linux unshare; as an ordinary user with a user namespace whose root is this user (docs/METHOD.md)
@@ -85,12 +89,16 @@ class WorkerHandle:
         self.errfile = tempfile.TemporaryFile()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen(self._command(self.root, json.dumps(wcfg), mode["mechanism"]),
+            self.proc = subprocess.Popen(self._command(self.root, mode["mechanism"]),
                                          stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=self.errfile,
                                          env=env, start_new_session=True, close_fds=True)
         finally:
             theirs.close()
         self.ctl = mine
+        try:  # on the socket, not in the argument list, which a run could read (lorapop/executor/ambient.py)
+            mine.send(json.dumps(wcfg).encode("utf-8"))
+        except OSError:
+            pass  # the worker is gone already: no hello below says so, with its error output
         hello = self._recv(time.monotonic() + 30.0)
         if not hello or not hello.get("hello"):
             self.errfile.seek(0)

@@ -60,6 +60,13 @@ _STATE = {
     "inotify_add_watch": (254, 27), "inotify_rm_watch": (255, 28), "fanotify_init": (300, 262),
     "fanotify_mark": (301, 263), "name_to_handle_at": (303, 264), "kcmp": (312, 272), "sync": (162, 81),
     "syncfs": (306, 267),
+    # Facts of the machine the namespaces do not cover, the same in every run of a trainer (so a task keyed on them
+    # validates and reproduces, and no student can know them) and a leak of the host: the kernel's release and
+    # version (uname: only the node name is the UTS namespace's, and glibc's gethostname is uname too), the host's
+    # total and free memory and uptime (sysinfo, which glibc's sysconf(_SC_PHYS_PAGES) uses), its CPU set (the
+    # count os.cpu_count falls back to once /sys and /proc are gone) and the ticks since boot (times). Hidden by
+    # refusing them (ambient.py, docs/METHOD.md "Facts of the machine").
+    "uname": (63, 160), "sysinfo": (99, 179), "sched_getaffinity": (204, 123), "times": (100, 153),
 }
 DENIED = {
     "x86_64": {

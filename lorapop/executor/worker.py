@@ -1,8 +1,6 @@
-"""Code that runs inside the sandbox: one long-lived worker, the template every run is forked from.
-
-Standard library only; started by `lorapop.executor.sandbox` as ``python -s -S worker.py CONFIG_JSON`` (usually under
-``unshare [--user --map-root-user] --net --mount --pid --ipc --uts``, after a shell has mounted its tmpfs), with a
-scrubbed environment and a unix socket (``SOCK_SEQPACKET``) to the trainer on fd 0.
+"""Code that runs inside the sandbox: one long-lived worker, the template every run is forked from. Standard library
+only; started by handle.py (``python -s -S -c LAUNCH``, under ``unshare``, after a shell mounted its tmpfs) with a
+scrubbed environment and a unix socket (``SOCK_SEQPACKET``) on fd 0: its config, then requests.
 
 **The worker never holds a program, an answer or a result.** For each run the trainer sends a small request (the time
 limit) with two fresh pipe ends attached: the read end of the pipe the trainer writes the program into, and the write
@@ -337,8 +335,9 @@ def _send(ctl, obj):
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    import ambient  # beside this file: the configuration, and the machine's facts hidden from runs
     ctl = socket.socket(fileno=os.dup(0))  # the trainer's SOCK_SEQPACKET socket: requests in, reports out
+    cfg = ambient.read_config(ctl)
     # fds 0/1 become dead ends (reads give EOF, writes EPIPE); 2 stays the trainer's error file until the hello, so a
     # failed start can say why.
     null_in_r, null_in_w = os.pipe()
@@ -392,6 +391,7 @@ def main():
              "nproc": nproc, **locked}
     del cfg, loaded, locked
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
+    ambient.hide_interpreter(chrooted)
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
     state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1, own_fs=chrooted)

@@ -34,8 +34,9 @@ AZR_BANNED_KEYWORDS = ("logging", "random", "multiprocessing", "pebble", "subpro
                        "time", "hashlib", "hmac", "bcrypt", "os.sys", "os.path", "sys.exit", "os.environ",
                        "calendar")
 
-# re.match anchors at the start; DOTALL lets both blocks span lines; the lazy .*? with backtracking is AZR's, so a
-# nested <think> or a second <answer> inside the first is accepted exactly as AZR accepts it.
+# AZR's format check: re.match anchors at the start; DOTALL lets both blocks span lines; the lazy .*? with
+# backtracking accepts a nested <think> or a second <answer> inside the first. format_ok decides the same in linear
+# time (the regex is quadratic in repeats of "</think><answer>" without a "</answer>": 3.4 s for a 64 KB reply).
 FORMAT_RE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
 
 
@@ -51,8 +52,23 @@ def r1_prompt_ids(tokenizer: Any, task_prompt: str) -> list[int]:
 
 
 def format_ok(reply: str) -> bool:
-    """AZR's format check on a reply that starts with the prompt's ``<think>`` (leading whitespace ignored)."""
-    return FORMAT_RE.match(reply.lstrip()) is not None
+    """AZR's format check (``FORMAT_RE.match``) on a reply that starts with the prompt's ``<think>`` (leading
+    whitespace ignored), in linear time. The regex matches exactly when the text starts with ``<think>``, some
+    ``</think>`` after it is followed by white space (``\\s``: ``str.isspace``) and ``<answer>``, and a ``</answer>``
+    comes after that ``<answer>``; the first such ``<answer>`` leaves the most room for the ``</answer>``, so it
+    is the only one to look after. Each stretch of white space is skipped once: it ends before the next ``<``."""
+    text = reply.lstrip()
+    if not text.startswith("<think>"):
+        return False
+    close = text.find("</think>", len("<think>"))
+    while close >= 0:
+        j = close + len("</think>")
+        while j < len(text) and text[j].isspace():
+            j += 1
+        if text.startswith("<answer>", j):
+            return text.find("</answer>", j + len("<answer>")) >= 0
+        close = text.find("</think>", close + 1)
+    return False
 
 
 def answer_content(reply: str) -> str:

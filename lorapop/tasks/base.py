@@ -61,8 +61,10 @@ class Invalid:
     multiple_f, extra_toplevel, has_class, banned_import, banned_name, dunder_access, not_literal, too_long,
     duplicate_inputs, timeout, memory, runtime_error, crashed, output_too_long, output_not_literal,
     nondeterministic, too_slow (a validation run took more than MAX_RUN_SHARE of the wall clock: lorapop/tasks/
-    common.py), not_reproduced (valid when proposed, but its program did not give back its output when the
-    answers were checked)."""
+    common.py), unreadable (parsing the proposal raised: it is that proposal's failure, never the step's),
+    not_tokenizer_stable / answer_over_budget (what the student would be shown is not what runs, or the answer cannot
+    fit the student's reply: lorapop/tasks/shown.py), too_few_inputs, not_reproduced (valid when proposed, but its
+    program did not give back its output when the answers were checked)."""
     reason: str
     detail: str = ""
 

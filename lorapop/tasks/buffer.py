@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Invalid, Proposal, Task
-from lorapop.tasks.values import NotLiteral, call_key
+from lorapop.tasks.values import NotLiteral, call_key, parse_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.base import Executor
@@ -24,8 +24,8 @@ def identity_task(type_name: str) -> Task:
 
 def _normalise(program: str) -> str:
     try:
-        return ast.unparse(ast.parse(program))  # ignores formatting and comments
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ast.unparse(parse_text(program))  # ignores formatting and comments
+    except (NotLiteral, ValueError, RecursionError, MemoryError):  # unparse of a program deep enough
         return program.strip()
 
 

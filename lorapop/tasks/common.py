@@ -26,15 +26,7 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     results: list[Task | Invalid | None] = [None] * len(proposals)
     jobs: list[tuple[int, int, str]] = []  # (proposal index, input index, code)
     for pi, p in enumerate(proposals):
-        bad = check_program(p.program)
-        if bad is None and len(p.inputs) < min_inputs:
-            bad = Invalid("too_few_inputs", f"{len(p.inputs)} < {min_inputs}")
-        for inp in p.inputs if bad is None else []:
-            bad = check_call_args(inp)
-            if bad is not None:
-                break
-        if bad is None:
-            bad = repeated_input(p.inputs)
+        bad = static_invalid(p, min_inputs)
         if bad is not None:
             results[pi] = bad
             continue
@@ -84,6 +76,22 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     return results  # type: ignore[return-value]
 
 
+def static_invalid(p: Proposal, min_inputs: int) -> Invalid | None:
+    """The checks of a proposal that run nothing. Total: the parsers of model text are (lorapop/modeltext.py), and
+    anything else one proposal's text could make them raise is that proposal's ``unreadable``, never the batch's."""
+    try:
+        bad = check_program(p.program)
+        if bad is None and len(p.inputs) < min_inputs:
+            bad = Invalid("too_few_inputs", f"{len(p.inputs)} < {min_inputs}")
+        for inp in p.inputs if bad is None else []:
+            bad = check_call_args(inp)
+            if bad is not None:
+                break
+        return bad if bad is not None else repeated_input(p.inputs)
+    except Exception as exc:  # noqa: BLE001 - one proposal's failure
+        return Invalid("unreadable", f"{type(exc).__name__}: {str(exc)[:120]}")
+
+
 def repeated_input(inputs: list[str]) -> Invalid | None:
     """``duplicate_inputs`` when two inputs pass equal argument values, as a verdict compares values (``1`` and
     ``1.0``, ``[1]`` and ``([1])`` are one input): a hidden input that is a shown one respelled would hand its output
@@ -98,6 +106,16 @@ def repeated_input(inputs: list[str]) -> Invalid | None:
             return Invalid("duplicate_inputs", f"input {i + 1} equals input {seen[k] + 1} by value")
         seen[k] = i
     return None
+
+
+def read_answer(prepare, answer) -> Outcome | list[tuple[str, str]]:
+    """``prepare(answer)``, total: whatever one answer's text makes the parsers raise is that answer's ``wrong``,
+    never the other answers' or the step's (the parsers themselves are total, lorapop/modeltext.py: this is the
+    net under them)."""
+    try:
+        return prepare(answer)
+    except Exception as exc:  # noqa: BLE001 - one answer's failure
+        return Outcome("wrong", f"unreadable answer: {type(exc).__name__}")
 
 
 FORMAT_RULES = ("Rules: one function named f, standard library only; no classes, printing, randomness, time, "
@@ -200,7 +218,7 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
             outcomes[i] = Outcome("format_error", a.reason)
             continue
         parsed.append(i)
-        got = prepare(a)
+        got = read_answer(prepare, a)
         if isinstance(got, Outcome):
             outcomes[i] = got
         else:

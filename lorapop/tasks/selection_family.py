@@ -28,6 +28,8 @@ import random
 from collections.abc import Callable
 
 from lorapop.tasks.base import Invalid, Task
+from lorapop.tasks.shown import answer_of, answer_tokens, over_budget  # noqa: F401 - answer_* re-exported
+from lorapop.tasks.values import MAX_CALL_CHARS, NotLiteral, literal_value, parse_text
 
 # level -> expressions over nums. 1: one selection on a short list; 2: negative or sorted positions, a slice, a
 # conditional; 3: computed indices and two selections composed, on longer lists.
@@ -103,15 +105,15 @@ def check_shape(program: str, inp: str) -> Invalid | None:
     """Static checks of the style: the input is a list of ints, and f has one parameter and a body of exactly one
     ``return <expr>`` (the shared checks have already required exactly one top-level f)."""
     try:
-        value = ast.literal_eval(inp)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = literal_value(inp, MAX_CALL_CHARS)
+    except NotLiteral:
         value = None
     if not (isinstance(value, list) and value and all(type(v) is int for v in value)):
         return Invalid("input_not_int_list", f"the input must be a non-empty list of ints, got {inp[:60]!r}")
     try:
-        tree = ast.parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:  # the shared checks report it first
-        return Invalid("syntax_error", f"{type(exc).__name__}: {exc}"[:200])
+        tree = parse_text(program)
+    except NotLiteral as exc:  # the shared checks report it first
+        return Invalid("syntax_error", exc.detail)
     f = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"), None)
     if f is None:
         return Invalid("no_f", "no def f")
@@ -123,16 +125,6 @@ def check_shape(program: str, inp: str) -> Invalid | None:
     return None
 
 
-def answer_of(type_name: str, task: Task) -> str:
-    """What the student writes inside its answer block: the output (code_o) or the input (code_i)."""
-    return task.inputs[0] if type_name == "code_i" else task.outputs[0]
-
-
-def answer_tokens(answer: str, count_tokens: Callable[[str], int]) -> int:
-    # The answer block's content and the newline and fence the stop string ends at: all generated tokens.
-    return count_tokens(f"{answer}\n```")
-
-
 def check_task(type_name: str, task: Task, count_tokens: Callable[[str], int] | None,
                answer_budget: int | None) -> Invalid | None:
     """The checks on a task the shared validation passed: the output is not None, and the answer fits the budget.
@@ -140,12 +132,7 @@ def check_task(type_name: str, task: Task, count_tokens: Callable[[str], int] | 
     engine's). Under code_i the prefilled ``[`` is counted too: the check errs by one token on the safe side."""
     if task.outputs[0] == "None":
         return Invalid("output_none", "f returns None")
-    if count_tokens is not None and answer_budget is not None:
-        n = answer_tokens(answer_of(type_name, task), count_tokens)
-        if n > answer_budget:
-            return Invalid("answer_over_budget", f"the {type_name} answer and its fence take {n} tokens > "
-                                                 f"selfplay.solve.max_new_tokens {answer_budget}")
-    return None
+    return over_budget(type_name, task, count_tokens, answer_budget)
 
 
 # The capability probe's held-out family (lorapop/train/probe.py): level -> selection shapes over nums; {i} a

@@ -1,7 +1,8 @@
 """Static checks of model-written programs and inputs (docs/METHOD.md, Tasks), and the code strings sent to the sandbox.
 
-Static checks only parse (``ast.parse``) and, for literal-ness, use ``ast.literal_eval`` on already size-capped
-strings; every evaluation of model-written code happens in the executor, and every comparison in the trainer
+Static checks only parse and, for literal-ness, evaluate literal syntax on already size-capped strings, both through
+the trainer's one parser of model text (lorapop/tasks/values.py: :func:`parse_text`, :func:`literal_of`, total and
+silent); every evaluation of model-written code happens in the executor, and every comparison in the trainer
 (lorapop/tasks/values.py). The static checks are a filter that keeps tasks within AZR's rules, not a wall: a
 program that gets past them (a module's plain attribute can hand it what the banned names ban) meets the sandbox.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import ast
 
 from lorapop.tasks.base import Invalid
-from lorapop.tasks.values import NotLiteral, literal_value
+from lorapop.tasks.values import NotLiteral, literal_of, literal_value, parse_text
 
 MAX_PROGRAM_CHARS = 6000
 MAX_INPUT_CHARS = 1000
@@ -46,9 +47,9 @@ def parse_program(src: str) -> ast.Module | Invalid:
     if len(src) > MAX_PROGRAM_CHARS:
         return Invalid("too_long", f"program has {len(src)} chars")
     try:
-        return ast.parse(src)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        return Invalid("syntax_error", f"{type(exc).__name__}: {exc}"[:200])
+        return parse_text(src)
+    except NotLiteral as exc:
+        return Invalid("syntax_error", exc.detail)
 
 
 def check_program(src: str) -> Invalid | None:
@@ -109,9 +110,9 @@ def _bound_names(tree: ast.AST) -> set[str]:
 
 def _is_literal(node: ast.AST) -> bool:
     try:
-        ast.literal_eval(node)
+        literal_of(node)
         return True
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    except NotLiteral:
         return False
 
 
@@ -122,9 +123,9 @@ def check_call_args(text: str) -> Invalid | None:
     if len(text) > MAX_INPUT_CHARS:
         return Invalid("too_long", f"input has {len(text)} chars")
     try:
-        tree = ast.parse(f"f({text})", mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        return Invalid("not_literal", f"{type(exc).__name__}: {exc}"[:200])
+        tree = parse_text(f"f({text})", mode="eval")
+    except NotLiteral as exc:
+        return Invalid("not_literal", exc.detail)
     call = tree.body
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
         return Invalid("not_literal", "not a plain argument list")

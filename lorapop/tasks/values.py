@@ -20,6 +20,8 @@ Equality is AZR's (``eval(gold) == eval(answer)``) on the parsed values, which c
 
 The same parser and limits read a teacher's output when the task is validated and when it is checked, so an output
 that was valid when stored can always be compared later.
+
+Every parse here goes through lorapop/modeltext.py, the one parser of model-written text, total and silent.
 """
 
 from __future__ import annotations
@@ -27,16 +29,10 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from lorapop.modeltext import NotLiteral, literal_of, parse_text, quiet_parse  # noqa: F401 - the tasks' names for them
+
 MAX_CALL_CHARS = 4000  # an argument list read by call_value (the checks cap inputs at 1000 before)
 MAX_DEPTH = 64  # nesting of containers in one value; deeper is "not a literal" at validation and at checking
-
-
-class NotLiteral(ValueError):
-    """The text is not one Python literal within the limits; ``reason`` is ``not_literal`` or ``output_too_long``."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
 
 
 def _depth_ok(node: ast.AST) -> bool:
@@ -56,22 +52,17 @@ def literal_value(text: Any, max_chars: int) -> Any:
         raise NotLiteral("not_literal", "empty")
     if len(text) > max_chars:
         raise NotLiteral("output_too_long", f"{len(text)} chars > {max_chars}")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-        if not _depth_ok(tree.body):
-            raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
-        return ast.literal_eval(tree.body)
-    except NotLiteral:
-        raise
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
-        raise NotLiteral("not_literal", f"{type(exc).__name__}: {text[:80]}") from None
+    tree = parse_text(text.strip(), mode="eval")
+    if not _depth_ok(tree.body):
+        raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
+    return literal_of(tree.body)
 
 
 def same_value(a: Any, b: Any) -> bool:
     """AZR's equality of two parsed literal values (see the module docstring)."""
     try:
         return bool(a == b)
-    except (RecursionError, MemoryError):  # pragma: no cover - values are depth-capped
+    except Exception:  # noqa: BLE001 # pragma: no cover - plain literal values, depth-capped
         return False
 
 
@@ -110,28 +101,23 @@ def _call(text: str) -> ast.Call:
     """The parsed ``f(text)`` of an argument list made of literals; raises :class:`NotLiteral` otherwise."""
     if not isinstance(text, str) or len(text) > MAX_CALL_CHARS:
         raise NotLiteral("not_literal", "not an argument list of at most %d chars" % MAX_CALL_CHARS)
-    try:
-        call = ast.parse(f"f({text})", mode="eval").body
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
-            raise NotLiteral("not_literal", "not a plain argument list")
-        if not _depth_ok(call):
-            raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
-        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-            raise NotLiteral("not_literal", "unpacking in an argument list")
-        for node in (*call.args, *(k.value for k in call.keywords)):
-            ast.literal_eval(node)
-        return call
-    except NotLiteral:
-        raise
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as exc:
-        raise NotLiteral("not_literal", f"{type(exc).__name__}: {text[:80]}") from None
+    call = parse_text(f"f({text})", mode="eval").body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        raise NotLiteral("not_literal", "not a plain argument list")
+    if not _depth_ok(call):
+        raise NotLiteral("not_literal", f"nested more than {MAX_DEPTH} deep")
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        raise NotLiteral("not_literal", "unpacking in an argument list")
+    for node in (*call.args, *(k.value for k in call.keywords)):
+        literal_of(node)
+    return call
 
 
 def call_value(text: str) -> tuple[tuple, dict]:
     """The positional and keyword argument values of an argument list ``text`` (the inside of ``f(...)``), read by
     the literal parser alone; raises :class:`NotLiteral` when it is not one made of literals."""
     call = _call(text)
-    return (tuple(ast.literal_eval(a) for a in call.args), {k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    return tuple(literal_of(a) for a in call.args), {k.arg: literal_of(k.value) for k in call.keywords}
 
 
 def call_form(text: str) -> str:

@@ -37,6 +37,7 @@ from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
 from lorapop.tasks.buffer import TaskBuffer
 from lorapop.tasks.formats import prompt_format
 from lorapop.tasks.rewards import student_reward, teacher_reward
+from lorapop.tasks.shown import proposal_texts, reserved_strings, shown_invalid
 from lorapop.tasks.styles import proposal_style
 from lorapop.train.rating import MatchResult
 
@@ -173,26 +174,35 @@ def validate(ctx: StepContext, proposals: Sequence[Rollout]) -> list[Rollout]:
     status, in order. Valid tasks enter their buffer. The style's own checks get the student's answer budget,
     selfplay.solve's max_new_tokens counted with the engine's own tokenizer (what the answer will be generated in).
     A task whose student prompt would be over :func:`prompt_budget` is invalid (``too_long``): it is refused here,
-    at propose time, so no generate call meets a row longer than the engine's cache."""
+    at propose time, so no generate call meets a row longer than the engine's cache. Text the student's tokenizer
+    would show otherwise than it runs (not NFC, or holding an added token's string) is invalid
+    (``not_tokenizer_stable``, lorapop/tasks/shown.py): the program, inputs and message before anything runs, the
+    outputs once validated."""
     style, fmt = proposal_style(ctx.cfg.proposal_style), prompt_format(ctx.cfg.prompt_format)
     budget = prompt_budget(ctx.engine, ctx.cfg.solve.max_new_tokens)
+    tok = getattr(ctx.engine, "tokenizer", None)
+    reserved = reserved_strings(tok)
     out: list[Rollout] = list(proposals)
     by_type: dict[str, list[tuple[int, Any]]] = defaultdict(list)
     for i, r in enumerate(proposals):
         proposal = fmt.parse_proposal(style, TASK_TYPES[r.task_type], r.reply, program=r.source_program)
         if isinstance(proposal, ParseError):
             out[i] = replace(r, status="format_error", detail=proposal.reason, result=proposal)
+        elif (bad := shown_invalid(proposal_texts(proposal), reserved)) is not None:
+            out[i] = replace(r, status="invalid", detail=bad.reason, result=bad)
         else:
             by_type[r.task_type].append((i, proposal))
 
     def count_tokens(text: str) -> int:
-        return len(ctx.engine.tokenizer.encode(text, add_special_tokens=False))
+        return len(tok.encode(text, add_special_tokens=False))
 
     for tt, items in by_type.items():
         results = style.validate_many(TASK_TYPES[tt], [p for _, p in items], ctx.executor,
-                                      count_tokens=count_tokens, answer_budget=ctx.cfg.solve.max_new_tokens)
+                                      count_tokens=count_tokens if tok is not None else None,
+                                      answer_budget=ctx.cfg.solve.max_new_tokens)
         for (i, _), res in zip(items, results):
             r = out[i]
+            res = shown_invalid(proposal_texts(res), reserved) or res if isinstance(res, Task) else res
             if isinstance(res, Invalid):
                 out[i] = replace(r, status="invalid", detail=res.reason, result=res)
                 continue

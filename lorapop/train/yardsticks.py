@@ -22,13 +22,13 @@ sample, so its score on a task is 0 or 1 and its figure is the share of tasks so
 
 from __future__ import annotations
 
-import ast
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from lorapop.tasks.base import Answer, Task
+from lorapop.tasks.values import MAX_CALL_CHARS, NotLiteral, literal_value
 
 STRATEGIES = ("first", "last", "max", "min", "most_common", "copy")
 LABELS = {"first": "the first element", "last": "the last element", "max": "the largest element",
@@ -40,8 +40,8 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 def shown_list(text: str) -> list[Any] | None:
     """The call's argument as a list of numbers (``"[3, 1, 4]"``), else None: positional strategies need one."""
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = literal_value(text, MAX_CALL_CHARS)
+    except NotLiteral:
         return None
     if isinstance(value, list) and value and all(type(v) in (int, float) for v in value):
         return value

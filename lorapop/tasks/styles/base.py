@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from lorapop.configlib import ConfigError, suggest
 from lorapop.tasks import expression_family
 from lorapop.tasks.base import Invalid, ParseError, Proposal, Task, TaskType
+from lorapop.tasks.shown import over_budget
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.base import Executor
@@ -61,10 +62,11 @@ class ProposalStyle:
 
     def validate_many(self, tt: TaskType, proposals: list[Proposal], executor: Executor, *, count_tokens=None,
                       answer_budget: int | None = None, **kw) -> list[Task | Invalid]:
-        """The shared checks; a style with its own adds them. ``count_tokens`` (text -> tokens in the model's
-        tokenizer) and ``answer_budget`` (selfplay.solve's max_new_tokens) are there for a style that limits the
-        student's answer; the others ignore them."""
-        return tt.validate_many(proposals, executor, **kw)
+        """The shared checks, then the answer's budget (``count_tokens``: text -> tokens in the model's tokenizer;
+        ``answer_budget``: selfplay.solve's max_new_tokens; lorapop/tasks/shown.py, over_budget); a style with its own
+        checks adds them."""
+        got = tt.validate_many(proposals, executor, **kw)
+        return [over_budget(tt.name, r, count_tokens, answer_budget) or r if isinstance(r, Task) else r for r in got]
 
     # ---- the probe and the config --------------------------------------------------------------------------------
     def probe_tasks(self, per_level: int, seed: int) -> list[tuple[int, Task]]:

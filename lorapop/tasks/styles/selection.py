@@ -55,7 +55,8 @@ class SelectionStyle(OneBlockStyle):
         """The shape checks (:func:`selection_family.check_shape`), then the shared checks on the proposals that pass
         them, then :func:`selection_family.check_task` on the tasks those return."""
         if not self.lays_out(tt):
-            return super().validate_many(tt, proposals, executor, **kw)
+            return super().validate_many(tt, proposals, executor, count_tokens=count_tokens,
+                                         answer_budget=answer_budget, **kw)
         results: list[Task | Invalid | None] = [None] * len(proposals)
         todo = []
         for i, p in enumerate(proposals):

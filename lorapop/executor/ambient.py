@@ -1,0 +1,108 @@
+"""What a sandbox worker hides of its machine from the runs forked from it (worker.py imports it as a top-level module
+beside itself, before its chroot; standard library only).
+
+A program that reads a fact of the machine (its CPU count, memory, kernel release, the interpreter's install path)
+gets a value that is the same in every run of one trainer, so its task validates and its control reproduces, while
+no student can know it, and the value tells the run about the host. Whatever of that can be hidden is hidden here or
+by the filter (lockdown.py refuses uname, sysinfo, sched_getaffinity and times); docs/METHOD.md ("Facts of the
+machine") lists what stays observable and why that is bounded.
+
+* The worker's configuration comes on its control socket, never in its argument list (``sys.argv`` would hand a run
+  the run uid, the mechanism and the host scratch path, whose name holds the trainer's pid).
+* The interpreter's own record of where it lives is blanked: ``sys.argv``, ``sys.orig_argv``, ``sys.executable``,
+  the prefixes, ``sys.path`` and the import caches (nothing can be imported after the chroot anyway), and every
+  loaded module's ``__file__``, ``__cached__``, ``__path__`` and spec origin.
+* The file name in every code object of the worker's heap (the standard library's functions, the worker's own) is cut
+  to its base name, so that walking from a module to a function's code gives ``fractions.py``, not the user's home
+  directory. Frames already running when this is done (the worker's main loop) keep their code: the worker is
+  started from source compiled under the bare name ``worker.py`` (lorapop/executor/handle.py), so they hold nothing
+  more.
+"""
+
+import gc
+import json
+import os
+import sys
+
+CONFIG_MAX_BYTES = 1 << 20
+
+
+def read_config(ctl):
+    """The worker's configuration: the first datagram on its control socket."""
+    data = ctl.recv(CONFIG_MAX_BYTES)
+    if not data:
+        raise SystemExit("sandbox worker: no configuration on the control socket")
+    return json.loads(data)
+
+
+def hide_interpreter(chrooted=True):
+    """Blank the interpreter's paths and every module's file attributes; cut every code object's file name to its
+    base name. Called once, after the last import and before the first run is forked. Without a chroot (no
+    filesystem isolation: the host's files are the runs' to read anyway) the import path and the modules' own
+    paths are left, so that imports go on working."""
+    sys.argv[:] = [""]
+    for name in ("orig_argv",):
+        if hasattr(sys, name):
+            setattr(sys, name, [])
+    for name in ("executable", "_base_executable"):
+        if hasattr(sys, name):
+            setattr(sys, name, "")
+    for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
+        setattr(sys, name, "/")
+    if chrooted:
+        sys.path[:] = []
+        sys.path_importer_cache.clear()
+        sys.modules.get("linecache") and sys.modules["linecache"].cache.clear()
+        for mod in list(sys.modules.values()):
+            _hide_module(mod)
+    _rename_code()
+
+
+def _hide_module(mod):
+    d = getattr(mod, "__dict__", None)
+    if not isinstance(d, dict):
+        return
+    for key in ("__file__", "__cached__"):
+        if isinstance(d.get(key), str):
+            d[key] = os.path.basename(d[key])
+    if isinstance(d.get("__path__"), list):
+        d["__path__"] = []
+    spec = d.get("__spec__")
+    for attr in ("origin", "cached"):
+        val = getattr(spec, attr, None)
+        if isinstance(val, str) and os.sep in val:
+            try:
+                setattr(spec, attr, os.path.basename(val))
+            except (AttributeError, TypeError):
+                pass
+    if getattr(spec, "submodule_search_locations", None):
+        spec.submodule_search_locations = []
+    loader = d.get("__loader__")
+    for attr in ("path", "archive"):
+        if isinstance(getattr(loader, attr, None), str):
+            try:
+                setattr(loader, attr, os.path.basename(getattr(loader, attr)))
+            except (AttributeError, TypeError):
+                pass
+
+
+def _rename_code():
+    """Every function's code (and the code nested in its constants) with its file name cut to the base name."""
+    done = {}
+
+    def renamed(code):
+        got = done.get(id(code))
+        if got is not None:
+            return got[1]
+        consts = tuple(renamed(c) if isinstance(c, type(code)) else c for c in code.co_consts)
+        new = code.replace(co_filename=os.path.basename(code.co_filename), co_consts=consts)
+        done[id(code)] = (code, new)  # the old one kept alive so that its id is not reused meanwhile
+        return new
+
+    func = type(_rename_code)
+    for obj in gc.get_objects():
+        if type(obj) is func:
+            try:
+                obj.__code__ = renamed(obj.__code__)
+            except (ValueError, TypeError):  # a closure whose free variables no longer match: left as it is
+                pass
