@@ -30,6 +30,7 @@ LAUNCH = ("import sys; sys.path.insert(0, sys.argv[1]); "
           "exec(compile(open(sys.argv[1] + '/worker.py', 'rb').read(), 'worker.py', 'exec'), {'__name__': '__main__'})")
 SANDBOX_PREFIX = "lorapop-sbx-"  # + owner pid: each worker's scratch root under the temp directory
 _PAGE = 4096  # what a pipe always holds, even for a user past the kernel's pipe-buffer quota
+READ_REST_S = 0.002  # after a short read of a result the pipe waits this long: at most 500 wake-ups a second
 
 
 class WorkerHandle:
@@ -194,15 +195,21 @@ class WorkerHandle:
 
         os.set_blocking(code_w, False)
         write_some()
-        res_open = True
+        res_open, rest_until = True, 0.0
         while report is None or (res_open and watch):
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 # A report came and only the result pipe is still open: a process outside the run's reach (no pid
                 # namespace, executor.allow_unisolated) holds it; what was read stands.
                 return (report, b"".join(chunks), overflow) if report is not None else (None, b"", False)
-            rl = ([self.ctl] if report is None else []) + ([res_r] if res_open and watch else [])
-            r, w, _ = select.select(rl, [code_w] if code_w in pending else [], [], left)
+            # After a short read the pipe is left alone for READ_REST_S: a run writing its result a byte at a time
+            # would otherwise wake this thread (holding the GIL) once per write for its whole wall clock; an honest
+            # result comes in a few large writes and loses at most READ_REST_S per short one.
+            reading = res_open and watch and now >= rest_until
+            rl = ([self.ctl] if report is None else []) + ([res_r] if reading else [])
+            wait = left if reading or not (res_open and watch) else min(left, rest_until - now)
+            r, w, _ = select.select(rl, [code_w] if code_w in pending else [], [], wait)
             if w:
                 write_some()
             if res_r in r:
@@ -214,6 +221,8 @@ class WorkerHandle:
                 else:
                     chunks.append(chunk)
                     size += len(chunk)
+                if 0 < len(chunk) < _PAGE:
+                    rest_until = time.monotonic() + READ_REST_S
             if self.ctl in r:
                 report = self._recv(deadline) or {}
                 if not report:
