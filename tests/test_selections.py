@@ -13,7 +13,8 @@ import pytest
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import TASK_TYPES
 from lorapop.tasks.base import Invalid, ParseError, Proposal, Task
-from lorapop.tasks.selection_family import (LEVELS, SEED_FILE, SEED_LEVELS, SELECTION_PREFILL, answer_tokens,
+from lorapop.tasks.shown import answer_tokens
+from lorapop.tasks.selection_family import (LEVELS, SEED_FILE, SEED_LEVELS, SELECTION_PREFILL, 
                                             check_shape, seed_rows)
 from lorapop.tasks.styles import AZR, SELECTION
 

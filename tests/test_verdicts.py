@@ -250,7 +250,8 @@ def test_value_keys_agree_with_the_verdicts_equality():
     """values.value_key is equal exactly when AZR's == is, over generated literal values (numbers of every kind,
     strings, bytes, nested containers, sets and dicts); the syntax-tree form of their text only when the texts are
     the same literal (the same types, in the same order)."""
-    from lorapop.tasks.values import NotLiteral, call_form, literal_value, value_key
+    from lorapop.modeltext import NotLiteral
+    from lorapop.tasks.values import call_form, literal_value, value_key
 
     rng = random.Random(2)
     vals = _values(rng, 60) + [1, 1.0, True, 0, -0.0, 0.0, False, 1 + 0j, [1], [1.0], (1,), {1: 2}, {1.0: 2}, {2, 1},

@@ -179,7 +179,7 @@ def test_a_teacher_text_the_tokenizer_rewrites_is_invalid_at_the_validate_stage(
     from lorapop.config import SelfPlayConfig
     from lorapop.engine.base import Completion
     from lorapop.train import stages
-    from lorapop.train.members import Member
+    from lorapop.records.members import Member
 
     sp = SelfPlayConfig(task_types=["code_o", "code_f"])
     sp.validate()

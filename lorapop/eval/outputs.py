@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lorapop.tasks.values import NotLiteral, literal_value
+from lorapop.modeltext import NotLiteral
+from lorapop.tasks.values import literal_value
 
 # What a candidate's outputs may hold, so that rebuilding and comparing them on the host stays linear in their size
 # (docs/METHOD.md, "Which layer bounds what"). An int of more bits than this would take seconds to convert for a

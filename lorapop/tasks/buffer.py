@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lorapop.tasks.base import Invalid, Proposal, Task
-from lorapop.tasks.values import NotLiteral, call_key, parse_text
+from lorapop.modeltext import NotLiteral, parse_text
+from lorapop.tasks.values import call_key
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.base import Executor

@@ -9,7 +9,8 @@ from lorapop.tasks import azr_prompts
 from lorapop.tasks.common import ProgramInputTask, check_answers, fence
 from lorapop.tasks.parsing import extract
 from lorapop.tasks.validity import call_code, check_call_args
-from lorapop.tasks.values import NotLiteral, call_form
+from lorapop.modeltext import NotLiteral
+from lorapop.tasks.values import call_form
 
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from lorapop.tasks import azr_prompts
 from lorapop.tasks.base import Invalid, Outcome, ParseError, Proposal, Task
 from lorapop.tasks.validity import MAX_OUTPUT_CHARS, call_code, check_call_args, check_program, status_to_invalid
-from lorapop.tasks.values import NotLiteral, call_key, literal_value, same_text
+from lorapop.modeltext import NotLiteral
+from lorapop.tasks.values import call_key, literal_value, same_text
 
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.base import Executor

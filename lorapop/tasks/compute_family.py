@@ -216,7 +216,8 @@ def read_answer(task: Task, answer_text: str) -> str:
     """How a page task's answer reads: ``right`` (the expected value), ``other_shown`` (another value the prompt
     shows), ``other`` (any other literal) or ``unreadable`` (no closed output block holding one literal)."""
     from lorapop.tasks import TASK_TYPES
-    from lorapop.tasks.values import NotLiteral, literal_value, same_value
+    from lorapop.modeltext import NotLiteral
+    from lorapop.tasks.values import literal_value, same_value
 
     got = TASK_TYPES["code_o"].parse_answer(answer_text)
     if not hasattr(got, "text"):

@@ -28,8 +28,9 @@ import random
 from collections.abc import Callable
 
 from lorapop.tasks.base import Invalid, Task
-from lorapop.tasks.shown import answer_of, answer_tokens, over_budget  # noqa: F401 - answer_* re-exported
-from lorapop.tasks.values import MAX_CALL_CHARS, NotLiteral, literal_value, parse_text
+from lorapop.tasks.shown import over_budget
+from lorapop.modeltext import NotLiteral, parse_text
+from lorapop.tasks.values import MAX_CALL_CHARS, literal_value
 
 # level -> expressions over nums. 1: one selection on a short list; 2: negative or sorted positions, a slice, a
 # conditional; 3: computed indices and two selections composed, on longer lists.

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ast
 
 from lorapop.tasks.base import Invalid
-from lorapop.tasks.values import NotLiteral, literal_of, literal_value, parse_text
+from lorapop.modeltext import NotLiteral, literal_of, parse_text
+from lorapop.tasks.values import literal_value
 
 MAX_PROGRAM_CHARS = 6000
 MAX_INPUT_CHARS = 1000

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from lorapop.modeltext import NotLiteral, literal_of, parse_text, quiet_parse  # noqa: F401 - the tasks' names for them
+from lorapop.modeltext import NotLiteral, literal_of, parse_text
 
 MAX_CALL_CHARS = 4000  # an argument list read by call_value (the checks cap inputs at 1000 before)
 MAX_DEPTH = 64  # nesting of containers in one value; deeper is "not a literal" at validation and at checking

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lorapop.tasks.base import Answer, Task
-from lorapop.tasks.values import MAX_CALL_CHARS, NotLiteral, literal_value
+from lorapop.modeltext import NotLiteral
+from lorapop.tasks.values import MAX_CALL_CHARS, literal_value
 
 STRATEGIES = ("first", "last", "max", "min", "most_common", "copy")
 LABELS = {"first": "the first element", "last": "the last element", "max": "the largest element",
