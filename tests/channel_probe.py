@@ -71,12 +71,14 @@ _result = {
     'itimers': [signal.getitimer(w) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)],
     'alarm': signal.alarm(0),
     'uname': attempt(lambda: tuple(os.uname())),  # refused by the filter (a fact of the machine)
-    'ids': (os.getresuid(), os.getresgid(), os.getgroups(), os.getpgrp() == os.getpid(), os.getsid(0) == os.getpid()),
+    'ids': (os.getresuid(), os.getresgid(), os.getgroups()),
+    'pid_names': sorted(n for n in ('getpid', 'getppid', 'getpgrp', 'getpgid', 'getsid') if hasattr(os, n)),
+    'result_fd': (attempt(lambda: os.fstat(3).st_ino), attempt(lambda: os.dup(3))),
     'fds': [(fd, os.get_blocking(fd)) for fd in fds],
     'modules': sorted(sys.modules), 'builtins': sorted(dir(sys.modules['builtins'])),
     'fractions': sorted(vars(sys.modules['fractions'])), 'recursion': sys.getrecursionlimit(),
     'switch': sys.getswitchinterval(), 'flags': tuple(sys.flags),
-    'pipe_inode': attempt(new_pipe), 'pidfd_inode': attempt(lambda: os.fstat(os.pidfd_open(os.getpid())).st_ino),
+    'pipe_inode': attempt(new_pipe), 'pidfd_inode': attempt(lambda: os.fstat(os.pidfd_open(1)).st_ino),
     'abstract_socket': attempt(abstract), 'dev_shm': os.path.exists('/dev/shm'),
     'memfd': attempt(lambda: os.memfd_create('note')),
 }
@@ -107,7 +109,7 @@ WRITERS = {
     "tmpfs_inode_counter": ("for i in range(100):\n    os.close(os.open('/w/f%d' % i, os.O_CREAT | os.O_WRONLY))\n"
                             "    os.unlink('/w/f%d' % i)"),
     "pipe_inode_counter": "for i in range(3000):\n    r, w = os.pipe()\n    os.close(r)\n    os.close(w)",
-    "pidfd_inode": "os.pidfd_open(os.getpid())",
+    "pidfd_inode": "os.pidfd_open(1)",
     "memfd": "os.write(os.memfd_create('note'), b'1')",
     "dev_shm": "open('/dev/shm/note', 'w').write('1')",
     "abstract_socket": "import socket\ns = socket.socket(socket.AF_UNIX)\ns.bind('\\0lorapop-note')",
@@ -151,8 +153,9 @@ IPC_WRITERS = {
     "keyring": "libc.syscall(248, b'user', b'note', b'1', 1, -3)",  # add_key to the session keyring (x86_64)
 }
 IPC_PRE = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-# With forks allowed (max_procs 4): a run that makes processes moves the pid counter the next run reads.
-PID_LOOK = "import os\n_result = os.getpid()"
+# With forks allowed (max_procs 4): a run that makes processes moves the pid counter the next run reads (a run has no
+# getpid, but fork tells it its child's pid).
+PID_LOOK = "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n_result = pid"
 PID_WRITER = ("import os\nfor i in range(20):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
               "    os.waitpid(pid, 0)\n_result = 'done'")
 
@@ -174,13 +177,13 @@ NATIVE = (
     "        rc = call(*[long(a) for a in [nr] + args])\n"
     "        out.append((rc, m.get_errno()))\n"
     "    return out")
-# getppid (allowed: the native call works; the worker, pid 1), prctl(PR_GET_DUMPABLE) (0: a crashing run starts no
+# sched_yield (allowed: the native call works), prctl(PR_GET_DUMPABLE) (0: a crashing run starts no
 # core helper on the host), then unshare(CLONE_NEWUSER), shmget(IPC_CREAT), setxattr(NULL...),
 # pipe2(NULL, 0), refused; then the calls that draw on a budget of the machine or of the host user: io_setup(1, NULL)
 # and the rest of the aio calls, io_uring, inotify and fanotify instances and watches, file handles, kcmp, sync,
 # and a MAP_HUGETLB mapping (x86_64 numbers; without the filter the first two aio calls and inotify_init would take
 # from fs.aio-max-nr and max_user_instances)
-NATIVE_CALLS = [(110, []), (157, [3, 0, 0, 0, 0]), (272, [0x10000000]), (29, [0x10C0FFEE, 4096, 0o1000 | 0o600]), (188, [0, 0, 0, 0, 0]),
+NATIVE_CALLS = [(24, []), (157, [3, 0, 0, 0, 0]), (272, [0x10000000]), (29, [0x10C0FFEE, 4096, 0o1000 | 0o600]), (188, [0, 0, 0, 0, 0]),
                 (293, [0, 0]), (206, [1, 0]), (207, [0]), (208, [0, 0, 1, 0, 0]), (209, [0, 0, 0]), (210, [0, 0, 0]),
                 (333, [0, 0, 1, 0, 0, 0]), (425, [1, 0]), (426, [-1, 0, 0, 0, 0, 0]), (427, [-1, 0, 0, 0]),
                 (253, []), (294, [0]), (254, [-1, 0, 0]), (255, [-1, 0]), (300, [0, 0]), (301, [-1, 0, 0, 0, 0]),
@@ -219,8 +222,10 @@ NOTES = {
     # later, finds itself just after one
     "end_time": ("found = 200_000 < time.time_ns() % 20_000_000 < 4_000_000",
                  "while time.time_ns() % 20_000_000 > 200_000:\n    pass"),
-    # the position: the pid counts the runs the worker served
+    # the position: the pid counts the runs the worker served, and the result pipe's inode number the pipes the
+    # machine made; neither can be read (no getpid, the filter refuses fstat on the pipe)
     "pid": ("found = os.getpid() % 2 == 1", "pass"),
+    "result_pipe_inode": ("found = os.fstat(3).st_ino % 4 == 0", "pass"),
 }
 
 
@@ -232,9 +237,9 @@ def note_program(detect: str, leave: str) -> str:
 
 
 # code_i programs honest on their own input (f(5) == 10) that, on any other input, add a bit read from a channel no
-# sandbox closes (the run's pid, a fast clock), so that a student giving another right input (15, 25, ...) would fail
-# by chance if each input ran once. Each input runs CONTROL_ROUNDS times: runs that disagree void the task.
-KEYED = {"pid": "os.getpid() % 2", "clock": "time.time_ns() // 1_000_000 % 2"}
+# sandbox closes (a fast clock), so that a student giving another right input (15, 25, ...) would fail by chance if
+# each input ran once. Each input runs CONTROL_ROUNDS times: runs that disagree void the task.
+KEYED = {"clock": "time.time_ns() // 1_000_000 % 2"}
 KEYED_ANSWERS = ["5"] + [str(10 * k + 5) for k in range(1, 9)] + ["3"]  # the own input, 8 right ones, a wrong one
 
 

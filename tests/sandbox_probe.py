@@ -51,8 +51,24 @@ for _name, (_x86, _arm) in {
         "inotify_rm_watch": (255, 28), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
         "name_to_handle_at": (303, 264), "kcmp": (312, 272), "sync": (162, 81), "syncfs": (306, 267),
         "mmap_hugetlb": (9, 222), "uname": (63, 160), "sysinfo": (99, 179), "sched_getaffinity": (204, 123),
-        "times": (100, 153)}.items():
+        "times": (100, 153),
+        # process ids, and the calls that tell whether a pid exists (written out again independently)
+        "getpid": (39, 172), "getppid": (110, 173), "gettid": (186, 178), "getpgid": (121, 155),
+        "getsid": (124, 156), "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138),
+        "rt_tgsigqueueinfo": (297, 240), "capget": (125, 90), "ioprio_get": (252, 31), "get_robust_list": (274, 100),
+        "migrate_pages": (256, 238), "move_pages": (279, 239), "pidfd_send_signal": (424, 424),
+        "process_madvise": (440, 440),
+        # allowed with some arguments only: another pid, a signal other than SIGKILL, another process's clock, the
+        # result pipe's descriptor
+        "kill_probe": (62, 129), "getpriority_other": (140, 141), "sched_getparam_other": (143, 121),
+        "sched_getscheduler_other": (145, 120), "sched_rr_get_interval_other": (148, 127),
+        "sched_getattr_other": (315, 275), "clock_gettime_other": (228, 113), "clock_getres_other": (229, 114),
+        "clock_nanosleep_other": (230, 115), "timer_create_other": (222, 107), "fstat_result": (5, 80),
+        "newfstatat_result": (262, 79), "statx_result": (332, 291), "dup_result": (32, 23),
+        "dup3_result": (292, 24), "fcntl_result": (72, 25)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
+SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
+SYSCALLS["x86_64"]["dup2_result"] = 33  # aarch64 has dup3 only
 # Arguments chosen so that, without the filter, each call fails with something other than EPERM or does nothing
 # harmful (CLONE_NEWUSER|CLONE_FS is EINVAL; reboot with a wrong magic is EINVAL; prlimit64 on pid 1 only reads).
 CALL_ARGS = {
@@ -81,6 +97,23 @@ CALL_ARGS = {
     "lremovexattr": (0, 0), "fremovexattr": (-1, 0), "pipe2": (0, -1), "pidfd_open": (0, 0),
     "setxattrat": (-1, 0, 0, 0, 0, 0), "removexattrat": (-1, 0, 0, 0),
 }
+# Without the filter: the ids come back (0 errno), a pid that does not exist is ESRCH, NULL buffers EFAULT, bad
+# descriptors EBADF, and the result pipe's descriptor (3) is copied or read (0 errno).
+_OTHER_CLOCK = (~999_999 << 3) | 2  # MAKE_PROCESS_CPUCLOCK(999999, CPUCLOCK_SCHED)
+CALL_ARGS.update({
+    "getpid": (), "getppid": (), "gettid": (), "getpgid": (0,), "getsid": (0,), "getpgrp": (),
+    "tkill": (999_999, 0), "tgkill": (999_999, 999_999, 0), "rt_sigqueueinfo": (999_999, 0, 0),
+    "rt_tgsigqueueinfo": (999_999, 999_999, 0, 0), "capget": (0, 0), "ioprio_get": (99, 0),
+    "get_robust_list": (999_999, 0, 0), "migrate_pages": (999_999, 0, 0, 0), "move_pages": (999_999, 0, 0, 0, 0, 0),
+    "pidfd_send_signal": (-1, 0, 0, 0), "process_madvise": (-1, 0, 0, 0, 0),
+    "kill_probe": (999_999, 0), "getpriority_other": (0, 999_999), "sched_getparam_other": (999_999, 0),
+    "sched_getscheduler_other": (999_999,), "sched_rr_get_interval_other": (999_999, 0),
+    "sched_getattr_other": (999_999, 0, 0, 0), "clock_gettime_other": (_OTHER_CLOCK, 0),
+    "clock_getres_other": (_OTHER_CLOCK, 0), "clock_nanosleep_other": (_OTHER_CLOCK, 0, 0, 0),
+    "timer_create_other": (_OTHER_CLOCK, 0, 0), "fstat_result": (3, 0), "newfstatat_result": (3, b"", 0, 0x1000),
+    "statx_result": (3, b"", 0x1000, 0, 0), "dup_result": (3,), "dup3_result": (3, 60, 0), "dup2_result": (3, 61),
+    "fcntl_result": (3, 3),
+})
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 CALL_ARGS["pipe"] = (0,)
 SYSCALLS["x86_64"]["inotify_init"] = 253  # aarch64 has inotify_init1 only
@@ -103,7 +136,7 @@ EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every ot
 # Real-time signals queued by kill() to itself count against the user's pending-signal budget (the host user's, in
 # a user namespace); the run queues 2000 and counts what it can take back
 SIGQUEUE = ("import signal, os\nsig = signal.SIGRTMIN\nsignal.pthread_sigmask(signal.SIG_BLOCK, {sig})\n"
-            "for i in range(2000):\n    os.kill(os.getpid(), sig)\nn = 0\n"
+            "for i in range(2000):\n    os.kill(0, sig)\nn = 0\n"
             "while signal.sigtimedwait({sig}, 0) is not None:\n    n += 1\n_result = n")
 
 
@@ -117,12 +150,13 @@ def syscall_program(arch: str) -> str:
         f"args = {CALL_ARGS!r}\n"
         "out = {}\n"
         "for name, nr in nrs.items():\n"
-        "    a = [os.getpid() if x == 'self' else x for x in args[name]]\n"
+        "    a = [0 if x == 'self' else x for x in args[name]]\n"
         "    a = [ctypes.c_long(x) if isinstance(x, int) else ctypes.c_char_p(x) for x in a]\n"
         "    ctypes.set_errno(0)\n"
         "    rc = libc.syscall(ctypes.c_long(nr), *a)\n"
         "    out[name] = ctypes.get_errno() if rc == -1 else 0\n"
-        "    if rc > 0 and name in ('socket', 'userfaultfd', 'io_uring_setup', 'fsopen', 'inotify_init'):\n"
+        "    if rc > 0 and name in ('socket', 'userfaultfd', 'io_uring_setup', 'fsopen', 'inotify_init',\n"
+        "                                'dup_result', 'dup2_result', 'dup3_result'):\n"
         "        os.close(rc)\n"
         "_result = out\n"
     )
@@ -175,12 +209,14 @@ KIN_MODULES = ("linecache", "codecs", "mimetypes", "wave", "nntplib", "pydoc", "
 
 # Runs that bypass the static check (as the executor's own tests do): a double-forked setsid process that must not
 # outlive its run, and fork still working under the limits.
-# (No pipe between them: the filter refuses new pipes. In the run's pid namespace the grandchild's pid is the run's
-# own plus two.)
-LEFTOVER = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    pid = os.fork()\n"
+# (No pipe between them: the filter refuses new pipes. In the run's pid namespace the grandchild's pid is the child's
+# plus one.)
+LEFTOVER = ("import os, time\nchild = os.fork()\nif child == 0:\n    os.setsid()\n    pid = os.fork()\n"
             "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\n"
-            "time.sleep(0.2)\n_result = os.getpid() + 2")
-ALIVE = "import os\ntry:\n    os.kill({pid}, 0)\n    _result = 'alive'\nexcept ProcessLookupError:\n    _result = 'gone'"
+            "time.sleep(0.2)\n_result = child + 1")
+# kill(pid, 0) is refused (it would tell a run which pids exist); SIGKILL is the one signal a run may send
+ALIVE = ("import os\ntry:\n    os.kill({pid}, 9)\n    _result = 'alive'\nexcept ProcessLookupError:\n"
+         "    _result = 'gone'")
 FORK_BOMB = ("import os, time\npids = []\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
              "        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n    pids.append(pid)\n"
              "_result = len(pids)")
@@ -188,7 +224,7 @@ FORK_BOMB = ("import os, time\npids = []\nwhile True:\n    try:\n        pid = o
 # cutting the worker's limits; then a plain run must still be served by the same, healthy worker.
 AT_WORKER = ["import os, signal\nos.kill(1, signal.SIGINT)\n_result = 'sent'",
              "import resource\nresource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))\n_result = 'cut'",
-             "import os\n_result = os.getpid()"]
+             "_result = 'served'"]
 FORK = ("import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n_, st = os.waitpid(pid, 0)\n"
         "_result = os.WEXITSTATUS(st)")
 

@@ -31,13 +31,16 @@ REFUSED = {
     "dev_shm": 2, "abstract_socket": 1, "socketpair": 1, "priority": 1, "nice": 1, "cpu_set": 1, "scheduler": 1,
     "host_name": 1, "stdin_flags": 9, "worker_descriptors": 9,
 }
-# the timing and position channels cannot be closed, only made useless: a teacher keyed on them is refused or voided
-UNCLOSED = {"end_time", "pid"}
+# the timing channel cannot be closed, only made useless: a teacher keyed on it is refused or voided
+UNCLOSED = {"end_time"}
 
 
 def check(out: dict) -> None:
     assert "refused" not in out, out["refused"]
     assert out["protections"]["mechanism"] in ("root", "userns"), out["protections"]
+    # no run can read a process id or the result pipe's inode number (nor copy the pipe to read it elsewhere)
+    look = ast.literal_eval(out["channels"]["cwd"]["before"][1])
+    assert look["pid_names"] == [] and look["result_fd"] == ("error 1", "error 1"), look
     # every channel: the run after the writer sees exactly what the run before it saw
     assert set(out["channels"]) == set(channel_probe.WRITERS)
     for name, got in out["channels"].items():
@@ -67,18 +70,9 @@ def check(out: dict) -> None:
     # teachers honest on their own input and keyed on a channel on every other input: every check is void, or judges
     # every right input right (all of an input's runs agreed: for a fair bit about 1 in 4 per input, so a check of
     # nine keyed inputs stays unvoided about once in 260,000), never a right input wrong
-    # The pid is not a fair bit but a counter of the worker's runs: when a check hands its rounds out in the same order
-    # (each input's next run ready 25 ms after its last, in the order of the first round), the runs of one input can
-    # share a parity, the check is not voided and right inputs are judged wrong. Seen on the whole suite under load
-    # (2 cores), not alone; an open breach (docs/METHOD.md, "The control run"), so it is reported as an expected
-    # failure, never passed over in silence, and every other assertion still runs.
-    pid_forged = []
     for name, got in out["keyed"].items():
         assert got["valid"], (name, got)
         bad = [c for c in got["checks"] if not (c == ["void"] * 10 or c == ["correct"] * 9 + ["wrong"])]
-        if name == "pid" and bad:
-            pid_forged = bad
-            continue
         assert not bad, (name, got)
         assert any(c == ["void"] * 10 for c in got["checks"]), (name, got)  # the channel does change its runs
     # native code from the extension cache passes the static check and validates as a task; the run is not dumpable;
@@ -86,15 +80,13 @@ def check(out: dict) -> None:
     if "native" in out:
         nat = out["native"]
         assert nat["static_ok"] and nat["valid"], nat
-        (pid, e0), (dumpable, e1), *refused = ast.literal_eval(nat["output"][0])
-        assert pid == 1 and e0 == 0 and (dumpable, e1) == (0, 0), nat
+        (rc, e0), (dumpable, e1), *refused = ast.literal_eval(nat["output"][0])
+        assert (rc, e0) == (0, 0) and (dumpable, e1) == (0, 0), nat
         assert refused == [(-1, 1)] * (len(channel_probe.NATIVE_CALLS) - 2), list(
             zip(channel_probe.NATIVE_CALLS[2:], refused))
     # students that compute nothing and read what the reference left: wrong
     for name, got in out["students"].items():
         assert got["valid"] and got["checks"] == ["wrong"] * 4, (name, got)
-    if pid_forged:
-        pytest.xfail(f"open breach: a teacher keyed on the pid's parity had right inputs judged wrong: {pid_forged}")
 
 
 def _diff(got: dict) -> dict:
@@ -157,6 +149,29 @@ def _clock_acceptance(ex, grain_ns: int, n: int, gap_s: float) -> float:
             got = code_o.check_many(task, [code_o.parse_answer(f"```output\n{task.outputs[0]}\n```")], ex)[0]
             accepted += got.status != "void"
     return accepted / n
+
+
+def test_a_hash_order_rarely_buys_a_valid_task():
+    """docs/METHOD.md, "Determinism, and the clock": a program whose output is a hash order (the list of a set of two
+    strings) must agree under the executor's three seeds, drawn at random, to be valid and survive its check: about
+    1/4 of random pairs (measured 56 of 200), where the fixed seeds 1 and 2 with checks under seed 1 accepted every
+    pair valid under both (about 1/2). 29 of 64 would happen by chance at p = 0.28 about once in 1000."""
+    import random
+
+    from lorapop.tasks import TASK_TYPES, Task
+
+    code_o, rng, valid, accepted, n = TASK_TYPES["code_o"], random.Random(7), 0, 0, 64
+    with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
+        for _ in range(n):
+            words = [f"w{rng.randrange(10 ** 6)}" for _ in range(2)]
+            prop = f"```python\ndef f(a):\n    return list(set(a))\n```\n```input\n{words!r}\n```"
+            task = code_o.validate_many([code_o.parse_proposal(prop)], ex)[0]
+            if isinstance(task, Task):
+                valid += 1
+                got = code_o.check_many(task, [code_o.parse_answer(f"```output\n{task.outputs[0]}\n```")], ex)[0]
+                accepted += got.status != "void"
+    print({"valid": valid, "accepted": accepted, "n": n})
+    assert accepted < valid and accepted / n < 0.45, (valid, accepted)
 
 
 def test_the_clock_rarely_buys_a_valid_task():

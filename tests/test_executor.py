@@ -57,6 +57,51 @@ def test_hash_seed_selects_the_interpreter(ex):
     assert a1 == want
 
 
+def test_hash_seeds_are_three_distinct_draws_or_refused_at_load():
+    """Unset, an executor draws three distinct seeds of its own (never 0, which turns randomisation off), so no
+    program can be fitted to them in advance; set, they must be three distinct seeds, or the config is refused."""
+    from lorapop.configlib import ConfigError
+    from lorapop.executor.base import resolve_hashseeds
+
+    draws = [resolve_hashseeds(ExecutorConfig()) for _ in range(50)]
+    assert all(len(set(d)) == 3 and all(1 <= x < 2**32 for x in d) for d in draws)
+    assert len(set(draws)) == 50
+    assert resolve_hashseeds(ExecutorConfig(hashseeds=(5, 6, 7))) == (5, 6, 7)
+    for bad in ((5, 6), (5, 5, 6), (0, 1, 2), (1, 2, 2**32)):
+        with pytest.raises(ConfigError, match="executor.hashseeds"):
+            ExecutorConfig(hashseeds=bad).validate()
+
+
+def test_each_input_of_a_check_runs_under_every_seed_in_a_fresh_order_each_round(ex):
+    """run_rounds: each code's rounds go to the three seeds (so to three worker processes), and the order of the
+    codes in one round says nothing of their order in the next: over many codes, the rank of a code in round 1 and
+    in round 2 are not the same order (the old scheduler repeated the first round's order)."""
+    from lorapop.tasks.common import run_rounds
+
+    codes = [f"_result = (hash('lorapop'), {i}, __import__('time').monotonic())" for i in range(16)]
+    got = run_rounds(ex, codes, 3, 0.01)
+    for c in codes:
+        assert len({r.value.split(",")[0] for r in got[c]}) == 3, got[c]  # three hash seeds
+    import ast
+
+    def ranks(r: int) -> list[int]:
+        starts = sorted((ast.literal_eval(got[c][r].value)[2], i) for i, c in enumerate(codes))
+        return [i for _, i in starts]
+    assert ranks(0) != ranks(1) and ranks(1) != ranks(2)
+
+
+def test_a_worker_is_replaced_after_worker_max_runs():
+    """What a worker process holds for its whole life (its memory layout) lasts worker_max_runs runs at most."""
+    with SandboxExecutor(ExecutorConfig(n_workers=1, worker_max_runs=3, timeout_s=2.0)) as e:
+        pool = e._pool(e.hashseeds[0])
+        w = pool.queue[0]
+        pids = []
+        for _ in range(7):
+            assert e.run("_result = 1").value == "1"
+            pids.append(w.proc.pid if w.proc is not None else None)
+        assert pids[:2] == [pids[0]] * 2 and pids[2] is None and pids[3] == pids[4] != pids[0], pids
+
+
 def test_per_call_timeout(ex):
     assert ex.run("import time\ntime.sleep(0.3)\n_result = 1", timeout_s=0.1).status == "timeout"
     assert ex.run("import time\ntime.sleep(0.05)\n_result = 1", timeout_s=1).value == "1"

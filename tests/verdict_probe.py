@@ -63,7 +63,9 @@ CODE_I = {
 # depend on something else than their input (a file an earlier run left, the pid, the host) must not turn a right
 # prediction wrong.
 CODE_O = {
-    "pid": program("    return x + os.getpid()"),
+    # every name that gives a process id is gone (and the calls behind them are refused): the program finds none
+    "pid": program("    names = [n for n in ('getpid', 'getppid', 'getpgrp', 'getpgid', 'getsid') if hasattr(os, n)]\n"
+                   "    return 2 * x + 1000 * len(names)"),
     "file_state": CODE_I["count_runs_in_a_file"],
     # the node name is the sandbox's own; with the filter, uname (release, version) is refused whole
     "hostname": program("    try:\n        return os.uname().nodename\n    except OSError as e:\n"
@@ -132,8 +134,8 @@ LOOK = RAW_SYS + (
     "    fr = fr.f_back\nseen |= set(sys.modules)\n"
     "gc = sys.modules['_frozen_importlib']._gcd_import('gc')\n"
     "ct = sum('ctypes' in str(type(o)) or 'lockdown' in str(type(o)) for o in gc.get_objects())\n"
-    "fds = []\nfor fd in range(64):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n    except OSError:\n"
-    "        pass\n"
+    "fds = []\nfor fd in range(64):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n    except OSError as e:\n"
+    "        if e.errno != 9:\n            fds.append(fd)  # open, and refused (the result pipe: lockdown.py)\n"
     "st = os.statvfs('.')\n"
     "def attempt(fn):\n    try:\n        return fn()\n    except OSError as e:\n        return e.errno\n"
     "_result = {'listdir': os.listdir('.'), 'fresh': st.f_bfree == st.f_blocks,\n"
@@ -170,29 +172,32 @@ def _statuses(ty, task, replies: list[str], ex) -> list[str]:
     return [o.status for o in ty.check_many(task, [ty.parse_answer(r) for r in replies], ex)]
 
 
-# A set of two strings whose iteration order is the order they were written in under the checks' hash seed (they
-# share a slot) and the same either way under the other validation seed: f(s) = list(s)[0] on {a, b} validates with
-# output a, and {b, a}, equal by value, gives b in the sandbox: AZR's wrong answer. The trainer's own process has
+# A set of two strings whose iteration order is the order they were written in under each of the executor's three
+# hash seeds (they share a slot): f(s) = list(s)[0] on {a, b} validates with output a and reproduces in every round
+# of a check, and {b, a}, equal by value, gives b in the sandbox: AZR's wrong answer. The trainer's own process has
 # another hash seed, where the two spellings mostly iterate alike.
 ORDER_PROGRAM = "def f(s):\n    return list(s)[0]"
-PAIRS = ("ws = ['w%d' % i for i in range(300)]\n_result = [(a, b) for a in ws for b in ws if a < b"
-         " and list(set([a, b]))[0] == a and list(set([b, a]))[0] == b][:{n}]")
-SAME = "_result = [(a, b) for a, b in {pairs!r} if list(set([a, b]))[0] == list(set([b, a]))[0] == a]"
+WRITTEN = ("ws = ['w%d' % i for i in range(300)]\n_result = [i * 300 + j for i in range(300) for j in range(300)"
+           " if ws[i] < ws[j] and list(set([ws[i], ws[j]]))[0] == ws[i] and list(set([ws[j], ws[i]]))[0] == ws[j]]")
 
 
-def set_order(code_i, ex, n: int = 24, keep: int = 6) -> dict:
+def set_order(code_i, ex, keep: int = 6) -> dict:
     """Pairs found by running in the sandbox itself under each seed; each becomes a code_i task, checked with the
     answer respelled the other way round, and with the task's own text in other white space and parentheses."""
+    from lorapop.executor import ExecutorConfig, SandboxExecutor
     from lorapop.tasks import Task
-    from lorapop.tasks.common import DETERMINISM_SEEDS
 
-    pairs = ast_eval(ex.run(PAIRS.format(n=n), hashseed=DETERMINISM_SEEDS[0]).value)
-    pairs = ast_eval(ex.run(SAME.format(pairs=pairs), hashseed=DETERMINISM_SEEDS[1]).value)[:keep]
+    found = None  # a second executor with the same seeds, for a result longer than a task's output may be
+    with SandboxExecutor(ExecutorConfig(hashseeds=ex.hashseeds, max_repr_chars=1 << 20)) as finder:
+        for seed in ex.hashseeds:
+            got = set(ast_eval(finder.run(WRITTEN, hashseed=seed, timeout_s=30).value))
+            found = got if found is None else found & got
+    pairs = [(f"w{k // 300}", f"w{k % 300}") for k in sorted(found)][:keep]
     out = {}
     for a, b in pairs:
         given, other = f"{{{a!r}, {b!r}}}", f"{{{b!r}, {a!r}}}"
         task = _task(code_i, ORDER_PROGRAM, [given], ex)
-        azr = ex.run(f"{ORDER_PROGRAM}\n_result = f({other})", hashseed=DETERMINISM_SEEDS[0])
+        azr = ex.run(f"{ORDER_PROGRAM}\n_result = f({other})", hashseed=ex.hashseeds[0])
         out[given] = {"valid": isinstance(task, Task), "output": getattr(task, "outputs", None),
                       "azr_other": azr.value,
                       "checks": _statuses(code_i, task, [f"```input\n{other}\n```",

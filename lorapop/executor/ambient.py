@@ -17,6 +17,9 @@ machine") lists what stays observable and why that is bounded.
   directory. Frames already running when this is done (the worker's main loop) keep their code: the worker is
   started from source compiled under the bare name ``worker.py`` (lorapop/executor/handle.py), so they hold nothing
   more.
+* The process-id functions are removed from ``os``, ``posix`` and ``_thread`` (``getpid``, ``getppid``, ``getpgrp``,
+  ``getpgid``, ``getsid``, ``get_native_id``): the filter refuses the calls behind them, after which they would
+  return -1 in every run, a constant no student could know; without the names a program that asks fails instead.
 """
 
 import gc
@@ -41,6 +44,7 @@ def hide_interpreter(chrooted=True):
     filesystem isolation: the host's files are the runs' to read anyway) the import path and the modules' own
     paths are left, so that imports go on working."""
     sys.argv[:] = [""]
+    hide_process_ids()
     for name in ("orig_argv",):
         if hasattr(sys, name):
             setattr(sys, name, [])
@@ -56,6 +60,18 @@ def hide_interpreter(chrooted=True):
         for mod in list(sys.modules.values()):
             _hide_module(mod)
     _rename_code()
+
+
+PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id")
+
+
+def hide_process_ids():
+    """Remove the process-id functions from every module that holds them (lockdown.py refuses the calls)."""
+    for name in ("os", "posix", "_thread"):
+        mod = sys.modules.get(name)
+        for attr in PROCESS_ID_NAMES:
+            if mod is not None and attr in vars(mod):
+                delattr(mod, attr)
 
 
 def _hide_module(mod):

@@ -4,10 +4,11 @@ Torch-free and process-free: :mod:`.sandbox` implements it, :mod:`.ray_executor`
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from lorapop.configlib import check_fields, doc
+from lorapop.configlib import ConfigError, check_fields, doc
 
 WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
 RUN_STATUSES = ("ok", "error", "memory", "output_limit", "crashed")  # what a child may report of itself
@@ -59,7 +60,16 @@ class ExecutorConfig:
                                         "recorded in population.json and the report")
     require_isolation: bool = doc(False, "refuse any missing protection, even with "
                                          "allow_unisolated")
-    default_hashseed: int = doc(1, "PYTHONHASHSEED for runs that do not name one")
+    hashseeds: tuple[int, ...] = doc((), "three distinct PYTHONHASHSEEDs (1 to 2**32-1), one pool of n_workers "
+                                         "workers each: validation runs a task under the first two, a check runs "
+                                         "each input once under each (lorapop/tasks/common.py); empty draws three "
+                                         "at random when the executor starts, so no program can be fitted to them")
+    worker_max_runs: int = doc(2000, "runs a worker serves before a fresh one replaces it: whatever one worker "
+                                     "process holds for its whole life (its memory layout, so the address bits "
+                                     "of id(); its filesystem's device number) is the same in all its runs, a key "
+                                     "a program could learn to use; a fresh worker draws them anew", ge=1)
+    default_hashseed: int | None = doc(None, "PYTHONHASHSEED for runs that do not name one (the eval judges); "
+                                             "None: the first of hashseeds", ge=1, le=2**32 - 1)
     grace_s: float = doc(5.0, "extra seconds the trainer waits for a worker before "
                               "replacing it", ge=0)
     python: str | None = doc(None, "interpreter for workers (default: this one)")
@@ -77,6 +87,28 @@ class ExecutorConfig:
 
     def validate(self) -> None:
         check_fields(self, "executor")
+        seeds = tuple(self.hashseeds)
+        if seeds and (len(seeds) != N_HASHSEEDS or len(set(seeds)) != N_HASHSEEDS
+                      or not all(isinstance(x, int) and 1 <= x < 2**32 for x in seeds)):
+            raise ConfigError(f"executor.hashseeds = {list(seeds)}: give {N_HASHSEEDS} distinct integers from 1 to "
+                              f"{2**32 - 1}, or none to draw them at random")
+
+
+N_HASHSEEDS = 3  # validation's two, and a third only checks use: a hash order must agree under all three
+
+
+def resolve_hashseeds(config: ExecutorConfig) -> tuple[int, ...]:
+    """The config's seeds, or three distinct ones drawn from the operating system's randomness (never 0, which
+    turns hash randomisation off)."""
+    if config.hashseeds:
+        config.validate()
+        return tuple(int(x) for x in config.hashseeds)
+    rng, seeds = random.SystemRandom(), []
+    while len(seeds) < N_HASHSEEDS:
+        x = rng.randrange(1, 2**32)
+        if x not in seeds:
+            seeds.append(x)
+    return tuple(seeds)
 
 
 @dataclass
@@ -92,9 +124,13 @@ class ExecResult:
 
 
 class Executor(Protocol):
-    """``max_result_chars``: this call's cap on ``repr(_result)``, below the config's ``max_repr_chars`` (a judge
+    """``hashseeds``: the executor's three PYTHONHASHSEEDs (:func:`resolve_hashseeds`), which validation and checks
+    name in their calls; a run that names none runs under ``config.default_hashseed`` or the first of them.
+    ``max_result_chars``: this call's cap on ``repr(_result)``, below the config's ``max_repr_chars`` (a judge
     that knows how long a right answer can be): a longer result is ``output_limit`` and is never read past the cap,
     so a forged one costs the host no more than the caller allows."""
+
+    hashseeds: tuple[int, ...]
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
             max_result_chars: int | None = None) -> ExecResult: ...

@@ -46,6 +46,7 @@ class WorkerHandle:
         self.ctl: socket.socket | None = None
         self.info: dict = {}
         self.root: str | None = None
+        self.served = 0  # runs since this worker started
 
     def _command(self, root: str, mechanism: str) -> list[str]:
         c = self.ex.config
@@ -77,6 +78,7 @@ class WorkerHandle:
         # named after this process, so a run killed with -9 does not leave them behind for good (lorapop/tmpdirs.py)
         self.root = str(owned_tempdir(SANDBOX_PREFIX))
         os.chmod(self.root, 0o755)
+        self.served = 0
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
@@ -161,7 +163,8 @@ class WorkerHandle:
             self.kill()
             return ExecResult("timeout" if late else "crashed", None,
                               "worker stopped answering" if late else WORKER_DIED, took)
-        if report.get("retire"):
+        self.served += 1
+        if report.get("retire") or self.served >= c.worker_max_runs:
             self.kill()  # its tmpfs and namespaces go with it; the next call starts a fresh worker
         return run_result(report, raw, overflow, timeout_s, cap)
 

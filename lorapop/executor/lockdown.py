@@ -32,6 +32,7 @@ _COMMON = {
     "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "memfd_secret": 447, "pidfd_open": 434, "setxattrat": 463, "removexattrat": 466,
+    "pidfd_send_signal": 424, "process_madvise": 440,
 }
 # Memory a run could pin outside its address-space limit and keep past its end (SysV shared memory, message
 # queues and semaphores, POSIX message queues, memfd), and the calls that would let a run change its worker's
@@ -67,6 +68,16 @@ _STATE = {
     # count os.cpu_count falls back to once /sys and /proc are gone) and the ticks since boot (times). Hidden by
     # refusing them (ambient.py, docs/METHOD.md "Facts of the machine").
     "uname": (63, 160), "sysinfo": (99, 179), "sched_getaffinity": (204, 123), "times": (100, 153),
+    # Process ids. In the worker's pid namespace a run's pid counts the runs its worker forked, and its parity or
+    # any other bit of it is a key a teacher could use to answer differently in some runs than in others; outside
+    # one it counts the machine's processes. Every call that returns an id of a process, thread or group, or that
+    # tells whether a given pid exists (queuing a signal to it, reading its capabilities, I/O priority, robust
+    # futex list or pages), is refused, so the value is never known to a run (ambient.py removes the Python names
+    # too). The calls that take a pid and are used on the caller itself (pid 0) are limited to that below.
+    "getpid": (39, 172), "getppid": (110, 173), "gettid": (186, 178), "getpgid": (121, 155), "getsid": (124, 156),
+    "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
+    "capget": (125, 90), "ioprio_get": (252, 31), "get_robust_list": (274, 100), "migrate_pages": (256, 238),
+    "move_pages": (279, 239),
 }
 DENIED = {
     "x86_64": {
@@ -75,7 +86,7 @@ DENIED = {
         "init_module": 175, "delete_module": 176, "kexec_load": 246, "add_key": 248, "request_key": 249,
         "keyctl": 250, "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,
         "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320,
-        "bpf": 321, "execveat": 322, "userfaultfd": 323, "inotify_init": 253, **_COMMON,
+        "bpf": 321, "execveat": 322, "userfaultfd": 323, "inotify_init": 253, "getpgrp": 111, **_COMMON,
         **{name: nrs[0] for name, nrs in _STATE.items()},
     },
     "aarch64": {
@@ -88,6 +99,27 @@ DENIED = {
         **{name: nrs[1] for name, nrs in _STATE.items()},
     },
 }
+# Calls allowed only with one argument as given, as (x86_64, aarch64) numbers; "refuse when" rules below. A pid of 0
+# is the caller: priority and scheduler reads of the caller itself stay (the worker's health check makes them).
+PID_ARG_ZERO = {  # (numbers, index of the pid argument)
+    "getpriority": ((140, 141), 1), "sched_getparam": ((143, 121), 0), "sched_getscheduler": ((145, 120), 0),
+    "sched_rr_get_interval": ((148, 127), 0), "sched_getattr": ((315, 275), 0),
+}
+# kill(pid, sig) with any signal but SIGKILL (the worker's own use): kill(pid, 0) tells whether a pid exists, so
+# a run could find its own pid by trying them; SIGKILL sent to itself ends the run, to its namespace's PID 1 it is
+# dropped, to any other pid it finds nothing, so it tells a run nothing it can report.
+KILL = (62, 129)
+# Clocks of other processes and threads: a negative clock id names one by pid (MAKE_PROCESS_CPUCLOCK), and reading it
+# tells whether that pid exists. The clocks programs use (realtime, monotonic, their own CPU time) are positive.
+CLOCK_ID_CALLS = {"clock_gettime": (228, 113), "clock_getres": (229, 114), "clock_nanosleep": (230, 115),
+                  "timer_create": (222, 107)}
+# The run's result pipe is moved to this descriptor (worker.py) and nothing may read its inode or copy it: a pipe's
+# inode number comes from a counter the whole machine shares, which advances by two with every run, so its low bits
+# would be a value the same in every run of a check (a key for answering differently to students than to the
+# control's validation) and its high bits a clock. fstat is newfstatat(fd, "", AT_EMPTY_PATH) in current glibc.
+RESULT_FD = 3
+RESULT_FD_CALLS = {"fstat": (5, 80), "newfstatat": (262, 79), "statx": (332, 291), "dup": (32, 23),
+                   "dup2": (33, None), "dup3": (292, 24), "fcntl": (72, 25)}
 CLONE = {"x86_64": 56, "aarch64": 220}
 CLONE3 = 435
 PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
@@ -164,9 +196,31 @@ def build_filter(arch: str) -> bytes:
         _ins(_LD_W_ABS, 0, 0, 20),
         _ins(_JEQ_K, 1, 0, 0),
         _ins(_RET_K, 0, 0, eperm),
-        _ins(_RET_K, 0, 0, _RET_ALLOW),
     ]
-    return b"".join(prog)
+    col = 0 if arch == "x86_64" else 1
+    for nrs, arg in PID_ARG_ZERO.values():
+        prog += _arg_rule(nrs[col], arg, _JEQ_K, 0, refuse_on_match=False)
+    prog += _arg_rule(KILL[col], 1, _JEQ_K, 9, refuse_on_match=False)
+    for nrs in CLOCK_ID_CALLS.values():
+        prog += _arg_rule(nrs[col], 0, _JSET_K, 0x80000000, refuse_on_match=True)
+    for nrs in RESULT_FD_CALLS.values():
+        if nrs[col] is not None:
+            prog += _arg_rule(nrs[col], 0, _JEQ_K, RESULT_FD, refuse_on_match=True)
+    return b"".join(prog + [_ins(_RET_K, 0, 0, _RET_ALLOW)])
+
+
+def _arg_rule(nr: int, arg: int, test: int, k: int, refuse_on_match: bool) -> list[bytes]:
+    """Call ``nr`` refused with EPERM when the low 32 bits of argument ``arg`` match (``refuse_on_match``) or do not
+    match ``k`` under ``test`` (equality, or any bit of ``k`` set); every other call goes on to the next rule. Each
+    argument tested is a 32-bit int to the kernel (a pid, a signal, a clock id, a descriptor), so the low half is
+    all of it."""
+    return [
+        _ins(_LD_W_ABS, 0, 0, 0),
+        _ins(_JEQ_K, 0, 3, nr),
+        _ins(_LD_W_ABS, 0, 0, 16 + 8 * arg),
+        _ins(test, 0, 1, k) if refuse_on_match else _ins(test, 1, 0, k),
+        _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+    ]
 
 
 def _lookup(nrs: list[int]) -> list[bytes]:

@@ -17,7 +17,7 @@ import itertools
 
 from lorapop import raycluster
 
-from .base import ExecResult, ExecutorConfig
+from .base import ExecResult, ExecutorConfig, resolve_hashseeds
 
 
 class _SandboxActor:
@@ -67,7 +67,9 @@ class RayExecutor:
         ray = self._ray = raycluster.acquire(address, num_cpus=cfg.ray_actors * cfg.ray_num_cpus)
         try:
             actor = ray.remote(num_cpus=cfg.ray_num_cpus, max_restarts=1, max_task_retries=1)(_SandboxActor)
-            inner = dataclasses.replace(cfg, ray=False)
+            # one set of seeds for every actor: a check's three rounds are three seeds wherever they run
+            self.hashseeds = resolve_hashseeds(cfg)
+            inner = dataclasses.replace(cfg, ray=False, hashseeds=self.hashseeds)
             self.actors = [actor.remote(inner) for _ in range(cfg.ray_actors)]
             # every actor's sandbox reports what is in force on its node; the weakest is what the run has
             reports = self._get([a.protections.remote() for a in self.actors])

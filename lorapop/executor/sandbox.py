@@ -37,7 +37,8 @@ directly (mechanism "root"), as anyone else inside a user namespace whose only u
   and replaces a worker that stops answering.
 * **Own host name** (UTS namespace): every worker is ``sandbox``.
 * **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED; runs see PATH and LC_ALL.
-* **Hash seeds.** Workers are pooled per PYTHONHASHSEED (fixed at interpreter start), started lazily.
+* **Hash seeds.** Workers are pooled per PYTHONHASHSEED (fixed at interpreter start), started lazily; the executor's
+  three seeds (``hashseeds``) are drawn at random unless the config names them.
 
 Not pre-imported on purpose: modules that pull in `random` or `threading` (statistics, queue, secrets...): their
 at-fork hooks cost about a millisecond per run, and both are on the banned list anyway.
@@ -62,7 +63,7 @@ import warnings
 
 from lorapop.progress import progress
 
-from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError
+from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError, resolve_hashseeds
 from .handle import WorkerHandle
 
 ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
@@ -98,6 +99,7 @@ class SandboxExecutor:
         base = self.config.uid_base
         self._uid_base = base if base is not None else 200_000 + (os.getpid() % 100_000) * 64
         self._hello_checked = False
+        self.hashseeds = resolve_hashseeds(self.config)
         self.mode = self._probe_mode()
 
     def _probe_mode(self) -> dict:
@@ -129,6 +131,9 @@ class SandboxExecutor:
                 + ("; executor.require_isolation is set, which refuses even that" if c.require_isolation else ""))
         warnings.warn(f"lorapop sandbox NOT ISOLATED (executor.allow_unisolated): {why}", RuntimeWarning,
                       stacklevel=3)
+
+    def _default_seed(self) -> int:
+        return int(self.config.default_hashseed or self.hashseeds[0])
 
     def _pool(self, hashseed: int) -> queue.Queue:
         with self._lock:
@@ -182,7 +187,7 @@ class SandboxExecutor:
     def protections(self) -> dict:
         """What the first worker of the default seed reported as in force (starts it if needed), and the
         mechanism: "root", "userns" or "none". :func:`isolated` of it says whether runs are walled off."""
-        pool = self._pool(self.config.default_hashseed)
+        pool = self._pool(self._default_seed())
         w = pool.get()
         try:
             self._started(w)
@@ -197,7 +202,7 @@ class SandboxExecutor:
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
             max_result_chars: int | None = None) -> ExecResult:
-        pool = self._pool(self.config.default_hashseed if hashseed is None else int(hashseed))
+        pool = self._pool(self._default_seed() if hashseed is None else int(hashseed))
         t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
         cap = self.config.max_repr_chars if max_result_chars is None else min(self.config.max_repr_chars,
                                                                               max(1, int(max_result_chars)))

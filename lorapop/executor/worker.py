@@ -49,6 +49,7 @@ _repr, _len, _isinstance, _str = repr, len, isinstance, str
 HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
+RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
 
 
 class _OutputLimit(BaseException):
@@ -166,6 +167,9 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
         os.chdir(cfg["work"])
         code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
         os.close(code_fd)
+        if res_fd != RESULT_FD:  # the one descriptor the filter keeps a run from reading the inode of (lockdown.py)
+            os.dup2(res_fd, RESULT_FD), os.close(res_fd)
+            res_fd = RESULT_FD
         out = _CappedOut(cfg["max_output_chars"])
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
         g = {"__name__": "__main__", "__builtins__": builtins}
@@ -292,21 +296,18 @@ def _reap(pid, is_pid1):
 def _run_one(req, fds, cfg, state):
     timeout = float(req.get("timeout") or cfg["timeout_s"])
     cpu_s = max(1, int(timeout + 1.999))
-    code_fd, res_fd = fds
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
-        _child(cfg, code_fd, res_fd, cpu_s, int(req.get("size", 0)))
-    os.close(code_fd)
-    os.close(res_fd)
+        _child(cfg, *fds, cpu_s, int(req.get("size", 0)))
+    os.close(fds[0]), os.close(fds[1])
     if not cfg["pid1"]:
         try:
             os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
         except OSError:
             pass
     wstatus = _wait(pid, t0 + timeout)
-    timed_out = wstatus is None
-    duration = time.perf_counter() - t0
+    timed_out, duration = wstatus is None, time.perf_counter() - t0
     if timed_out:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -323,8 +324,7 @@ def _preimport(names):
     loaded = []
     for name in names:
         try:
-            __import__(name)
-            loaded.append(name)
+            loaded.append(__import__(name) and name)
         except Exception:
             pass
     return loaded

@@ -4,8 +4,9 @@ PYTHONHASHSEEDs) and the prompt pieces."""
 from __future__ import annotations
 
 import random
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from lorapop.tasks import azr_prompts
@@ -17,13 +18,19 @@ from lorapop.tasks.values import call_key, literal_value, same_text
 if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.base import Executor
 
-DETERMINISM_SEEDS = (1, 2)  # two processes with different hash randomisation
+DETERMINISM_SEEDS = (1, 2, 3)  # hash seeds of an executor that names none (the sandbox draws its own at random)
 _SHUFFLE = random.SystemRandom()  # the order of a check's runs: nothing a program can see or predict
 
 
+def executor_seeds(executor: Executor) -> tuple[int, ...]:
+    """The executor's hash seeds: validation runs under the first two, a check's rounds under all of them."""
+    return tuple(getattr(executor, "hashseeds", None) or DETERMINISM_SEEDS)
+
+
 def validate_many(type_name: str, proposals: list[Proposal], executor: Executor, *, min_inputs: int = 1,
-                  hashseeds: tuple[int, int] = DETERMINISM_SEEDS, timeout_s: float | None = None
+                  hashseeds: tuple[int, int] | None = None, timeout_s: float | None = None
                   ) -> list[Task | Invalid]:
+    hashseeds = hashseeds or executor_seeds(executor)[:2]
     results: list[Task | Invalid | None] = [None] * len(proposals)
     jobs: list[tuple[int, int, str]] = []  # (proposal index, input index, code)
     for pi, p in enumerate(proposals):
@@ -204,8 +211,9 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     The control cannot be told from the answers' runs (docs/METHOD.md, "The control run"). Every run starts from the
     same state and leaves nothing (worker.py). Every distinct run of the task's own program (the control's, and
     code_i's answers, which run that program on the student's input; an answer whose code is the same text as a
-    control run is that run) runs ``rounds`` times, each start at least ``spread_s`` after the one before, the runs
-    of all inputs interleaved in an order drawn from the operating system's randomness (:func:`run_rounds`). When the
+    control run is that run) runs ``rounds`` times, each start at least ``spread_s`` after the one before, each under
+    another of the executor's hash seeds (so in another worker process), the runs of all inputs interleaved in a
+    fresh order each round, drawn from the operating system's randomness (:func:`run_rounds`). When the
     runs of one input disagree (one returns a value and another fails, or two return different values) the program
     had no stable answer there and the task is void, so a program keyed on any channel, on its own input or on a
     student's, is either honest in all its runs or voided. Runs of other programs (code_f's answers) all end before
@@ -264,36 +272,39 @@ def _disagreement(results: list) -> str | None:
 
 
 def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: float) -> dict[str, list]:
-    """Each code run ``rounds`` times -> {code: its results}. A code's run starts at least ``spread_s`` after its
-    previous run started, never waiting for it to end: runs of one input are spread in time, while a slow program's
-    runs overlap and a check costs about one of its runs, not ``rounds`` of them in a row. Among the runs that may
-    start, the next is drawn from the operating system's randomness, so no run's place among the others (its worker,
-    its pid, what ran before it) says which input or which round it is. At most ``executor.config.n_workers`` runs
-    are handed out at once (one per worker of the default hash seed), so each starts when it is handed out."""
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    out: dict[str, list] = {c: [] for c in codes}
-    left = {c: max(1, int(rounds)) for c in codes}
-    ready_at = dict.fromkeys(codes, 0.0)
+    """Each code run ``rounds`` times -> {code: its results, in round order}. Round by round, each in a fresh order
+    drawn from the operating system's randomness, so no run's place among the others (its worker, what ran before
+    it, how many runs its worker has made) says which input or which round it is, and the places of one input's
+    runs are independent. Each code's rounds run under the executor's hash seeds in an order drawn for that code,
+    one seed a round: its runs go to different worker pools, so whatever one worker process holds for its whole life
+    (its hash order, its memory layout, its filesystem's identity) differs between them and a program keyed on it
+    disagrees with itself. A round starts ``spread_s`` after the last run of the round before started, never
+    waiting for runs to end: a slow program's runs overlap, so a check costs about one of its runs, not ``rounds``
+    of them in a row. At most ``executor.config.n_workers`` runs are handed out at once, so each starts when it is
+    handed out."""
+    seeds = executor_seeds(executor)
+    rounds = max(1, int(rounds))
     slots = max(1, int(getattr(getattr(executor, "config", None), "n_workers", 1)))
-    flying: dict = {}
+    free = threading.Semaphore(slots)
+    seed_of = {c: _SHUFFLE.sample(seeds, len(seeds)) for c in codes}
+
+    def one(code: str, seed: int):
+        try:
+            return executor.run(code, hashseed=seed)
+        finally:
+            free.release()
+
+    futures: list[tuple[str, Future]] = []
     with ThreadPoolExecutor(slots) as pool:
-        while left or flying:
-            now = time.monotonic()
-            ready = [c for c in left if ready_at[c] <= now]
-            if ready and len(flying) < slots:
-                c = _SHUFFLE.choice(ready)
-                ready_at[c] = now + spread_s
-                left[c] -= 1
-                if not left[c]:
-                    del left[c]
-                flying[pool.submit(executor.run, c)] = c
-                continue
-            wake = min((ready_at[c] for c in left), default=now + 3600.0) - now if len(flying) < slots else None
-            if not flying:
-                time.sleep(max(0.0, wake))
-                continue
-            done, _ = wait(flying, timeout=None if wake is None else max(0.0, wake), return_when=FIRST_COMPLETED)
-            for f in done:
-                out[flying.pop(f)].append(f.result())
+        last = None
+        for r in range(rounds):
+            if last is not None:
+                time.sleep(max(0.0, last + spread_s - time.monotonic()))
+            for c in _SHUFFLE.sample(codes, len(codes)):
+                free.acquire()
+                last = time.monotonic()
+                futures.append((c, pool.submit(one, c, seed_of[c][r % len(seeds)])))
+    out: dict[str, list] = {c: [] for c in codes}
+    for c, f in futures:
+        out[c].append(f.result())
     return out
