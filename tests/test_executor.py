@@ -102,6 +102,38 @@ def test_a_worker_is_replaced_after_worker_max_runs():
         assert pids[:2] == [pids[0]] * 2 and pids[2] is None and pids[3] == pids[4] != pids[0], pids
 
 
+def test_a_run_sees_the_same_limits_zone_and_filesystem_size_on_every_machine(ex):
+    """What would otherwise be the host's: the tmpfs's inode count (by default half the machine's RAM pages), the
+    time zone (read when the worker imports time, before the chroot), the locked-memory, message-queue and stack
+    limits; and kill(0, SIGKILL) ends the run alone, never the worker (its own process group, in a pid namespace
+    too), so the next run is served by the same worker process."""
+    code = ("import os, time, resource\n_result = (os.statvfs('/').f_files, time.timezone, time.tzname, "
+            "[resource.getrlimit(getattr(resource, n)) for n in ('RLIMIT_MEMLOCK', 'RLIMIT_MSGQUEUE', "
+            "'RLIMIT_RTPRIO', 'RLIMIT_NICE', 'RLIMIT_STACK')])")
+    got = ex.run(code)
+    assert got.ok, got
+    files, zone, names, limits = eval(got.value)
+    assert (files, zone, names) == (64, 0, ("UTC", "UTC")), got.value
+    assert limits[:4] == [(0, 0)] * 4 and limits[4][0] == limits[4][1] <= 8 << 20, limits
+    with SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=2.0)) as e:
+        e.run("_result = 1")
+        w = e._pool(e.hashseeds[0]).queue[0]
+        before = w.proc.pid
+        killed = e.run("import os\nos.kill(0, 9)")
+        assert killed.status == "crashed" and "signal 9" in (killed.error or ""), killed
+        assert e.run("_result = 2").value == "2" and w.proc.pid == before
+
+
+def test_a_slow_run_gets_the_clock_it_is_given(ex):
+    """run_rounds' timeout_of: the check gives the task's program on a student's input the half wall clock validation
+    allowed it (a program slow on every input but its own cannot make each check cost three wall clocks an input)."""
+    from lorapop.tasks.common import run_rounds
+
+    code = "import fractions\nfractions.sys.modules['time'].sleep(3)"
+    got = run_rounds(ex, [code], 3, 0.025, timeout_of={code: 0.5})[code]
+    assert [r.status for r in got] == ["timeout"] * 3 and all(r.duration_s < 2.0 for r in got), got
+
+
 def test_per_call_timeout(ex):
     assert ex.run("import time\ntime.sleep(0.3)\n_result = 1", timeout_s=0.1).status == "timeout"
     assert ex.run("import time\ntime.sleep(0.05)\n_result = 1", timeout_s=1).value == "1"

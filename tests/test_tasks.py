@@ -228,6 +228,20 @@ def test_buffer_identity_seed_sampling_dedup_and_state():
     assert [t.to_dict() for t in b2] == [t.to_dict() for t in b] and not b2.add(b.tasks[5])
 
 
+def test_buffer_discard_parses_only_the_task_it_discards(monkeypatch):
+    """A voided task leaves the buffer; the others' keys were stored when they came in, so a discard costs one key
+    (the discarded task's), not a parse of every input in the buffer."""
+    b = TaskBuffer("code_o")
+    tasks = [Task("code_o", f"def f(a):\n    return a + {i}", ["1"], [str(1 + i)]) for i in range(50)]
+    for t in tasks:
+        b.add(t)
+    calls = []
+    real = TaskBuffer.key
+    monkeypatch.setattr(TaskBuffer, "key", staticmethod(lambda t: calls.append(t) or real(t)))
+    assert b.discard(tasks[7]) and len(b) == 50 and tasks[7] not in b.tasks and len(calls) == 1
+    assert not b.discard(tasks[7]) and b.add(tasks[7]) and len(b) == 51
+
+
 def test_both_seed_files_load(data_dir):
     b = TaskBuffer("code_i")
     assert b.load_seed_file(data_dir / "seeds" / "azr_7b_coder_seed_io.jsonl") > 200

@@ -177,8 +177,10 @@ def _statuses(ty, task, replies: list[str], ex) -> list[str]:
 # of a check, and {b, a}, equal by value, gives b in the sandbox: AZR's wrong answer. The trainer's own process has
 # another hash seed, where the two spellings mostly iterate alike.
 ORDER_PROGRAM = "def f(s):\n    return list(s)[0]"
-WRITTEN = ("ws = ['w%d' % i for i in range(300)]\n_result = [i * 300 + j for i in range(300) for j in range(300)"
-           " if ws[i] < ws[j] and list(set([ws[i], ws[j]]))[0] == ws[i] and list(set([ws[j], ws[i]]))[0] == ws[j]]")
+WORDS = 1500  # about one pair in 50,000 keeps its written order under three seeds
+WRITTEN = (f"ws = ['w%d' % i for i in range({WORDS})]\n_result = [i * {WORDS} + j for i in range({WORDS}) "
+           f"for j in range(i + 1, {WORDS}) if list(set([ws[i], ws[j]]))[0] == ws[i] "
+           "and list(set([ws[j], ws[i]]))[0] == ws[j]]")
 
 
 def set_order(code_i, ex, keep: int = 6) -> dict:
@@ -192,7 +194,7 @@ def set_order(code_i, ex, keep: int = 6) -> dict:
         for seed in ex.hashseeds:
             got = set(ast_eval(finder.run(WRITTEN, hashseed=seed, timeout_s=30).value))
             found = got if found is None else found & got
-    pairs = [(f"w{k // 300}", f"w{k % 300}") for k in sorted(found)][:keep]
+    pairs = [(f"w{k // WORDS}", f"w{k % WORDS}") for k in sorted(found)][:keep]
     out = {}
     for a, b in pairs:
         given, other = f"{{{a!r}, {b!r}}}", f"{{{b!r}, {a!r}}}"

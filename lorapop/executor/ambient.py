@@ -62,6 +62,18 @@ def hide_interpreter(chrooted=True):
     _rename_code()
 
 
+def pinned_limits():
+    """Limits a run can read that would otherwise be the host's (its ulimits), the same on every machine instead:
+    none of locked memory, message queues, real-time priority or nice; the stack 8 MiB (glibc's usual default)
+    unless the host's hard limit is lower. (resource, limit) pairs for worker.py to set."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    stack = 8 << 20 if hard == resource.RLIM_INFINITY else min(8 << 20, hard)
+    return [(resource.RLIMIT_MEMLOCK, (0, 0)), (resource.RLIMIT_MSGQUEUE, (0, 0)), (resource.RLIMIT_RTPRIO, (0, 0)),
+            (resource.RLIMIT_NICE, (0, 0)), (resource.RLIMIT_STACK, (stack, stack))]
+
+
 PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id")
 
 

@@ -48,7 +48,7 @@ class ExecutorConfig:
                                       "unprivileged uid as root, with every capability "
                                       "dropped in a user namespace")
     uid_base: int | None = doc(None, "as root: first uid for runs (one per worker); "
-                                     "None derives one from the pid")
+                                     "None draws one at random for each worker process")
     seccomp: bool = doc(True, "syscall filter on every run (namespaces, mount, ptrace, "
                               "bpf, sockets, exec... fail with EPERM; "
                               "lorapop/executor/lockdown.py)")

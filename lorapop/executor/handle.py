@@ -65,7 +65,8 @@ class WorkerHandle:
         # The chroot's root is a tmpfs holding one empty directory, /w (the runs' working directory), then made
         # read-only, superblock and mount both: no run can write a file, an extended attribute or a timestamp
         # anywhere, so every run finds the same filesystem and leaves nothing in it (worker.py).
-        opts = "mode=0755,nosuid,nodev,noexec"
+        # nr_inodes fixed: by default a tmpfs may hold half the machine's RAM pages in inodes, and statvfs says so
+        opts = "mode=0755,nosuid,nodev,noexec,nr_inodes=64"
         opts = f"size={int(c.disk_mb)}m,{opts}"
         mount = (f'mount -t tmpfs -o {opts} tmpfs "$1" && mkdir "$1/w" && '
                  f'mount -t tmpfs -o remount,ro,{opts} tmpfs "$1" && mount -o remount,bind,ro "$1" && shift && '
@@ -79,6 +80,8 @@ class WorkerHandle:
         self.root = str(owned_tempdir(SANDBOX_PREFIX))
         os.chmod(self.root, 0o755)
         self.served = 0
+        if c.uid_base is None:  # a fresh uid for each worker process (sandbox.py, draw_uid)
+            self.uid = self.ex.draw_uid(self)
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
@@ -86,9 +89,11 @@ class WorkerHandle:
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
             "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
             "root": self.root, "chroot": mode["mechanism"] != "none" and c.isolate_filesystem, "fallback_dir": self.root,
-            "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+            "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
         }
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": str(self.hashseed)}
+        # TZ: the time module reads the zone when the worker imports it, before the chroot hides the host's
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+               "PYTHONHASHSEED": str(self.hashseed)}
         self.errfile = tempfile.TemporaryFile()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

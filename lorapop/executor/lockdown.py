@@ -109,6 +109,10 @@ PID_ARG_ZERO = {  # (numbers, index of the pid argument)
 # a run could find its own pid by trying them; SIGKILL sent to itself ends the run, to its namespace's PID 1 it is
 # dropped, to any other pid it finds nothing, so it tells a run nothing it can report.
 KILL = (62, 129)
+# prctl(PR_SET_DUMPABLE, 1): a run turning core dumps back on (the worker cleared the flag: where the machine's
+# core_pattern is a pipe, the kernel would start that helper on the host for a crashing run whatever RLIMIT_CORE says).
+# Setting it to 0 stays: a run that changes its uid clears it again (worker.py).
+PRCTL, PR_SET_DUMPABLE_ = (157, 167), 4
 # Clocks of other processes and threads: a negative clock id names one by pid (MAKE_PROCESS_CPUCLOCK), and reading it
 # tells whether that pid exists. The clocks programs use (realtime, monotonic, their own CPU time) are positive.
 CLOCK_ID_CALLS = {"clock_gettime": (228, 113), "clock_getres": (229, 114), "clock_nanosleep": (230, 115),
@@ -201,6 +205,15 @@ def build_filter(arch: str) -> bytes:
     for nrs, arg in PID_ARG_ZERO.values():
         prog += _arg_rule(nrs[col], arg, _JEQ_K, 0, refuse_on_match=False)
     prog += _arg_rule(KILL[col], 1, _JEQ_K, 9, refuse_on_match=False)
+    prog += [  # prctl(PR_SET_DUMPABLE, anything but 0)
+        _ins(_LD_W_ABS, 0, 0, 0),
+        _ins(_JEQ_K, 0, 5, PRCTL[col]),
+        _ins(_LD_W_ABS, 0, 0, 16),
+        _ins(_JEQ_K, 0, 3, PR_SET_DUMPABLE_),
+        _ins(_LD_W_ABS, 0, 0, 24),
+        _ins(_JEQ_K, 1, 0, 0),
+        _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+    ]
     for nrs in CLOCK_ID_CALLS.values():
         prog += _arg_rule(nrs[col], 0, _JSET_K, 0x80000000, refuse_on_match=True)
     for nrs in RESULT_FD_CALLS.values():

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import shutil
 import threading
 import warnings
@@ -66,6 +67,8 @@ from lorapop.progress import progress
 from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError, resolve_hashseeds
 from .handle import WorkerHandle
 
+UID_LO, UID_HI = 200_000, 200_000 + (1 << 22)  # run uids as root: above every system and login range
+_UIDS = random.SystemRandom()
 ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
 
 USERNS_FIX = ("Run as root, or let ordinary users create user namespaces (sysctl user.max_user_namespaces > 0; "
@@ -97,7 +100,7 @@ class SandboxExecutor:
         self._all: list[WorkerHandle] = []
         self._closed = False
         base = self.config.uid_base
-        self._uid_base = base if base is not None else 200_000 + (os.getpid() % 100_000) * 64
+        self._uid_base = base if base is not None else UID_LO
         self._hello_checked = False
         self.hashseeds = resolve_hashseeds(self.config)
         self.mode = self._probe_mode()
@@ -131,6 +134,16 @@ class SandboxExecutor:
                 + ("; executor.require_isolation is set, which refuses even that" if c.require_isolation else ""))
         warnings.warn(f"lorapop sandbox NOT ISOLATED (executor.allow_unisolated): {why}", RuntimeWarning,
                       stacklevel=3)
+
+    def draw_uid(self, handle: WorkerHandle) -> int:
+        """A run uid for a worker (re)starting, drawn at random and unused by this executor's other workers. A run can
+        read its uid: derived from the trainer's pid (as it was) it told the run that pid, the same in every worker;
+        drawn per worker process it is one more thing that differs between an input's three runs."""
+        with self._lock:
+            taken = {w.uid for w in self._all if w is not handle}
+        while (uid := _UIDS.randrange(UID_LO, UID_HI)) in taken:
+            pass
+        return uid
 
     def _default_seed(self) -> int:
         return int(self.config.default_hashseed or self.hashseeds[0])

@@ -140,8 +140,7 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
         signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
-        if not cfg["pid1"]:
-            os.setpgid(0, 0)  # outside a pid namespace the run's processes are killed as one group
+        os.setpgid(0, 0)  # its own group, in a pid namespace too: kill(0, 9) would hit the worker's `unshare` parent
         # Nothing of the worker's own descriptors: 0, 1 and 2 (its dead pipes) are open file descriptions shared
         # with the worker, whose flags, pipe size and locks a run could set for the next run to read.
         lo, hi = sorted((code_fd, res_fd))
@@ -217,7 +216,7 @@ def _nondumpable(path):
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-def _worker_limits(cfg):
+def _worker_limits(cfg, pinned=()):
     """Limits that hold for every run alike, set once on the worker and inherited by each fork. None of them binds the
     worker itself: it writes only to its socket and keeps a handful of descriptors."""
     if resource is None:
@@ -228,7 +227,7 @@ def _worker_limits(cfg):
     for which, val in ((resource.RLIMIT_FSIZE, (cfg["fsize_bytes"],) * 2),
                        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
                        (resource.RLIMIT_CORE, (0, 0)),
-                       (resource.RLIMIT_SIGPENDING, (SIGPENDING,) * 2)):
+                       (resource.RLIMIT_SIGPENDING, (SIGPENDING,) * 2), *pinned):
         resource.setrlimit(which, val)
 
 
@@ -376,7 +375,7 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     locked = _lockdown(cfg, lockdown)
     del lockdown  # its module (and ctypes through it) is unreachable from here on; gc.collect below frees it
-    _worker_limits(cfg)
+    _worker_limits(cfg, ambient.pinned_limits())
     hashseed = os.environ.get("PYTHONHASHSEED")  # already fixed for this interpreter; runs need not see it
     # The runs' environment, set once here and inherited by every fork.
     os.environ.clear()

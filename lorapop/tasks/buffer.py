@@ -63,6 +63,7 @@ class TaskBuffer:
         self.max_tasks = int(max_tasks)
         self.tasks: list[Task] = []
         self._keys: set[tuple] = set()
+        self._key_of: dict[int, tuple] = {}  # id of a stored task -> its key: computing one parses the inputs
         if seed_identity:
             self.add(identity_task(type_name))
 
@@ -85,10 +86,15 @@ class TaskBuffer:
             return False
         self._keys.add(k)
         self.tasks.append(task)
+        self._key_of[id(task)] = k
         if self.max_tasks and len(self.tasks) > self.max_tasks:
             i = next((j for j, t in enumerate(self.tasks) if t.proposer != "seed"), 0)
-            self._keys.discard(self.key(self.tasks.pop(i)))
+            self._keys.discard(self._stored_key(self.tasks.pop(i), forget=True))
         return True
+
+    def _stored_key(self, task: Task, forget: bool = False) -> tuple:
+        k = self._key_of.pop(id(task), None) if forget else self._key_of.get(id(task))
+        return k if k is not None else self.key(task)
 
     def discard(self, task: Task) -> bool:
         """Remove ``task`` (found by its key); False when it is not here. A buffer keeps at least one task: the last
@@ -97,7 +103,13 @@ class TaskBuffer:
         if k not in self._keys or len(self.tasks) <= 1:
             return False
         self._keys.discard(k)
-        self.tasks = [t for t in self.tasks if self.key(t) != k]
+        keep = []
+        for t in self.tasks:
+            if self._stored_key(t) == k:
+                self._key_of.pop(id(t), None)
+            else:
+                keep.append(t)
+        self.tasks = keep
         return True
 
     def load_seed_file(self, path, executor: Executor | None = None, task_type=None) -> int:

@@ -238,7 +238,13 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     others = list(dict.fromkeys(c for _, c, _ in jobs if not c.startswith(own)))
     ran = {code: [r] for code, r in zip(others, executor.run_many(others))} if others else {}
     mine = list(dict.fromkeys([code for code, _ in control] + [c for _, c, _ in jobs if c.startswith(own)]))
-    ran.update(run_rounds(executor, mine, rounds, spread_s))
+    # The task's program gets on a student's input what validation allowed it on its own input: half the wall clock
+    # (a program slow on every input but its own would otherwise make each check cost rounds x inputs wall clocks);
+    # its control runs keep the whole clock, so load at check time does not void an honest task.
+    limit = float(getattr(getattr(executor, "config", None), "timeout_s", 5.0))
+    controls = {code for code, _ in control}
+    ran.update(run_rounds(executor, mine, rounds, spread_s,
+                          timeout_of={c: MAX_RUN_SHARE * limit for c in mine if c not in controls}))
     void = next((f"{why}" for code, gold in control if (why := _failure(ran[code], gold))), None)
     void = void or next((f"its runs of one input disagree: {why}" for code in mine
                          if (why := _disagreement(ran[code]))), None)
@@ -271,7 +277,8 @@ def _disagreement(results: list) -> str | None:
     return None
 
 
-def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: float) -> dict[str, list]:
+def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: float,
+               timeout_of: dict[str, float] | None = None) -> dict[str, list]:
     """Each code run ``rounds`` times -> {code: its results, in round order}. Round by round, each in a fresh order
     drawn from the operating system's randomness, so no run's place among the others (its worker, what ran before
     it, how many runs its worker has made) says which input or which round it is, and the places of one input's
@@ -281,7 +288,7 @@ def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: floa
     disagrees with itself. A round starts ``spread_s`` after the last run of the round before started, never
     waiting for runs to end: a slow program's runs overlap, so a check costs about one of its runs, not ``rounds``
     of them in a row. At most ``executor.config.n_workers`` runs are handed out at once, so each starts when it is
-    handed out."""
+    handed out. ``timeout_of``: a wall clock for some codes (the executor's default for the rest)."""
     seeds = executor_seeds(executor)
     rounds = max(1, int(rounds))
     slots = max(1, int(getattr(getattr(executor, "config", None), "n_workers", 1)))
@@ -290,7 +297,7 @@ def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: floa
 
     def one(code: str, seed: int):
         try:
-            return executor.run(code, hashseed=seed)
+            return executor.run(code, hashseed=seed, timeout_s=(timeout_of or {}).get(code))
         finally:
             free.release()
 
