@@ -359,6 +359,34 @@ def test_prompts_stay_inside_the_run_caches_budget(ex):
     assert len(buffers["code_o"]) == held  # the refused task never enters the buffer
 
 
+def test_a_code_f_teacher_whose_reference_was_dropped_is_parsed_with_the_program_it_was_shown(ex):
+    """A buffer program too long for the code_f proposer prompt is dropped to fit the budget; the prompt then shows
+    the identity program, and the rollout records that program, so the teacher's reply is parsed against what it
+    saw (recording none made every reply a format error, because of another teacher's long task)."""
+    from types import SimpleNamespace
+
+    from style_fixtures import ReplayEngine, tokenizer
+
+    from lorapop.config import SelfPlayConfig
+    from lorapop.records.members import Member
+    from lorapop.tasks.buffer import IDENTITY_PROGRAM, TaskBuffer
+    from lorapop.train import stages
+
+    sp = SelfPlayConfig(task_types=["code_f"], tasks_per_type=1, n_solve=1, prompt_format="azr")
+    sp.validate()
+    long = identity_task("code_o")
+    long.program = f"def f(x):\n    pad = '{'padding ' * 400}'\n    return x"
+    buffers = {"code_o": TaskBuffer("code_o", seed_identity=False), "code_f": TaskBuffer("code_f")}
+    buffers["code_o"].add(long)
+    engine = ReplayEngine(tokenizer())
+    t0 = Member("t0", 0, "teacher")
+    (whole,) = stages.propose(stages.StepContext(1, 0, engine, ex, sp, buffers), [t0])
+    assert whole.source_program == long.program
+    engine.cfg = SimpleNamespace(max_model_len=sp.propose.max_new_tokens + len(whole.prompt_ids) - 1)
+    (cut,) = stages.propose(stages.StepContext(1, 0, engine, ex, sp, buffers), [t0])
+    assert "padding" not in tokenizer().decode(cut.prompt_ids) and cut.source_program == IDENTITY_PROGRAM
+
+
 @pytest.mark.slow
 def test_the_engine_generates_after_assistant_think(ex, embedded_model):
     """Proposals and answers through the real engine under prompt_format azr: plain-text R1 prompts, replies read

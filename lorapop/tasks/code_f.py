@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # the Protocol only; the sandbox itself loads where it runs
     from lorapop.executor.base import Executor
 
 
-def _shown_program(references: list[Task]) -> str:
+def shown_program(references: list[Task]) -> str:
+    """The program a code_f proposer prompt shows, which its reply is parsed with: the first reference's, or the
+    identity program when there is none (every reference dropped to fit the prompt budget)."""
     return references[0].program if references else IDENTITY_PROGRAM
 
 
@@ -38,7 +40,7 @@ class CodeF:
         """Uses `references[0].program` (sample one reference with your rng); parse the reply with
         `parse_proposal(text, program=references[0].program)`. One layout for every style: the reply is
         inputs and a message only."""
-        program = _shown_program(references)
+        program = shown_program(references)
         example = "\n".join([fence("input", "[3, 1, 2]"), fence("input", "'abc', 2"), "...",
                              fence("message", "Think about order and length.")])
         return (f"Here is a Python function f.\n{fence('python', program)}\n\n"
@@ -49,7 +51,7 @@ class CodeF:
 
     def azr_teacher_prompt(self, references: list[Task]) -> str:
         """AZR's induction proposer prompt (prompt_format azr)."""
-        return azr_prompts.propose_inputs_message(_shown_program(references), self.n_inputs)
+        return azr_prompts.propose_inputs_message(shown_program(references), self.n_inputs)
 
     def parse_proposal(self, text, *, program: str | None = None) -> Proposal | ParseError:
         if not program:

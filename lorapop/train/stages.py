@@ -35,6 +35,7 @@ from lorapop.engine.base import Completion, Engine, SamplingParams, TrainSample
 from lorapop.records.members import Member
 from lorapop.tasks import TASK_TYPES, Invalid, Outcome, ParseError, Task
 from lorapop.tasks.buffer import TaskBuffer
+from lorapop.tasks.code_f import shown_program
 from lorapop.tasks.formats import prompt_format
 from lorapop.tasks.rewards import student_reward, teacher_reward
 from lorapop.tasks.shown import proposal_texts, reserved_strings, shown_invalid
@@ -154,7 +155,9 @@ def propose(ctx: StepContext, teachers: Sequence[Member]) -> list[Rollout]:
                     raise ValueError(f"the {tt} proposer prompt without references is {len(ids)} tokens, over the "
                                      f"prompt budget {budget} (engine.max_model_len less propose.max_new_tokens)")
                 prompts.append(ids)
-                meta.append((t, tt, refs[0].program if tt == "code_f" and refs else None, prefill))
+                # the program the prompt showed: with every reference dropped to fit, the identity program, which the
+                # reply must then be parsed with (recording none made any reply a format error)
+                meta.append((t, tt, shown_program(refs) if tt == "code_f" else None, prefill))
     seeds = [rng.getrandbits(31) for _ in prompts]
     outs = engine.generate(prompts, [m[0].slot for m in meta], sampling_params(sp.propose), seeds=seeds)
     return [Rollout(t, "teacher", tt, p, c, source_program=src, prefill=pre)
