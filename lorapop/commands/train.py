@@ -97,6 +97,7 @@ def prepare_run_dir(cfg: "Config", resume: bool, note: Any = print) -> tuple[Pat
     """
     from lorapop.config import config_to_yaml, resolve_teacher_reward
     from lorapop.engine.dtype import resolve_dtype, resolve_lora_compute_dtype
+    from lorapop.executor.base import resolve_hashseeds
     from lorapop.plan import check_on_cuda
     from lorapop.plan.cpu import check_on_cpu
     from lorapop.records import RunDirError
@@ -117,6 +118,8 @@ def prepare_run_dir(cfg: "Config", resume: bool, note: Any = print) -> tuple[Pat
     cfg.engine.dtype = resolve_dtype(cfg.engine.dtype, cfg.engine.device)
     cfg.engine.lora_compute_dtype = resolve_lora_compute_dtype(cfg.engine.lora_compute_dtype, cfg.engine.dtype)
     cfg.selfplay.teacher_reward = resolve_teacher_reward(cfg.population.mode, cfg.selfplay.teacher_reward)
+    # the hash seeds too: drawn at random for each run, and a resume judges with the seeds the run judged with
+    cfg.executor.hashseeds = resolve_hashseeds(cfg.executor)
     try:
         if not rd.is_empty():
             rd.clear()
