@@ -81,8 +81,11 @@ def test_sigkill_after_checkpoint_and_mid_checkpoint_then_resume(tmp_path):
     from lorapop.train.loop import Trainer
 
     state = json.loads((ckpts / "step_000001" / "trainer_state.json").read_text())
-    with Trainer(load_run_config(run, []), run, resume=True) as trainer:
-        assert trainer.step == 1
+    resumed_cfg = load_run_config(run, [])
+    seeds = tuple(resumed_cfg.executor.hashseeds)  # drawn when the run started, kept in its config.yaml
+    assert len(set(seeds)) == 3
+    with Trainer(resumed_cfg, run, resume=True) as trainer:
+        assert trainer.step == 1 and trainer.executor.hashseeds == seeds
         assert not any(x.name.startswith(".tmp-") for x in ckpts.iterdir())
         assert _steps(run / "metrics.jsonl") == [1]
         assert sorted(set(_steps(run / "probe.jsonl"))) == [0, 1]  # step 2's probe rows went with its checkpoint
