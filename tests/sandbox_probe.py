@@ -65,7 +65,9 @@ for _name, (_x86, _arm) in {
         "sched_getattr_other": (315, 275), "clock_gettime_other": (228, 113), "clock_getres_other": (229, 114),
         "clock_nanosleep_other": (230, 115), "timer_create_other": (222, 107), "fstat_result": (5, 80),
         "newfstatat_result": (262, 79), "statx_result": (332, 291), "dup_result": (32, 23),
-        "dup3_result": (292, 24), "fcntl_result": (72, 25), "prctl_dumpable": (157, 167)}.items():
+        "dup3_result": (292, 24), "fcntl_result": (72, 25), "prctl_dumpable": (157, 167),
+        "setpgid_other": (109, 154), "fcntl_setown": (72, 25), "clock_settime_other": (227, 112),
+        "clock_adjtime_other": (305, 266)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
 SYSCALLS["x86_64"]["dup2_result"] = 33  # aarch64 has dup3 only
@@ -112,7 +114,8 @@ CALL_ARGS.update({
     "clock_getres_other": (_OTHER_CLOCK, 0), "clock_nanosleep_other": (_OTHER_CLOCK, 0, 0, 0),
     "timer_create_other": (_OTHER_CLOCK, 0, 0), "fstat_result": (3, 0), "newfstatat_result": (3, b"", 0, 0x1000),
     "statx_result": (3, b"", 0x1000, 0, 0), "dup_result": (3,), "dup3_result": (3, 60, 0), "dup2_result": (3, 61),
-    "fcntl_result": (3, 3), "prctl_dumpable": (4, 1, 0, 0, 0),
+    "fcntl_result": (3, 3), "prctl_dumpable": (4, 1, 0, 0, 0), "setpgid_other": (999_999, 1 << 30),
+    "fcntl_setown": (-1, 8, 999_999), "clock_settime_other": (_OTHER_CLOCK, 0), "clock_adjtime_other": (_OTHER_CLOCK, 0),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 CALL_ARGS["pipe"] = (0,)

@@ -124,6 +124,26 @@ def test_a_run_sees_the_same_limits_zone_and_filesystem_size_on_every_machine(ex
         assert e.run("_result = 2").value == "2" and w.proc.pid == before
 
 
+def test_no_python_route_tells_a_run_its_pid(ex):
+    """The pid names are gone, and every call that takes a pid answers alike whichever pid is tried (EPERM), so
+    trying them all finds none: setpgid (ESRCH for a pid that does not exist, EPERM for the run's own), kill(p, 0),
+    another process's clock (EINVAL or EPERM), getpriority and sched_getscheduler of another pid."""
+    code = ("import os, time, _thread\n"
+            "names = [n for n in ('getpid', 'getppid', 'getpgrp', 'getpgid', 'getsid') if hasattr(os, n)]\n"
+            "names += [n for n in ('get_native_id',) if hasattr(_thread, n)]\n"
+            "names += [n for n in ('pthread_getcpuclockid',) if hasattr(time, n)]\n"
+            "def errs(f):\n    out = set()\n    for p in range(1, 300):\n        try:\n            f(p)\n"
+            "        except OSError as e:\n            out.add(e.errno)\n        else:\n            out.add(0)\n"
+            "    return sorted(out)\n"
+            "_result = (names, errs(lambda p: os.setpgid(p, 1 << 30)), errs(lambda p: os.kill(p, 0)),\n"
+            "    errs(lambda p: time.clock_settime((~p << 3) | 2, 0.0)), errs(lambda p: time.clock_gettime((~p << 3) | 2)),"
+            "    errs(lambda p: os.getpriority(os.PRIO_PROCESS, p)), errs(lambda p: os.sched_getscheduler(p)))")
+    got = ex.run(code)
+    assert got.ok, got
+    names, *answers = eval(got.value)
+    assert names == [] and answers == [[1]] * 6, got.value
+
+
 def test_a_slow_run_gets_the_clock_it_is_given(ex):
     """run_rounds' timeout_of: the check gives the task's program on a student's input the half wall clock validation
     allowed it (a program slow on every input but its own cannot make each check cost three wall clocks an input)."""

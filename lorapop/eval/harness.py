@@ -52,13 +52,17 @@ def result_cap(expected_chars: int) -> int:
 
 
 def make_executor(workers: int = 2, memory_mb: int = 4096) -> Any:
-    """A SandboxExecutor sized for benchmark judging (large verdict/expected-output reprs, more memory)."""
+    """A SandboxExecutor sized for benchmark judging (large verdict/expected-output reprs, more memory). Its hash
+    seeds are fixed (the trainer's are drawn per run): an answer, or a held-out task of a science figure, is judged
+    alike in every evaluation, so figures recomputed from committed data come out the same."""
+    from lorapop.tasks.common import DETERMINISM_SEEDS
     from lorapop.executor.base import DEFAULT_PRELOAD, ExecutorConfig
     from lorapop.executor.sandbox import SandboxExecutor
 
     preload = tuple(DEFAULT_PRELOAD) + tuple(m for m in EVAL_PRELOAD if m not in DEFAULT_PRELOAD)
     return SandboxExecutor(ExecutorConfig(n_workers=workers, memory_mb=memory_mb, preload=preload,
-                                          max_repr_chars=RESULT_MAX_CHARS, max_output_chars=1 << 20, fsize_mb=16))
+                                          max_repr_chars=RESULT_MAX_CHARS, max_output_chars=1 << 20, fsize_mb=16,
+                                          hashseeds=DETERMINISM_SEEDS))
 
 
 def _text(x: Any, n: int = 300) -> str | None:

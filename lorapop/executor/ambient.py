@@ -18,8 +18,9 @@ machine") lists what stays observable and why that is bounded.
   started from source compiled under the bare name ``worker.py`` (lorapop/executor/handle.py), so they hold nothing
   more.
 * The process-id functions are removed from ``os``, ``posix`` and ``_thread`` (``getpid``, ``getppid``, ``getpgrp``,
-  ``getpgid``, ``getsid``, ``get_native_id``): the filter refuses the calls behind them, after which they would
-  return -1 in every run, a constant no student could know; without the names a program that asks fails instead.
+  ``getpgid``, ``getsid``, ``get_native_id``; ``time.pthread_getcpuclockid``, whose clock id glibc builds from the
+  thread id it keeps without a system call): the filter refuses the calls behind the first ones, after which they
+  would return -1 in every run, a constant no student could know; without the names a program that asks fails.
 """
 
 import gc
@@ -74,12 +75,12 @@ def pinned_limits():
             (resource.RLIMIT_NICE, (0, 0)), (resource.RLIMIT_STACK, (stack, stack))]
 
 
-PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id")
+PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id", "pthread_getcpuclockid")
 
 
 def hide_process_ids():
     """Remove the process-id functions from every module that holds them (lockdown.py refuses the calls)."""
-    for name in ("os", "posix", "_thread"):
+    for name in ("os", "posix", "_thread", "time"):  # time.pthread_getcpuclockid: a clock id that is ~tid << 3
         mod = sys.modules.get(name)
         for attr in PROCESS_ID_NAMES:
             if mod is not None and attr in vars(mod):

@@ -116,7 +116,12 @@ PRCTL, PR_SET_DUMPABLE_ = (157, 167), 4
 # Clocks of other processes and threads: a negative clock id names one by pid (MAKE_PROCESS_CPUCLOCK), and reading it
 # tells whether that pid exists. The clocks programs use (realtime, monotonic, their own CPU time) are positive.
 CLOCK_ID_CALLS = {"clock_gettime": (228, 113), "clock_getres": (229, 114), "clock_nanosleep": (230, 115),
-                  "timer_create": (222, 107)}
+                  "timer_create": (222, 107), "clock_settime": (227, 112), "clock_adjtime": (305, 266)}
+# setpgid(pid, pgid) other than setpgid(0, 0), which each run makes of itself (worker.py): for any other pid it says
+# ESRCH where no such process exists and EPERM where one does, so a run could find its own pid by trying them.
+SETPGID = (109, 154)
+# fcntl(fd, F_SETOWN or F_SETOWN_EX, pid) looks the pid up (ESRCH where none exists): the same probe, on any open fd.
+F_SETOWN, F_SETOWN_EX = 8, 15
 # The run's result pipe is moved to this descriptor (worker.py) and nothing may read its inode or copy it: a pipe's
 # inode number comes from a counter the whole machine shares, which advances by two with every run, so its low bits
 # would be a value the same in every run of a check (a key for answering differently to students than to the
@@ -205,6 +210,10 @@ def build_filter(arch: str) -> bytes:
     for nrs, arg in PID_ARG_ZERO.values():
         prog += _arg_rule(nrs[col], arg, _JEQ_K, 0, refuse_on_match=False)
     prog += _arg_rule(KILL[col], 1, _JEQ_K, 9, refuse_on_match=False)
+    prog += _arg_rule(SETPGID[col], 0, _JEQ_K, 0, refuse_on_match=False)
+    prog += _arg_rule(SETPGID[col], 1, _JEQ_K, 0, refuse_on_match=False)
+    for cmd in (F_SETOWN, F_SETOWN_EX):
+        prog += _arg_rule(RESULT_FD_CALLS["fcntl"][col], 1, _JEQ_K, cmd, refuse_on_match=True)
     prog += [  # prctl(PR_SET_DUMPABLE, anything but 0)
         _ins(_LD_W_ABS, 0, 0, 0),
         _ins(_JEQ_K, 0, 5, PRCTL[col]),

@@ -300,11 +300,6 @@ def _run_one(req, fds, cfg, state):
     if pid == 0:
         _child(cfg, *fds, cpu_s, int(req.get("size", 0)))
     os.close(fds[0]), os.close(fds[1])
-    if not cfg["pid1"]:
-        try:
-            os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
-        except OSError:
-            pass
     wstatus = _wait(pid, t0 + timeout)
     timed_out, duration = wstatus is None, time.perf_counter() - t0
     if timed_out:

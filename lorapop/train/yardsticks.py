@@ -138,8 +138,9 @@ def probe_yardsticks(style: str, per_level: int = 30, executor: Any = None, by_l
     own = executor is None
     if own:
         from lorapop.executor import ExecutorConfig, SandboxExecutor
+        from lorapop.tasks.common import DETERMINISM_SEEDS
 
-        executor = SandboxExecutor(ExecutorConfig(n_workers=1))
+        executor = SandboxExecutor(ExecutorConfig(n_workers=1, hashseeds=DETERMINISM_SEEDS))  # figures recompute alike
     try:
         out = task_yardsticks([t for _, t in pairs], executor)
         if by_level:
