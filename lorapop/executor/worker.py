@@ -200,9 +200,8 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
 
 
 def _nondumpable(path):
-    """prctl(PR_SET_DUMPABLE, 0) again after the run's uid changed (the kernel then resets the flag to the machine's
-    fs.suid_dumpable, 2 where apport is installed): without ctypes, which the worker forgot, through the _ctypes
-    extension CPython keeps cached (the same route a run has; the filter, not this, is what bounds native code)."""
+    """prctl(PR_SET_DUMPABLE, 0) again after the run's uid changed the flag to fs.suid_dumpable (2 where apport is
+    installed), through the cached _ctypes extension (a run's route too; the filter is what bounds native code)."""
     import _imp
     import gc
     m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
@@ -319,8 +318,8 @@ def _preimport(names):
     for name in names:
         try:
             loaded.append(__import__(name) and name)
-        except Exception:
-            pass
+        except Exception:  # not on this install: it stays out of the hello's list
+            continue
     return loaded
 
 
@@ -351,6 +350,7 @@ def main():
     net_isolated = _no_network()  # before the chroot: sockets cannot be made after the filter
     own_hostname = _own_hostname(cfg)
     lockdown = _load_lockdown(cfg)  # before the chroot, which hides its file
+    reset_dumpable = ambient.suid_dumpable() != "0"  # before the chroot hides /proc
     nproc = int(cfg["max_procs"])
     if nproc > 1 and not cfg.get("drop_uid"):  # runs share the worker's uid
         nproc += _nproc_base(cfg.get("mechanism") == "userns")
@@ -379,7 +379,7 @@ def main():
     run_cfg = {"pid1": is_pid1, "work": work, "uid": cfg["uid"], "drop_uid": drop, "nproc": nproc,
                "memory_bytes": cfg["memory_bytes"], "max_output_chars": cfg["max_output_chars"],
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
-               "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None)}
+               "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None) if reset_dumpable else None}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "nproc": nproc, **locked}
