@@ -217,8 +217,9 @@ KIN_MODULES = ("linecache", "codecs", "mimetypes", "wave", "nntplib", "pydoc", "
 LEFTOVER = ("import os, time\nchild = os.fork()\nif child == 0:\n    os.setsid()\n    pid = os.fork()\n"
             "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    os._exit(0)\n"
             "time.sleep(0.2)\n_result = child + 1")
-# kill(pid, 0) is refused (it would tell a run which pids exist); SIGKILL is the one signal a run may send
-ALIVE = ("import os\ntry:\n    os.kill({pid}, 9)\n    _result = 'alive'\nexcept ProcessLookupError:\n"
+# A run may signal no single pid but 0, 1 and -1 (any other would tell it which pids exist): kill(-1, SIGKILL)
+# reaches every process of the namespace but the run and PID 1, and finds none when nothing was left.
+ALIVE = ("import os\ntry:\n    os.kill(-1, 9)\n    _result = 'alive'\nexcept ProcessLookupError:\n"
          "    _result = 'gone'")
 FORK_BOMB = ("import os, time\npids = []\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
              "        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n    pids.append(pid)\n"

@@ -90,6 +90,18 @@ def test_each_input_of_a_check_runs_under_every_seed_in_a_fresh_order_each_round
     assert ranks(0) != ranks(1) and ranks(1) != ranks(2)
 
 
+def test_run_uids_are_drawn_apart_from_the_hosts_ranges_and_from_each_other():
+    """As root each worker process gets a uid drawn above the ranges hosts hand out (logins, subuid blocks, SSSD's
+    id mapping), never one another worker of this process holds."""
+    from lorapop.executor.sandbox import UID_HI, UID_LO
+
+    with SandboxExecutor(ExecutorConfig(n_workers=3)) as a, SandboxExecutor(ExecutorConfig(n_workers=3)) as b:
+        for e in (a, b):
+            e.run_many(["_result = 1"] * 6)
+        uids = [w.uid for e in (a, b) for w in e._all]
+    assert len(uids) == 6 and len(set(uids)) == 6 and all(UID_LO <= u < UID_HI for u in uids), uids
+
+
 def test_a_worker_is_replaced_after_worker_max_runs():
     """What a worker process holds for its whole life (its memory layout) lasts worker_max_runs runs at most."""
     with SandboxExecutor(ExecutorConfig(n_workers=1, worker_max_runs=3, timeout_s=2.0)) as e:
@@ -115,6 +127,15 @@ def test_a_run_sees_the_same_limits_zone_and_filesystem_size_on_every_machine(ex
     files, zone, names, limits = eval(got.value)
     assert (files, zone, names) == (64, 0, ("UTC", "UTC")), got.value
     assert limits[:4] == [(0, 0)] * 4 and limits[4][0] == limits[4][1] <= 8 << 20, limits
+    # every other limit is the config's: data and resident size with the address space, real-time and leases none
+    got = ex.run("import resource\n_result = [resource.getrlimit(n) for n in (resource.RLIMIT_AS, resource.RLIMIT_DATA, "
+                 "resource.RLIMIT_RSS, resource.RLIMIT_RTTIME, 10, resource.RLIMIT_CPU)]")
+    mem = ex.config.memory_mb << 20
+    cpu = int(ex.config.timeout_s + 1.999)
+    assert eval(got.value) == [(mem, mem)] * 3 + [(0, 0)] * 2 + [(cpu, cpu + 1)], got.value
+    # RLIMIT_CPU follows the config's clock, not the call's: a check's shorter clock is not a thing a run can read
+    assert eval(ex.run("import resource\n_result = resource.getrlimit(resource.RLIMIT_CPU)",
+                       timeout_s=0.4).value) == (cpu, cpu + 1)
     with SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=2.0)) as e:
         e.run("_result = 1")
         w = e._pool(e.hashseeds[0]).queue[0]
@@ -137,11 +158,12 @@ def test_no_python_route_tells_a_run_its_pid(ex):
             "    return sorted(out)\n"
             "_result = (names, errs(lambda p: os.setpgid(p, 1 << 30)), errs(lambda p: os.kill(p, 0)),\n"
             "    errs(lambda p: time.clock_settime((~p << 3) | 2, 0.0)), errs(lambda p: time.clock_gettime((~p << 3) | 2)),"
-            "    errs(lambda p: os.getpriority(os.PRIO_PROCESS, p)), errs(lambda p: os.sched_getscheduler(p)))")
+            "    errs(lambda p: os.getpriority(os.PRIO_PROCESS, p)), errs(lambda p: os.sched_getscheduler(p)),\n"
+            "    sorted({e for p in range(2, 300) for e in errs(lambda q: os.kill(p, 9))}))")
     got = ex.run(code)
-    assert got.ok, got
+    assert got.ok, got  # SIGKILL to its own pid would have ended the run: a run's death would be a report
     names, *answers = eval(got.value)
-    assert names == [] and answers == [[1]] * 6, got.value
+    assert names == [] and answers == [[1]] * 7, got.value
 
 
 def test_a_slow_run_gets_the_clock_it_is_given(ex):

@@ -289,14 +289,43 @@ SLEEPER = "import fractions\ndef f(s):\n    fractions.sys.modules['time'].sleep(
 
 
 def test_a_task_whose_runs_take_over_half_the_wall_clock_is_too_slow(ex):
-    """Every check runs a task's program CONTROL_ROUNDS more times, so validation bounds its runs at MAX_RUN_SHARE of
-    the wall clock (1 s here); a run that ends in time but past the share makes the proposal ``too_slow``."""
-    from lorapop.tasks.common import MAX_RUN_SHARE
+    """Every check runs a task's program CONTROL_ROUNDS more times, under CHECK_RUN_SHARE of the wall clock, so
+    validation bounds its runs below that, at MAX_RUN_SHARE (1 s here); a run that ends in time but past the share
+    makes the proposal ``too_slow``."""
+    from lorapop.tasks.common import CHECK_RUN_SHARE, MAX_RUN_SHARE
 
-    assert MAX_RUN_SHARE == 0.5
+    assert MAX_RUN_SHARE == 0.4 and CHECK_RUN_SHARE == 0.5
     got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", SLEEPER, [s]) for s in ("0.7", "0.05")], ex)
     assert isinstance(got[0], Invalid) and got[0].reason == "too_slow", got[0]
     assert isinstance(got[1], Task) and got[1].outputs == ["0.05"], got[1]
+
+
+def test_a_check_gives_every_run_of_the_program_one_clock(ex):
+    """Every run of the task's program in a check, its control's and the students' inputs alike, gets the same
+    clock (CHECK_RUN_SHARE of the wall clock): no program can time out on students' inputs while its control runs in
+    time. And a run cannot tell validation's clock from a check's: a task returning its CPU limit validates, and
+    the check reproduces it (its limit follows the config's clock, not the run's)."""
+    import lorapop.tasks.common as common
+
+    clocks = []
+    real = common.run_rounds
+
+    def spy(executor, codes, rounds, spread_s, timeout_of=None):
+        clocks.append(sorted(set((timeout_of or {}).get(c) for c in codes)))
+        return real(executor, codes, rounds, spread_s, timeout_of)
+
+    code_i = TASK_TYPES["code_i"]
+    prog = ("import fractions\ndef f(x):\n    resource = fractions.sys.modules['resource']\n"
+            "    return [resource.getrlimit(resource.RLIMIT_CPU)[0], x % 3]")
+    task = code_i.validate_many([Proposal("code_i", prog, ["4"])], ex)[0]
+    assert isinstance(task, Task), task
+    common_run_rounds, common.run_rounds = common.run_rounds, spy
+    try:
+        got = code_i.check_many(task, [code_i.parse_answer(f"```input\n{a}\n```") for a in ("4", "7", "5")], ex)
+    finally:
+        common.run_rounds = common_run_rounds
+    assert [o.status for o in got] == ["correct", "correct", "wrong"], got
+    assert clocks == [[common.CHECK_RUN_SHARE * ex.config.timeout_s]], clocks
 
 
 def test_the_runs_of_one_input_start_spread_apart_and_overlap(ex):

@@ -63,27 +63,41 @@ def hide_interpreter(chrooted=True):
     _rename_code()
 
 
-def suid_dumpable():
-    """fs.suid_dumpable, the dumpable flag a uid change leaves a process with (read before the chroot hides /proc): at
-    0, the kernel's default, a run that drops to its own uid is non-dumpable without the worker's prctl in each run
-    (worker.py, ``_nondumpable``: a third of a millisecond a run, most of it the collection after it)."""
+def dumpable_after_setuid():
+    """A function telling whether a run that drops to its uid is left dumpable: fs.suid_dumpable, the flag a uid change
+    leaves, read for each run (it can change while a worker lives) through a descriptor opened here, before the chroot
+    hides /proc. At 0, the kernel's default, the run is non-dumpable without the worker's prctl (worker.py,
+    ``_nondumpable``: a third of a millisecond a run, most of it the collection after it); where the file cannot be
+    read, every run clears the flag itself. Runs never hold the descriptor: a child closes all but its two pipes."""
     try:
-        with open("/proc/sys/fs/suid_dumpable") as fh:
-            return fh.read().strip()
+        fd = os.open("/proc/sys/fs/suid_dumpable", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return None
+        return lambda: True
+
+    def dumpable():
+        try:
+            return os.pread(fd, 8, 0).strip() != b"0"
+        except OSError:
+            return True
+    return dumpable
+
+
+_RLIMIT_LOCKS = 10  # Linux's number on every architecture; Python names it not, resource.getrlimit(10) reads it
 
 
 def pinned_limits():
     """Limits a run can read that would otherwise be the host's (its ulimits), the same on every machine instead:
-    none of locked memory, message queues, real-time priority or nice; the stack 8 MiB (glibc's usual default)
-    unless the host's hard limit is lower. (resource, limit) pairs for worker.py to set."""
+    none of locked memory, message queues, real-time priority or time, nice or file leases; the stack 8 MiB (glibc's
+    usual default) unless the host's hard limit is lower. Every other limit is set by worker.py (the address space,
+    data and resident size from ``executor.memory_mb``, CPU, processes, files, core, queued signals). (resource,
+    limit) pairs for worker.py to set."""
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
     stack = 8 << 20 if hard == resource.RLIM_INFINITY else min(8 << 20, hard)
     return [(resource.RLIMIT_MEMLOCK, (0, 0)), (resource.RLIMIT_MSGQUEUE, (0, 0)), (resource.RLIMIT_RTPRIO, (0, 0)),
-            (resource.RLIMIT_NICE, (0, 0)), (resource.RLIMIT_STACK, (stack, stack))]
+            (resource.RLIMIT_RTTIME, (0, 0)), (resource.RLIMIT_NICE, (0, 0)), (_RLIMIT_LOCKS, (0, 0)),
+            (resource.RLIMIT_STACK, (stack, stack))]
 
 
 PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id", "pthread_getcpuclockid")

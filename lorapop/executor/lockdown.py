@@ -106,8 +106,9 @@ PID_ARG_ZERO = {  # (numbers, index of the pid argument)
     "sched_rr_get_interval": ((148, 127), 0), "sched_getattr": ((315, 275), 0),
 }
 # kill(pid, sig) with any signal but SIGKILL (the worker's own use): kill(pid, 0) tells whether a pid exists, so
-# a run could find its own pid by trying them; SIGKILL sent to itself ends the run, to its namespace's PID 1 it is
-# dropped, to any other pid it finds nothing, so it tells a run nothing it can report.
+# a run could find its own pid by trying them. In a pid namespace of the worker's own, SIGKILL too goes only to
+# pids 0, 1 and -1 (the worker kills a timed-out run with kill(-1)): killing pid after pid, a run would die at its
+# own, and whether it died is a report (its verdict), so "ok" or "crashed" would follow its pid.
 KILL = (62, 129)
 # prctl(PR_SET_DUMPABLE, 1): a run turning core dumps back on (the worker cleared the flag: where the machine's
 # core_pattern is a pipe, the kernel would start that helper on the host for a crashing run whatever RLIMIT_CORE says).
@@ -167,8 +168,8 @@ def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build_filter(arch: str) -> bytes:
-    """The BPF program (struct sock_filter[]) for ``arch``."""
+def build_filter(arch: str, own_pids: bool = False) -> bytes:
+    """The BPF program (struct sock_filter[]) for ``arch``; ``own_pids``: see :func:`install_seccomp`."""
     eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
     denied = sorted(set(DENIED[arch].values()))
     # seccomp_data: int nr @0, u32 arch @4, u64 ip @8, u64 args[6] @16 (low half first: little-endian only)
@@ -210,6 +211,16 @@ def build_filter(arch: str) -> bytes:
     for nrs, arg in PID_ARG_ZERO.values():
         prog += _arg_rule(nrs[col], arg, _JEQ_K, 0, refuse_on_match=False)
     prog += _arg_rule(KILL[col], 1, _JEQ_K, 9, refuse_on_match=False)
+    if own_pids:  # kill(pid, SIGKILL) only on 0 (its own group), 1 (dropped) and -1 (all but itself and PID 1)
+        prog += [
+            _ins(_LD_W_ABS, 0, 0, 0),
+            _ins(_JEQ_K, 0, 5, KILL[col]),
+            _ins(_LD_W_ABS, 0, 0, 16),
+            _ins(_JEQ_K, 3, 0, 0),
+            _ins(_JEQ_K, 2, 0, 1),
+            _ins(_JEQ_K, 1, 0, 0xFFFFFFFF),
+            _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+        ]
     prog += _arg_rule(SETPGID[col], 0, _JEQ_K, 0, refuse_on_match=False)
     prog += _arg_rule(SETPGID[col], 1, _JEQ_K, 0, refuse_on_match=False)
     for cmd in (F_SETOWN, F_SETOWN_EX):
@@ -281,12 +292,13 @@ def _check(ctypes, rc: int, what: str) -> None:
         raise OSError(e, f"{what}: {errno.errorcode.get(e, e)}")
 
 
-def install_seccomp() -> str:
+def install_seccomp(own_pids: bool = False) -> str:
     """Set no_new_privs and install the filter on the calling thread (inherited by every fork). Returns the arch.
-    Raises Unsupported where no filter can be installed."""
+    ``own_pids``: the caller is PID 1 of its own pid namespace, and kill() is allowed only on pids 0, 1 and -1 (see
+    build_filter). Raises Unsupported where no filter can be installed."""
     arch = machine()
     ctypes, libc = _libc()
-    prog = build_filter(arch)
+    prog = build_filter(arch, own_pids)
     buf = ctypes.create_string_buffer(prog, len(prog))
 
     class SockFprog(ctypes.Structure):

@@ -67,8 +67,12 @@ from lorapop.progress import progress
 from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError, resolve_hashseeds
 from .handle import WorkerHandle
 
-UID_LO, UID_HI = 200_000, 200_000 + (1 << 22)  # run uids as root: above every system and login range
+# Run uids as root: above the ranges hosts hand out (logins, systemd's dynamic and container ranges, /etc/subuid
+# blocks, SSSD's id mapping up to 2,000,200,000), below 2**32 - 1, which is no uid.
+UID_LO, UID_HI = 3_000_000_000, 3_000_000_000 + (1 << 22)
 _UIDS = random.SystemRandom()
+_UIDS_TAKEN: set[int] = set()  # by the workers of every executor of this process
+_UIDS_LOCK = threading.Lock()
 ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
 
 USERNS_FIX = ("Run as root, or let ordinary users create user namespaces (sysctl user.max_user_namespaces > 0; "
@@ -139,10 +143,11 @@ class SandboxExecutor:
         """A run uid for a worker (re)starting, drawn at random and unused by this executor's other workers. A run can
         read its uid: derived from the trainer's pid (as it was) it told the run that pid, the same in every worker;
         drawn per worker process it is one more thing that differs between an input's three runs."""
-        with self._lock:
-            taken = {w.uid for w in self._all if w is not handle}
-        while (uid := _UIDS.randrange(UID_LO, UID_HI)) in taken:
-            pass
+        with _UIDS_LOCK:
+            _UIDS_TAKEN.discard(handle.uid)
+            while (uid := _UIDS.randrange(UID_LO, UID_HI)) in _UIDS_TAKEN:
+                pass
+            _UIDS_TAKEN.add(uid)
         return uid
 
     def _default_seed(self) -> int:
@@ -272,6 +277,8 @@ class SandboxExecutor:
             workers, self._all = self._all, []
         for w in workers:
             w.close()
+        with _UIDS_LOCK:
+            _UIDS_TAKEN.difference_update(w.uid for w in workers)
 
     def __enter__(self):
         return self

@@ -134,7 +134,7 @@ def unpack_result(data):
     return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
 
 
-def _child(cfg, code_fd, res_fd, cpu_s, size):
+def _child(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     """Runs in the forked child; never returns."""
     status, value, error = "crashed", None, None
     try:
@@ -153,15 +153,16 @@ def _child(cfg, code_fd, res_fd, cpu_s, size):
             # the worker so a small limit can only fail runs, never the worker) and the process count (one by
             # default: no fork, no thread, so the address-space limit bounds every byte the run can hold).
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-            if cfg["memory_bytes"]:
-                resource.setrlimit(resource.RLIMIT_AS, (cfg["memory_bytes"],) * 2)
+            if cfg["memory_bytes"]:  # DATA and RSS alike: a run reads them, and the host's would tell it the host's
+                for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS):
+                    resource.setrlimit(which, (cfg["memory_bytes"],) * 2)
             if cfg["nproc"]:
                 resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
         if cfg["drop_uid"]:
             os.setgroups([])
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-            if cfg["ctypes_path"]:
+            if cfg["ctypes_path"] and reset_dumpable:
                 _nondumpable(cfg["ctypes_path"])
         os.chdir(cfg["work"])
         code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
@@ -293,17 +294,19 @@ def _reap(pid, is_pid1):
 
 def _run_one(req, fds, cfg, state):
     timeout = float(req.get("timeout") or cfg["timeout_s"])
-    cpu_s = max(1, int(timeout + 1.999))
+    # RLIMIT_CPU from the longer of the request's clock and the config's: a run reads its limits, and one derived
+    # from the request would tell a check's runs (shorter clock) from validation's; the wall clock still holds it
+    cpu_s = max(1, int(max(timeout, cfg["timeout_s"]) + 1.999))
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
-        _child(cfg, *fds, cpu_s, int(req.get("size", 0)))
+        _child(cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
     os.close(fds[0]), os.close(fds[1])
     wstatus = _wait(pid, t0 + timeout)
     timed_out, duration = wstatus is None, time.perf_counter() - t0
     if timed_out:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(-1 if cfg["pid1"] else pid, signal.SIGKILL)  # as PID 1 the filter lets it kill no single pid
             _, wstatus = os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             wstatus = 0
@@ -350,7 +353,7 @@ def main():
     net_isolated = _no_network()  # before the chroot: sockets cannot be made after the filter
     own_hostname = _own_hostname(cfg)
     lockdown = _load_lockdown(cfg)  # before the chroot, which hides its file
-    reset_dumpable = ambient.suid_dumpable() != "0"  # before the chroot hides /proc
+    dumpable_after_setuid = ambient.dumpable_after_setuid()  # opens its file before the chroot hides /proc
     nproc = int(cfg["max_procs"])
     if nproc > 1 and not cfg.get("drop_uid"):  # runs share the worker's uid
         nproc += _nproc_base(cfg.get("mechanism") == "userns")
@@ -368,7 +371,7 @@ def main():
     # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
     # one is the only one, and with a single mapped uid (user namespace) runs are allowed to send it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    locked = _lockdown(cfg, lockdown)
+    locked = _lockdown(cfg, lockdown, is_pid1)
     del lockdown  # its module (and ctypes through it) is unreachable from here on; gc.collect below frees it
     _worker_limits(cfg, ambient.pinned_limits())
     hashseed = os.environ.get("PYTHONHASHSEED")  # already fixed for this interpreter; runs need not see it
@@ -379,7 +382,8 @@ def main():
     run_cfg = {"pid1": is_pid1, "work": work, "uid": cfg["uid"], "drop_uid": drop, "nproc": nproc,
                "memory_bytes": cfg["memory_bytes"], "max_output_chars": cfg["max_output_chars"],
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
-               "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None) if reset_dumpable else None}
+               "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None),
+               "dumpable_after_setuid": dumpable_after_setuid}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "nproc": nproc, **locked}
@@ -443,7 +447,7 @@ def _load_lockdown(cfg):
     return lockdown, before
 
 
-def _lockdown(cfg, loaded):
+def _lockdown(cfg, loaded, own_pids):
     """Drop capabilities (user namespace: the worker is root of it only to mount and chroot) and install the seccomp
     filter; both are inherited by every run. Then forget lockdown and ctypes, so programs cannot import them: only
     the preloaded modules stay importable. Returns what is in force, for the hello."""
@@ -468,7 +472,7 @@ def _lockdown(cfg, loaded):
                 errors.append(f"capabilities: {_describe(exc)}")
         if cfg.get("seccomp"):
             try:
-                out["seccomp"] = mod.install_seccomp()  # the architecture's name
+                out["seccomp"] = mod.install_seccomp(own_pids)  # the architecture's name
             except Exception as exc:
                 errors.append(f"seccomp: {_describe(exc)}")
     for name in set(sys.modules) - before:

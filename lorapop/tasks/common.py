@@ -191,7 +191,8 @@ class ProgramInputTask:
 _CALL = call_code("", "")[:-len(")\n")]  # what call_code puts between a program and its input
 CONTROL_ROUNDS = 3  # runs of the task's program per distinct input and check
 CONTROL_SPREAD_S = 0.025  # at least this long between the starts of two runs of one input
-MAX_RUN_SHARE = 0.5  # of the wall clock: the longest a valid task's validation run may take
+MAX_RUN_SHARE = 0.4  # of the wall clock: the longest a valid task's validation run may take
+CHECK_RUN_SHARE = 0.5  # of the wall clock: what every run of the task's program gets in a check (control included)
 
 
 def check_answers(answers: list, prepare, control: list[tuple[str, str]], executor: Executor, *, program: str,
@@ -238,13 +239,13 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     others = list(dict.fromkeys(c for _, c, _ in jobs if not c.startswith(own)))
     ran = {code: [r] for code, r in zip(others, executor.run_many(others))} if others else {}
     mine = list(dict.fromkeys([code for code, _ in control] + [c for _, c, _ in jobs if c.startswith(own)]))
-    # The task's program gets on a student's input what validation allowed it on its own input: half the wall clock
-    # (a program slow on every input but its own would otherwise make each check cost rounds x inputs wall clocks);
-    # its control runs keep the whole clock, so load at check time does not void an honest task.
+    # Every run of the task's program in a check, its control's and the students' inputs alike, gets one clock:
+    # half the wall clock, above validation's bound (MAX_RUN_SHARE) so that load at check time does not void an
+    # honest task. One clock, so that no program can time out on the students' inputs while its control does not
+    # (a program slow in some minutes of the wall clock, say); and a bounded one, so that a program slow on every
+    # input but its own cannot make each check cost rounds x inputs wall clocks.
     limit = float(getattr(getattr(executor, "config", None), "timeout_s", 5.0))
-    controls = {code for code, _ in control}
-    ran.update(run_rounds(executor, mine, rounds, spread_s,
-                          timeout_of={c: MAX_RUN_SHARE * limit for c in mine if c not in controls}))
+    ran.update(run_rounds(executor, mine, rounds, spread_s, timeout_of=dict.fromkeys(mine, CHECK_RUN_SHARE * limit)))
     void = next((f"{why}" for code, gold in control if (why := _failure(ran[code], gold))), None)
     void = void or next((f"its runs of one input disagree: {why}" for code in mine
                          if (why := _disagreement(ran[code]))), None)
