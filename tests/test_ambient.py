@@ -24,7 +24,7 @@ ROOT = os.geteuid() == 0
 REFUSED = {"kernel", "cpu_set"}
 # what the interpreter's own record of itself reads in every worker, on every machine
 BLANK = {"argv": [""], "orig_argv": [], "executable": ["", ""], "prefixes": ["/"] * 4, "path": [[], []],
-         "package_paths": None, "frame_files": ["<program>", "<program>", "worker.py", "worker.py", "worker.py"]}
+         "package_paths": None, "frame_files": ["<program>", "<program>", "worker.py", "worker.py", "<string>"]}
 
 
 def check(out: dict) -> None:

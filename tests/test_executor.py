@@ -166,6 +166,22 @@ def test_no_python_route_tells_a_run_its_pid(ex):
     assert names == [] and answers == [[1]] * 7, got.value
 
 
+def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
+    """A program can walk the frames above its own. The child leaves every frame of the worker's loop before the
+    program runs, so what those held (the trainer's scratch path with its pid, the request's clock, the config with
+    the host's paths, the pid of the run before) is gone: above the program there is the child's own frame (the
+    output limits and the program's code), the worker module's and the launcher's."""
+    code = ("import sys\nfr, seen = sys._getframe().f_back, []\nwhile fr is not None:\n"
+            "    seen.append((fr.f_code.co_name, sorted(k for k in fr.f_locals if k.islower() and not k.startswith('_'))))\n"
+            "    fr = fr.f_back\n_result = seen")
+    got = ex.run(code)
+    assert got.ok, got
+    frames = eval(got.value)
+    assert [name for name, _ in frames] == ["_child", "<module>", "<module>"], frames
+    assert frames[0][1] == ["error", "g", "max_out", "max_repr", "out", "program", "status", "value"], frames[0]
+    assert not {"cfg", "run_cfg", "root", "state", "req", "timeout", "hashseed", "code"} & set(frames[1][1]), frames[1]
+
+
 def test_a_slow_run_gets_the_clock_it_is_given(ex):
     """run_rounds' timeout_of: the check gives the task's program on a student's input the half wall clock validation
     allowed it (a program slow on every input but its own cannot make each check cost three wall clocks an input)."""
@@ -209,11 +225,11 @@ def test_closed_executor_refuses():
 
 def test_nproc_base_counts_the_users_processes_only_before_linux_5_14():
     """In a user namespace from 5.14 on: the unshare process and the worker; else every process of the user."""
-    from lorapop.executor.worker import _nproc_base
+    from lorapop.executor.ambient import nproc_base
 
-    assert _nproc_base(True, "6.18.44-fc") == 2 and _nproc_base(True, "5.14.0-284.el9") == 2
-    assert _nproc_base(True, "4.18.0-553.el8_10.x86_64") >= 1  # this test process at least, on the old kernel's count
-    assert _nproc_base(False, "6.18.44-fc") >= 1  # no user namespace: the machine-wide count of this uid
+    assert nproc_base(True, "6.18.44-fc") == 2 and nproc_base(True, "5.14.0-284.el9") == 2
+    assert nproc_base(True, "4.18.0-553.el8_10.x86_64") >= 1  # this test process at least, on the old kernel's count
+    assert nproc_base(False, "6.18.44-fc") >= 1  # no user namespace: the machine-wide count of this uid
 
 
 @pytest.mark.parametrize("max_procs", [1, 3])

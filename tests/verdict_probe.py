@@ -140,7 +140,8 @@ LOOK = RAW_SYS + (
     "def attempt(fn):\n    try:\n        return fn()\n    except OSError as e:\n        return e.errno\n"
     "_result = {'listdir': os.listdir('.'), 'fresh': st.f_bfree == st.f_blocks,\n"
     "           'host': attempt(lambda: os.uname().nodename),\n"
-    "           'nice': os.getpriority(os.PRIO_PROCESS, 0), 'sched': os.sched_getscheduler(0),\n"
+    "           'nice': attempt(lambda: os.getpriority(os.PRIO_PROCESS, 0)),\n"
+    "           'sched': attempt(lambda: os.sched_getscheduler(0)),\n"
     "           'cpus': attempt(lambda: len(os.sched_getaffinity(0))), 'modules': sorted(m for m in seen if 'ctypes' in m or\n"
     "           'lockdown' in m), 'ctypes_objects': ct, 'fds': fds}")
 

@@ -85,6 +85,29 @@ def dumpable_after_setuid():
 _RLIMIT_LOCKS = 10  # Linux's number on every architecture; Python names it not, resource.getrlimit(10) reads it
 
 
+def nproc_base(userns, release=None):
+    """Processes the caller's uid already has that RLIMIT_NPROC counts against a run that may fork (``max_procs`` >
+    1) and shares its uid: in a user namespace from Linux 5.14 on, the count is per namespace and uid (the ``unshare``
+    process and the worker); before 5.14, and without namespaces, it is per uid across the machine, so the runs share
+    it with every other process of the user. Read from /proc before the chroot; an estimate, since the user's other
+    processes come and go."""
+    parts = (release or os.uname().release).split(".")
+    try:
+        if userns and (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (5, 14):
+            return 2
+    except (ValueError, IndexError):
+        return 2
+    uid, n = str(os.getuid()), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    n += any(line.startswith("Uid:") and line.split()[1] == uid for line in fh)
+            except OSError:
+                pass
+    return n
+
+
 def pinned_limits():
     """Limits a run can read that would otherwise be the host's (its ulimits), the same on every machine instead:
     none of locked memory, message queues, real-time priority or time, nice or file leases; the stack 8 MiB (glibc's

@@ -58,9 +58,9 @@ def observable(state):
     and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
     top = state["fs_top"]
     limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
-    return (_tree(top), tuple(os.statvfs(top)) if state["own_fs"] else None, limits, os.getpriority(os.PRIO_PROCESS, 0),
-            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, _or_refused(os.sched_getaffinity, 0),
-            _or_refused(os.uname))
+    return (_tree(top), tuple(os.statvfs(top)) if state["own_fs"] else None, limits,
+            _or_refused(os.getpriority, os.PRIO_PROCESS, 0), _or_refused(os.sched_getscheduler, 0),
+            _or_refused(os.sched_getparam, 0), _or_refused(os.sched_getaffinity, 0), _or_refused(os.uname))
 
 
 def _or_refused(call, *args):

@@ -78,6 +78,11 @@ _STATE = {
     "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
     "capget": (125, 90), "ioprio_get": (252, 31), "get_robust_list": (274, 100), "migrate_pages": (256, 238),
     "move_pages": (279, 239),
+    # The process's own priority and scheduling policy: a run would read the host's nice value and policy (the
+    # trainer's `nice -n 7`, `chrt -b`), the same in all its runs and unknowable to a student. The worker reads them
+    # as refused too (health.py), and no run can change them (setpriority and sched_set* above).
+    "getpriority": (140, 141), "sched_getparam": (143, 121), "sched_getscheduler": (145, 120),
+    "sched_rr_get_interval": (148, 127), "sched_getattr": (315, 275),
 }
 DENIED = {
     "x86_64": {
@@ -99,12 +104,7 @@ DENIED = {
         **{name: nrs[1] for name, nrs in _STATE.items()},
     },
 }
-# Calls allowed only with one argument as given, as (x86_64, aarch64) numbers; "refuse when" rules below. A pid of 0
-# is the caller: priority and scheduler reads of the caller itself stay (the worker's health check makes them).
-PID_ARG_ZERO = {  # (numbers, index of the pid argument)
-    "getpriority": ((140, 141), 1), "sched_getparam": ((143, 121), 0), "sched_getscheduler": ((145, 120), 0),
-    "sched_rr_get_interval": ((148, 127), 0), "sched_getattr": ((315, 275), 0),
-}
+# Calls allowed only with some arguments, as (x86_64, aarch64) numbers: the "refuse when" rules below.
 # kill(pid, sig) with any signal but SIGKILL (the worker's own use): kill(pid, 0) tells whether a pid exists, so
 # a run could find its own pid by trying them. In a pid namespace of the worker's own, SIGKILL too goes only to
 # pids 0, 1 and -1 (the worker kills a timed-out run with kill(-1)): killing pid after pid, a run would die at its
@@ -208,8 +208,6 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         _ins(_RET_K, 0, 0, eperm),
     ]
     col = 0 if arch == "x86_64" else 1
-    for nrs, arg in PID_ARG_ZERO.values():
-        prog += _arg_rule(nrs[col], arg, _JEQ_K, 0, refuse_on_match=False)
     prog += _arg_rule(KILL[col], 1, _JEQ_K, 9, refuse_on_match=False)
     if own_pids:  # kill(pid, SIGKILL) only on 0 (its own group), 1 (dropped) and -1 (all but itself and PID 1)
         prog += [

@@ -103,8 +103,6 @@ class SandboxExecutor:
         self._pools: dict[int, queue.Queue] = {}
         self._all: list[WorkerHandle] = []
         self._closed = False
-        base = self.config.uid_base
-        self._uid_base = base if base is not None else UID_LO
         self._hello_checked = False
         self.hashseeds = resolve_hashseeds(self.config)
         self.mode = self._probe_mode()
@@ -144,7 +142,8 @@ class SandboxExecutor:
         read its uid: derived from the trainer's pid (as it was) it told the run that pid, the same in every worker;
         drawn per worker process it is one more thing that differs between an input's three runs."""
         with _UIDS_LOCK:
-            _UIDS_TAKEN.discard(handle.uid)
+            if handle.uid is not None:  # its previous draw, freed for others
+                _UIDS_TAKEN.discard(handle.uid)
             while (uid := _UIDS.randrange(UID_LO, UID_HI)) in _UIDS_TAKEN:
                 pass
             _UIDS_TAKEN.add(uid)
@@ -161,7 +160,8 @@ class SandboxExecutor:
             if pool is None:
                 pool = queue.Queue()
                 for _ in range(max(1, int(self.config.n_workers))):
-                    w = WorkerHandle(self, hashseed, self._uid_base + len(self._all))
+                    base = self.config.uid_base  # None: drawn when the worker starts (draw_uid)
+                    w = WorkerHandle(self, hashseed, None if base is None else base + len(self._all))
                     self._all.append(w)
                     pool.put(w)
                 self._pools[hashseed] = pool
@@ -277,8 +277,9 @@ class SandboxExecutor:
             workers, self._all = self._all, []
         for w in workers:
             w.close()
-        with _UIDS_LOCK:
-            _UIDS_TAKEN.difference_update(w.uid for w in workers)
+        if self.config.uid_base is None:  # every uid of these workers was drawn
+            with _UIDS_LOCK:
+                _UIDS_TAKEN.difference_update(w.uid for w in workers)
 
     def __enter__(self):
         return self

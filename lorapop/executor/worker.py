@@ -134,57 +134,73 @@ def unpack_result(data):
     return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
 
 
-def _child(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
-    """Runs in the forked child; never returns."""
+class _InChild(BaseException):
+    """Raised in a run's forked child (its args: what :func:`_child` needs) to leave every frame of the worker's loop
+    before the program runs: a program can walk the frames above its own, and those held the trainer's scratch path,
+    the request's clock, the pid of the run before. Caught at the top of the module (below), past every handler."""
+
+
+def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
+    """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
+    os.setpgid(0, 0)  # its own group, in a pid namespace too: kill(0, 9) would hit the worker's `unshare` parent
+    # Nothing of the worker's own descriptors: 0, 1 and 2 (its dead pipes) are open file descriptions shared
+    # with the worker, whose flags, pipe size and locks a run could set for the next run to read.
+    lo, hi = sorted((code_fd, res_fd))
+    os.closerange(0, lo)
+    os.closerange(lo + 1, hi)
+    os.closerange(hi + 1, cfg["max_open_files"])  # the worker's socket to the trainer among them
+    if resource is not None:
+        # Per run: CPU (counted per process), the address space (kept off the worker so a small limit can only fail
+        # runs, never the worker) and the process count (one by default: no fork, no thread, so the address-space
+        # limit bounds every byte the run can hold).
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+        if cfg["memory_bytes"]:  # DATA and RSS alike: a run reads them, and the host's would tell it the host's
+            for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS):
+                resource.setrlimit(which, (cfg["memory_bytes"],) * 2)
+        if cfg["nproc"]:
+            resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
+    if cfg["drop_uid"]:
+        os.setgroups([])
+        os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        if cfg["ctypes_path"] and reset_dumpable:
+            _nondumpable(cfg["ctypes_path"])
+    os.chdir(cfg["work"])
+    code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
+    os.close(code_fd)
+    if res_fd != RESULT_FD:  # the one descriptor the filter keeps a run from reading the inode of (lockdown.py)
+        os.dup2(res_fd, RESULT_FD), os.close(res_fd)
+    return code
+
+
+def _child(cfg, *setup):
+    """Runs in the forked child, at the top of its stack; never returns. Its frame, the one above the program's, holds
+    the program's text and the config's output limits, nothing else."""
     status, value, error = "crashed", None, None
+    max_out, max_repr = cfg["max_output_chars"], cfg["max_repr_chars"]
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
-        os.setpgid(0, 0)  # its own group, in a pid namespace too: kill(0, 9) would hit the worker's `unshare` parent
-        # Nothing of the worker's own descriptors: 0, 1 and 2 (its dead pipes) are open file descriptions shared
-        # with the worker, whose flags, pipe size and locks a run could set for the next run to read.
-        lo, hi = sorted((code_fd, res_fd))
-        limit = cfg["max_open_files"]
-        os.closerange(0, lo)
-        os.closerange(lo + 1, hi)
-        os.closerange(hi + 1, limit)  # the worker's socket to the trainer among them
-        if resource is not None:
-            # Per run: CPU (counted per process, and the timeout may differ per request), the address space (kept off
-            # the worker so a small limit can only fail runs, never the worker) and the process count (one by
-            # default: no fork, no thread, so the address-space limit bounds every byte the run can hold).
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-            if cfg["memory_bytes"]:  # DATA and RSS alike: a run reads them, and the host's would tell it the host's
-                for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS):
-                    resource.setrlimit(which, (cfg["memory_bytes"],) * 2)
-            if cfg["nproc"]:
-                resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
-        if cfg["drop_uid"]:
-            os.setgroups([])
-            os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
-            os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-            if cfg["ctypes_path"] and reset_dumpable:
-                _nondumpable(cfg["ctypes_path"])
-        os.chdir(cfg["work"])
-        code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
-        os.close(code_fd)
-        if res_fd != RESULT_FD:  # the one descriptor the filter keeps a run from reading the inode of (lockdown.py)
-            os.dup2(res_fd, RESULT_FD), os.close(res_fd)
-            res_fd = RESULT_FD
-        out = _CappedOut(cfg["max_output_chars"])
+        try:
+            code = _prepare(cfg, *setup)
+        finally:
+            del cfg, setup
+        out = _CappedOut(max_out)
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
-            exec(compile(code, "<program>", "exec"), g)
+            program = compile(code, "<program>", "exec")
             del code
+            exec(program, g)
             text = _repr(g.get("_result"))
             if not _isinstance(text, _str):
                 raise TypeError("__repr__ returned non-string")
-            if _len(text) > cfg["max_repr_chars"]:
-                status, error = "output_limit", f"repr of _result has {_len(text)} chars > {cfg['max_repr_chars']}"
+            if _len(text) > max_repr:
+                status, error = "output_limit", f"repr of _result has {_len(text)} chars > {max_repr}"
             else:
                 status, value = "ok", text
         except _OutputLimit:
-            status, error = "output_limit", f"printed more than {cfg['max_output_chars']} chars"
+            status, error = "output_limit", f"printed more than {max_out} chars"
         except MemoryError:
             status, error = "memory", "MemoryError"
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the program's own failure
@@ -194,7 +210,7 @@ def _child(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     except BaseException as exc:
         status, error = "crashed", "sandbox setup failed: " + _describe(exc)
     try:
-        _write_all(res_fd, pack_result(status, value, error))
+        _write_all(RESULT_FD, pack_result(status, value, error))
     except BaseException:
         pass
     os._exit(0)
@@ -229,29 +245,6 @@ def _worker_limits(cfg, pinned=()):
                        (resource.RLIMIT_CORE, (0, 0)),
                        (resource.RLIMIT_SIGPENDING, (SIGPENDING,) * 2), *pinned):
         resource.setrlimit(which, val)
-
-
-def _nproc_base(userns, release=None):
-    """Processes the caller's uid already has that RLIMIT_NPROC counts against a run that may fork (``max_procs`` >
-    1) and shares its uid: in a user namespace from Linux 5.14 on, the count is per namespace and uid (the ``unshare``
-    process and the worker); before 5.14, and without namespaces, it is per uid across the machine, so the runs share
-    it with every other process of the user. Read from /proc before the chroot; an estimate, since the user's other
-    processes come and go."""
-    parts = (release or os.uname().release).split(".")
-    try:
-        if userns and (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (5, 14):
-            return 2
-    except (ValueError, IndexError):
-        return 2
-    uid, n = str(os.getuid()), 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/status") as fh:
-                    n += any(line.startswith("Uid:") and line.split()[1] == uid for line in fh)
-            except OSError:
-                pass
-    return n
 
 
 def _wait(pid, deadline):
@@ -300,7 +293,7 @@ def _run_one(req, fds, cfg, state):
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
-        _child(cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
+        raise _InChild(cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
     os.close(fds[0]), os.close(fds[1])
     wstatus = _wait(pid, t0 + timeout)
     timed_out, duration = wstatus is None, time.perf_counter() - t0
@@ -356,7 +349,7 @@ def main():
     dumpable_after_setuid = ambient.dumpable_after_setuid()  # opens its file before the chroot hides /proc
     nproc = int(cfg["max_procs"])
     if nproc > 1 and not cfg.get("drop_uid"):  # runs share the worker's uid
-        nproc += _nproc_base(cfg.get("mechanism") == "userns")
+        nproc += ambient.nproc_base(cfg.get("mechanism") == "userns")
     root = cfg.get("root")
     chrooted = False
     if root and cfg.get("chroot"):  # the command mounted the tmpfs there (sandbox.py)
@@ -495,4 +488,10 @@ def _no_network():
 
 
 if __name__ == "__main__":
-    main()
+    _forked = None
+    try:
+        main()
+    except _InChild as child:  # a run's child: the worker's frames are gone with their values, the traceback too
+        _forked = child.args
+    if _forked:
+        _child(*globals().pop("_forked"))
