@@ -73,7 +73,7 @@ _STATE = {
     # one it counts the machine's processes. Every call that returns an id of a process, thread or group, or that
     # tells whether a given pid exists (queuing a signal to it, reading its capabilities, I/O priority, robust
     # futex list or pages), is refused, so the value is never known to a run (ambient.py removes the Python names
-    # too). The calls that take a pid and are used on the caller itself (pid 0) are limited to that below.
+    # too). setpgid, kill and fcntl, which take a pid, are limited below (setpgid(0, 0); SIGKILL; no F_SETOWN).
     "getpid": (39, 172), "getppid": (110, 173), "gettid": (186, 178), "getpgid": (121, 155), "getsid": (124, 156),
     "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
     "capget": (125, 90), "ioprio_get": (252, 31), "get_robust_list": (274, 100), "migrate_pages": (256, 238),
