@@ -208,21 +208,12 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         _ins(_RET_K, 0, 0, eperm),
     ]
     col = 0 if arch == "x86_64" else 1
-    prog += _arg_rule(KILL[col], 1, _JEQ_K, 9, refuse_on_match=False)
+    prog += _allow_only(KILL[col], 1, (9,))
     if own_pids:  # kill(pid, SIGKILL) only on 0 (its own group), 1 (dropped) and -1 (all but itself and PID 1)
-        prog += [
-            _ins(_LD_W_ABS, 0, 0, 0),
-            _ins(_JEQ_K, 0, 5, KILL[col]),
-            _ins(_LD_W_ABS, 0, 0, 16),
-            _ins(_JEQ_K, 3, 0, 0),
-            _ins(_JEQ_K, 2, 0, 1),
-            _ins(_JEQ_K, 1, 0, 0xFFFFFFFF),
-            _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
-        ]
-    prog += _arg_rule(SETPGID[col], 0, _JEQ_K, 0, refuse_on_match=False)
-    prog += _arg_rule(SETPGID[col], 1, _JEQ_K, 0, refuse_on_match=False)
+        prog += _allow_only(KILL[col], 0, (0, 1, 0xFFFFFFFF))
+    prog += _allow_only(SETPGID[col], 0, (0,)) + _allow_only(SETPGID[col], 1, (0,))
     for cmd in (F_SETOWN, F_SETOWN_EX):
-        prog += _arg_rule(RESULT_FD_CALLS["fcntl"][col], 1, _JEQ_K, cmd, refuse_on_match=True)
+        prog += _refuse_if(RESULT_FD_CALLS["fcntl"][col], 1, _JEQ_K, cmd)
     prog += [  # prctl(PR_SET_DUMPABLE, anything but 0)
         _ins(_LD_W_ABS, 0, 0, 0),
         _ins(_JEQ_K, 0, 5, PRCTL[col]),
@@ -233,25 +224,33 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
     ]
     for nrs in CLOCK_ID_CALLS.values():
-        prog += _arg_rule(nrs[col], 0, _JSET_K, 0x80000000, refuse_on_match=True)
+        prog += _refuse_if(nrs[col], 0, _JSET_K, 0x80000000)
     for nrs in RESULT_FD_CALLS.values():
         if nrs[col] is not None:
-            prog += _arg_rule(nrs[col], 0, _JEQ_K, RESULT_FD, refuse_on_match=True)
+            prog += _refuse_if(nrs[col], 0, _JEQ_K, RESULT_FD)
     return b"".join(prog + [_ins(_RET_K, 0, 0, _RET_ALLOW)])
 
 
-def _arg_rule(nr: int, arg: int, test: int, k: int, refuse_on_match: bool) -> list[bytes]:
-    """Call ``nr`` refused with EPERM when the low 32 bits of argument ``arg`` match (``refuse_on_match``) or do not
-    match ``k`` under ``test`` (equality, or any bit of ``k`` set); every other call goes on to the next rule. Each
-    argument tested is a 32-bit int to the kernel (a pid, a signal, a clock id, a descriptor), so the low half is
-    all of it."""
+def _refuse_if(nr: int, arg: int, test: int, k: int) -> list[bytes]:
+    """Call ``nr`` refused with EPERM when the low 32 bits of argument ``arg`` match ``k`` under ``test`` (equality, or
+    any bit of ``k`` set); every other call goes on to the next rule. Each argument tested is a 32-bit int to the
+    kernel (a pid, a signal, a clock id, a descriptor, a command), so the low half is all of it."""
     return [
         _ins(_LD_W_ABS, 0, 0, 0),
         _ins(_JEQ_K, 0, 3, nr),
         _ins(_LD_W_ABS, 0, 0, 16 + 8 * arg),
-        _ins(test, 0, 1, k) if refuse_on_match else _ins(test, 1, 0, k),
+        _ins(test, 0, 1, k),
         _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
     ]
+
+
+def _allow_only(nr: int, arg: int, values: tuple[int, ...]) -> list[bytes]:
+    """Call ``nr`` refused with EPERM unless the low 32 bits of argument ``arg`` are one of ``values`` (as
+    :func:`_refuse_if`, each a 32-bit int to the kernel); every other call goes on to the next rule."""
+    m = len(values)
+    return ([_ins(_LD_W_ABS, 0, 0, 0), _ins(_JEQ_K, 0, m + 2, nr), _ins(_LD_W_ABS, 0, 0, 16 + 8 * arg)]
+            + [_ins(_JEQ_K, m - i, 0, v) for i, v in enumerate(values)]
+            + [_ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)])
 
 
 def _lookup(nrs: list[int]) -> list[bytes]:
