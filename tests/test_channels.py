@@ -158,20 +158,12 @@ def test_a_hash_order_rarely_buys_a_valid_task():
     strings) must agree under the executor's three seeds, drawn at random, to be valid and survive its check: about
     1/4 of random pairs (bench/hash_order.py: 58 of 200), where the fixed seeds 1 and 2 with checks under seed 1
     accepted every pair valid under both (94 of 200). 44 of 96 would happen by chance at p = 0.29 about once in 3000."""
-    import random
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from hash_order import hash_order_trials
 
-    from lorapop.tasks import TASK_TYPES, Task
-
-    code_o, rng, valid, accepted, n = TASK_TYPES["code_o"], random.Random(7), 0, 0, 96
+    n = 96
     with SandboxExecutor(ExecutorConfig(n_workers=2)) as ex:
-        for _ in range(n):
-            words = [f"w{rng.randrange(10 ** 6)}" for _ in range(2)]
-            prop = f"```python\ndef f(a):\n    return list(set(a))\n```\n```input\n{words!r}\n```"
-            task = code_o.validate_many([code_o.parse_proposal(prop)], ex)[0]
-            if isinstance(task, Task):
-                valid += 1
-                got = code_o.check_many(task, [code_o.parse_answer(f"```output\n{task.outputs[0]}\n```")], ex)[0]
-                accepted += got.status != "void"
+        valid, accepted = hash_order_trials(ex, n, 2, 7)
     print({"valid": valid, "accepted": accepted, "n": n})
     assert accepted < valid and accepted / n < 0.45, (valid, accepted)
 

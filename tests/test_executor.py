@@ -166,6 +166,13 @@ def test_no_python_route_tells_a_run_its_pid(ex):
     assert names == [] and answers == [[1]] * 7, got.value
 
 
+def test_the_worker_moves_the_result_pipe_where_the_filter_guards_it():
+    """worker.py keeps its own copy of the descriptor (it imports lockdown only once, and forgets it)."""
+    from lorapop.executor import lockdown, worker
+
+    assert worker.RESULT_FD == lockdown.RESULT_FD
+
+
 def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
     """A program can walk the frames above its own. The child leaves every frame of the worker's loop before the
     program runs, so what those held (the trainer's scratch path with its pid, the request's clock, the config with

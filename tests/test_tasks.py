@@ -300,7 +300,7 @@ def test_a_task_whose_runs_take_over_half_the_wall_clock_is_too_slow(ex):
     assert isinstance(got[1], Task) and got[1].outputs == ["0.05"], got[1]
 
 
-def test_a_check_gives_every_run_of_the_program_one_clock(ex):
+def test_a_check_gives_every_run_of_the_program_one_clock(ex, monkeypatch):
     """Every run of the task's program in a check, its control's and the students' inputs alike, gets the same
     clock (CHECK_RUN_SHARE of the wall clock): no program can time out on students' inputs while its control runs in
     time. And a run cannot tell validation's clock from a check's: a task returning its CPU limit validates, and
@@ -319,11 +319,8 @@ def test_a_check_gives_every_run_of_the_program_one_clock(ex):
             "    return [resource.getrlimit(resource.RLIMIT_CPU)[0], x % 3]")
     task = code_i.validate_many([Proposal("code_i", prog, ["4"])], ex)[0]
     assert isinstance(task, Task), task
-    common_run_rounds, common.run_rounds = common.run_rounds, spy
-    try:
-        got = code_i.check_many(task, [code_i.parse_answer(f"```input\n{a}\n```") for a in ("4", "7", "5")], ex)
-    finally:
-        common.run_rounds = common_run_rounds
+    monkeypatch.setattr(common, "run_rounds", spy)
+    got = code_i.check_many(task, [code_i.parse_answer(f"```input\n{a}\n```") for a in ("4", "7", "5")], ex)
     assert [o.status for o in got] == ["correct", "correct", "wrong"], got
     assert clocks == [[common.CHECK_RUN_SHARE * ex.config.timeout_s]], clocks
 
