@@ -190,12 +190,12 @@ def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
 
 
 def test_a_slow_run_gets_the_clock_it_is_given(ex):
-    """run_rounds' timeout_of: the check gives the task's program on a student's input the half wall clock validation
-    allowed it (a program slow on every input but its own cannot make each check cost three wall clocks an input)."""
+    """run_rounds' timeout_s: a check gives every run of the task's program half the wall clock (a program slow on
+    every input but its own cannot make each check cost three wall clocks an input)."""
     from lorapop.tasks.common import run_rounds
 
     code = "import fractions\nfractions.sys.modules['time'].sleep(3)"
-    got = run_rounds(ex, [code], 3, 0.025, timeout_of={code: 0.5})[code]
+    got = run_rounds(ex, [code], 3, 0.025, timeout_s=0.5)[code]
     assert [r.status for r in got] == ["timeout"] * 3 and all(r.duration_s < 2.0 for r in got), got
 
 

@@ -245,7 +245,7 @@ def check_answers(answers: list, prepare, control: list[tuple[str, str]], execut
     # (a program slow in some minutes of the wall clock, say); and a bounded one, so that a program slow on every
     # input but its own cannot make each check cost rounds x inputs wall clocks.
     limit = float(getattr(getattr(executor, "config", None), "timeout_s", 5.0))
-    ran.update(run_rounds(executor, mine, rounds, spread_s, timeout_of=dict.fromkeys(mine, CHECK_RUN_SHARE * limit)))
+    ran.update(run_rounds(executor, mine, rounds, spread_s, timeout_s=CHECK_RUN_SHARE * limit))
     void = next((f"{why}" for code, gold in control if (why := _failure(ran[code], gold))), None)
     void = void or next((f"its runs of one input disagree: {why}" for code in mine
                          if (why := _disagreement(ran[code]))), None)
@@ -279,7 +279,7 @@ def _disagreement(results: list) -> str | None:
 
 
 def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: float,
-               timeout_of: dict[str, float] | None = None) -> dict[str, list]:
+               timeout_s: float | None = None) -> dict[str, list]:
     """Each code run ``rounds`` times -> {code: its results, in round order}. Round by round, each in a fresh order
     drawn from the operating system's randomness, so no run's place among the others (its worker, what ran before
     it, how many runs its worker has made) says which input or which round it is, and the places of one input's
@@ -289,7 +289,7 @@ def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: floa
     disagrees with itself. A round starts ``spread_s`` after the last run of the round before started, never
     waiting for runs to end: a slow program's runs overlap, so a check costs about one of its runs, not ``rounds``
     of them in a row. At most ``executor.config.n_workers`` runs are handed out at once, so each starts when it is
-    handed out. ``timeout_of``: a wall clock for some codes (the executor's default for the rest)."""
+    handed out. ``timeout_s``: every run's wall clock (None: the executor's default)."""
     seeds = executor_seeds(executor)
     rounds = max(1, int(rounds))
     slots = max(1, int(getattr(getattr(executor, "config", None), "n_workers", 1)))
@@ -298,7 +298,7 @@ def run_rounds(executor: Executor, codes: list[str], rounds: int, spread_s: floa
 
     def one(code: str, seed: int):
         try:
-            return executor.run(code, hashseed=seed, timeout_s=(timeout_of or {}).get(code))
+            return executor.run(code, hashseed=seed, timeout_s=timeout_s)
         finally:
             free.release()
 
