@@ -19,26 +19,32 @@ def baseline(fs_top, fork_probe, own_fs=True):
     lies on a host filesystem whose free space other processes move all the time)."""
     state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1, "own_fs": own_fs,
              "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
-             if resource is not None else []}
+             if resource is not None else [], "refused": frozenset()}
+    # What the filter refuses to the worker now it refuses to every run for the worker's life (a seccomp filter
+    # cannot be removed): such a call is not made again after each run, where each refusal raised an exception.
+    state["refused"] = frozenset(name for name, call, args in _PROBES if _or_refused(call, *args) == "refused")
+    if _or_refused(os.listxattr, fs_top) == "refused":  # a directory: no link to follow
+        state["refused"] |= {"xattrs"}
     observable(state)  # once to settle: reading a directory may set its access time, once (relatime)
     state["observable"] = observable(state)
     return state
 
 
-def _tree(top):
+def _tree(top, xattrs=True):
     """Every entry under ``top`` (itself included), depth first: its full ``lstat`` (inode, mode, owner, size, link
-    count, the three timestamps to the nanosecond) and its extended attributes with their values."""
+    count, the three timestamps to the nanosecond) and its extended attributes with their values (unless the filter
+    refuses them to every process of the worker: ``xattrs`` False)."""
     out, stack = [], [top]
     while stack:
         path = stack.pop()
         st = os.lstat(path)
-        xattrs = []
+        attrs = []
         try:
-            for name in sorted(os.listxattr(path, follow_symlinks=False)):
-                xattrs.append((name, os.getxattr(path, name, follow_symlinks=False)))
+            for name in sorted(os.listxattr(path, follow_symlinks=False)) if xattrs else ():
+                attrs.append((name, os.getxattr(path, name, follow_symlinks=False)))
         except OSError:
-            xattrs.append(("<unreadable>", b""))
-        out.append((path, tuple(st), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, tuple(xattrs)))
+            attrs.append(("<unreadable>", b""))
+        out.append((path, tuple(st), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, tuple(attrs)))
         if st.st_mode & 0o170000 == 0o040000:  # a directory (lstat: never a link's target)
             stack.extend(os.path.join(path, n) for n in sorted(os.listdir(path)))
     return out
@@ -56,11 +62,10 @@ def observable(state):
     mask and handlers, descriptors, credentials, process group). A run gets a copy of it at fork, and nothing a run
     can call reaches the original: no ptrace, process_vm_writev or pidfd_getfd (the filter), no /proc (the chroot),
     and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
-    top = state["fs_top"]
+    top, refused = state["fs_top"], state["refused"]
     limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
-    return (_tree(top), tuple(os.statvfs(top)) if state["own_fs"] else None, limits,
-            _or_refused(os.getpriority, os.PRIO_PROCESS, 0), _or_refused(os.sched_getscheduler, 0),
-            _or_refused(os.sched_getparam, 0), _or_refused(os.sched_getaffinity, 0), _or_refused(os.uname))
+    return (_tree(top, "xattrs" not in refused), tuple(os.statvfs(top)) if state["own_fs"] else None, limits,
+            *("refused" if name in refused else _or_refused(call, *args) for name, call, args in _PROBES))
 
 
 def _or_refused(call, *args):
@@ -95,5 +100,7 @@ def check(state, describe):
     return None
 
 
-_OBSERVED = ("filesystem", "filesystem counters", "resource limits", "priority", "scheduler", "scheduler priority",
-             "CPU set", "host name")
+_PROBES = (("priority", os.getpriority, (os.PRIO_PROCESS, 0)), ("scheduler", os.sched_getscheduler, (0,)),
+           ("scheduler priority", os.sched_getparam, (0,)), ("CPU set", os.sched_getaffinity, (0,)),
+           ("host name", os.uname, ()))
+_OBSERVED = ("filesystem", "filesystem counters", "resource limits", *(name for name, _, _ in _PROBES))

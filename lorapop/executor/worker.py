@@ -134,12 +134,6 @@ def unpack_result(data):
     return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
 
 
-class _InChild(BaseException):
-    """Raised in a run's forked child (its args: what :func:`_child` needs) to leave every frame of the worker's loop
-    before the program runs: a program can walk the frames above its own, and those held the trainer's scratch path,
-    the request's clock, the pid of the run before. Caught at the top of the module (below), past every handler."""
-
-
 def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text."""
     signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
@@ -152,9 +146,8 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     os.closerange(lo + 1, hi)
     os.closerange(hi + 1, cfg["max_open_files"])  # the worker's socket to the trainer among them
     if resource is not None:
-        # Per run: CPU (counted per process), the address space (kept off the worker so a small limit can only fail
-        # runs, never the worker) and the process count (one by default: no fork, no thread, so the address-space
-        # limit bounds every byte the run can hold).
+        # Per run: CPU (per process), the address space (off the worker: a small limit fails runs, never the worker)
+        # and the process count (one by default: no fork or thread, so that limit bounds every byte a run holds).
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
         if cfg["memory_bytes"]:  # DATA and RSS alike: a run reads them, and the host's would tell it the host's
             for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS):
@@ -292,8 +285,11 @@ def _run_one(req, fds, cfg, state):
     cpu_s = max(1, int(max(timeout, cfg["timeout_s"]) + 1.999))
     t0 = time.perf_counter()
     pid = os.fork()
-    if pid == 0:
-        raise _InChild(cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
+    if pid == 0:  # the run's child: back to the top of the module with what _child needs (_serve, below)
+        try:
+            return (cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
+        except BaseException:
+            os._exit(1)  # never on as a second worker; the trainer reads no result: "crashed"
     os.close(fds[0]), os.close(fds[1])
     wstatus = _wait(pid, t0 + timeout)
     timed_out, duration = wstatus is None, time.perf_counter() - t0
@@ -389,14 +385,22 @@ def main():
     state["check"] = health.check
     _send(ctl, hello)
     del hello
-    while _serve_one(ctl, run_cfg, state):
-        pass
+    return ctl, run_cfg, state
+
+
+def _serve(ctl, run_cfg, state):
+    """Requests until the trainer closes (then None); in a run's child, what :func:`_child` needs. A program can walk
+    the frames above its own, and the loop's held the trainer's scratch path, the request's clock, the pid of the run
+    before: the child returns from all of them (no traceback keeps one alive) and runs beneath the module's alone."""
+    while True:
+        went = _serve_one(ctl, run_cfg, state)
+        if went is not True:
+            return went or None
 
 
 def _serve_one(ctl, run_cfg, state):
-    """One request: run it, report, say whether to go on. In a function of its own so that nothing of one run (its
-    request, its report: exit status, duration) is still in a frame when the next run is forked: a program can walk
-    the frames above its own, and a value left there would carry information from one run to the next."""
+    """One request: run it, report; True to go on, False to stop, a tuple in the run's child. Nothing of one run (its
+    request, its report) is in a frame when the next run is forked."""
     try:
         data, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
     except OSError:
@@ -410,6 +414,9 @@ def _serve_one(ctl, run_cfg, state):
         return True
     try:
         resp = _run_one(json.loads(data), fds, run_cfg, state)
+        if type(resp) is tuple:
+            ctl.detach()  # the child closes the descriptor itself; the socket's finalizer would format a warning
+            return resp
     except Exception as exc:  # the worker itself must survive anything a run does
         resp = {"wstatus": 0, "timed_out": False, "duration": 0.0, "retire": "worker: " + _describe(exc)}
     _send(ctl, resp)
@@ -488,10 +495,6 @@ def _no_network():
 
 
 if __name__ == "__main__":
-    _forked = None
-    try:
-        main()
-    except _InChild as child:  # a run's child: the worker's frames are gone with their values, the traceback too
-        _forked = child.args
-    if _forked:
+    _forked = _serve(*main())
+    if _forked:  # a run's child
         _child(*globals().pop("_forked"))
