@@ -38,6 +38,33 @@ FACTS = {
                   "list(ga(m, '_' '_dict__', {}).values()) if ga(type(v), '_' '_name__') == 'function'}) if '/' in p][:3]",
     "frame_files": "[sys._getframe(i).f_code.co_filename for i in range(1, 6)]",
     "main_names": "sorted(vs(sys.modules['_' '_main__']))",
+    "stdlib_dir": "sys._stdlib_dir",
+    "frozen_files": "[p for p in sorted({str(ga(ga(ga(m, '_' '_spec__', None), 'loader_state', None), 'filename', '')) "
+                    "for m in list(sys.modules.values())}) if '/' in p][:3]",
+    # whether the trainer runs as root or as an ordinary user (the run uid, or 0 of the user namespace)
+    "ids": "[os.getuid(), os.geteuid(), os.getgid(), os.getegid()]",
+    # glibc's _SC_LEVEL1_DCACHE_SIZE, _SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE: from cpuid, no system call
+    "cpu_caches": "[os.sysconf(n) for n in (188, 191, 194)]",
+    # every live object, the frozen ones too (a run can unfreeze them): no dict of the worker's run config, no module
+    # namespace (ctypes' is kept alive by its types after the worker drops it) with a file name holding a directory
+    "gc_config": "[list(o)[:4] for o in (sys.modules['gc'].unfreeze() or sys.modules['gc'].get_objects()) "
+                 "if type(o) is dict and ('max_output_chars' in o or 'ctypes_path' in o)]",
+    "gc_module_files": "[o.get('_' '_file__') for o in (sys.modules['gc'].unfreeze() or sys.modules['gc'].get_objects())"
+                       " if type(o) is dict and '/' in str(o.get('_' '_file__', ''))][:3]",
+    # native code (ctypes, found alive through gc): the environment strings on the initial stack, between argv[0]
+    # and the executable's name (AT_EXECFN) at its top; the shell's PWD would name the trainer's directory (the
+    # hash seed differs between validation's two runs: left out)
+    "stack_env": "[e for e in next(ga(o['string_at'](a, o['CFUNCTYPE'](o['c_void_p'], o['c_ulong'])(('getauxval', "
+                 "o['CDLL'](None)))(31) - a), 'split')(b'\\0') for o in (sys.modules['gc'].unfreeze() or "
+                 "sys.modules['gc'].get_objects()) if type(o) is dict and o.get('_' '_name__') == 'ctypes' for a in "
+                 "[o['c_void_p'].in_dll(o['pythonapi'], 'program_invocation_name').value]) if b'=' in e and "
+                 "not e.startswith(b'PYTHONHASHSEED=')]",
+    # and every page holding a live object: freed blocks keep their bytes (the worker's scratch path, whose name
+    # holds the trainer's pid, was found among them); whether many pages were read, and where the prefix was found
+    "freed_memory": "next([len(pages) > 100, [m.start() for p in pages for m in [sys.modules['re'].search("
+                    "b'lorapop-sbx-[0-9]', o['string_at'](p, 4096))] if m][:3]] for o in (sys.modules['gc'].unfreeze() or "
+                    "sys.modules['gc'].get_objects()) if type(o) is dict and o.get('_' '_name__') == 'ctypes' for pages "
+                    "in [sorted({id(v) & ~4095 for v in sys.modules['gc'].get_objects()})])",
 }
 
 

@@ -71,7 +71,7 @@ _result = {
     'itimers': [signal.getitimer(w) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)],
     'alarm': signal.alarm(0),
     'uname': attempt(lambda: tuple(os.uname())),  # refused by the filter (a fact of the machine)
-    'ids': (os.getresuid(), os.getresgid(), os.getgroups()),
+    'ids': (attempt(os.getresuid), attempt(os.getresgid), attempt(os.getgroups)),  # refused: how the trainer runs
     'pid_names': sorted(n for n in ('getpid', 'getppid', 'getpgrp', 'getpgid', 'getsid') if hasattr(os, n)),
     'result_fd': (attempt(lambda: os.fstat(3).st_ino), attempt(lambda: os.dup(3))),
     'fds': [(fd, os.get_blocking(fd)) for fd in fds],

@@ -67,7 +67,11 @@ for _name, (_x86, _arm) in {
         "newfstatat_result": (262, 79), "statx_result": (332, 291), "dup_result": (32, 23),
         "dup3_result": (292, 24), "fcntl_result": (72, 25), "prctl_dumpable": (157, 167),
         "setpgid_other": (109, 154), "fcntl_setown": (72, 25), "clock_settime_other": (227, 112),
-        "clock_adjtime_other": (305, 266)}.items():
+        "clock_adjtime_other": (305, 266),
+        # a thread id handed back or tested; the user and group ids (root or an ordinary user's namespace)
+        "set_tid_address": (218, 96), "timer_create": (222, 107), "futex_trylock_pi": (202, 98),
+        "futex_lock_pi_private": (202, 98), "getuid": (102, 174), "geteuid": (107, 175), "getgid": (104, 176),
+        "getegid": (108, 177), "getresuid": (118, 148), "getresgid": (120, 150), "getgroups": (115, 158)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
 SYSCALLS["x86_64"]["dup2_result"] = 33  # aarch64 has dup3 only
@@ -116,6 +120,11 @@ CALL_ARGS.update({
     "statx_result": (3, b"", 0x1000, 0, 0), "dup_result": (3,), "dup3_result": (3, 60, 0), "dup2_result": (3, 61),
     "fcntl_result": (3, 3), "prctl_dumpable": (4, 1, 0, 0, 0), "setpgid_other": (999_999, 1 << 30),
     "fcntl_setown": (-1, 8, 999_999), "clock_settime_other": (_OTHER_CLOCK, 0), "clock_adjtime_other": (_OTHER_CLOCK, 0),
+    # without the filter: the caller's tid; EFAULT (NULL sigevent out, NULL futex word; FUTEX_LOCK_PI with the private
+    # flag, which the filter masks off); the ids
+    "set_tid_address": (0,), "timer_create": (0, 0, 0), "futex_trylock_pi": (0, 8, 0, 0, 0, 0),
+    "futex_lock_pi_private": (0, 6 | 128, 0, 0, 0, 0), "getuid": (), "geteuid": (), "getgid": (), "getegid": (),
+    "getresuid": (0, 0, 0), "getresgid": (0, 0, 0), "getgroups": (0, 0),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 CALL_ARGS["pipe"] = (0,)

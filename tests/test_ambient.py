@@ -48,6 +48,23 @@ def check(out: dict) -> None:
         if name == "main_names":
             assert set(value) <= {"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
                                   "__builtins__", "__warningregistry__", "sys"}, value
+    def value(name):
+        got = out["facts"][name]
+        assert got["valid"], (name, got)
+        return ast.literal_eval(got["output"])[1]
+
+    assert value("stdlib_dir") is None and value("frozen_files") == []
+    # the run config and the module namespaces the worker dropped: not among the live objects, or without paths
+    assert value("gc_config") == [] and value("gc_module_files") == []
+    # native code reading the process: the environment on its stack says nothing of the trainer's directory, and no
+    # page holding a live object holds the scratch path's name (with the trainer's pid)
+    env = value("stack_env")
+    assert env and not [e for e in env if e.startswith((b"PWD=", b"OLDPWD="))], env
+    assert value("freed_memory") == [True, []]
+    got = out["facts"]["cpu_caches"]  # fenced off os.sysconf (a fresh posix module still reads them: METHOD)
+    assert not got["valid"] and got["reason"] == "runtime_error" and "unrecognized" in got["detail"], got
+    if seccomp:  # refused: every run reads -1, root or not
+        assert value("ids") == [-1] * 4
     # host memory, free memory and ticks since boot: the filter refuses sysinfo and times, and glibc then reads
     # what its stack held (addresses, different in every worker): refused as nondeterministic, or an error run
     if seccomp:

@@ -288,16 +288,20 @@ def test_deeply_nested_input_is_not_literal_not_an_exception(ex):
 SLEEPER = "import fractions\ndef f(s):\n    fractions.sys.modules['time'].sleep(s)\n    return s"
 
 
-def test_a_task_whose_runs_take_over_half_the_wall_clock_is_too_slow(ex):
+def test_a_task_whose_runs_take_over_half_the_wall_clock_is_too_slow():
     """Every check runs a task's program CONTROL_ROUNDS more times, under CHECK_RUN_SHARE of the wall clock, so
-    validation bounds its runs below that, at MAX_RUN_SHARE (1 s here); a run that ends in time but past the share
-    makes the proposal ``too_slow``."""
+    validation bounds its runs below that, at MAX_RUN_SHARE (1.6 s of a 4 s clock here); a run that ends in time but
+    past the share makes the proposal ``too_slow``. Validation's runs get the checks' clock (2 s here), so a run past
+    it is a timeout, and no run can tell validation from a check by the clock it was asked for."""
     from lorapop.tasks.common import CHECK_RUN_SHARE, MAX_RUN_SHARE
 
     assert MAX_RUN_SHARE == 0.4 and CHECK_RUN_SHARE == 0.5
-    got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", SLEEPER, [s]) for s in ("0.7", "0.05")], ex)
+    with SandboxExecutor(ExecutorConfig(timeout_s=4.0, n_workers=1, require_isolation=os.geteuid() == 0)) as slow:
+        got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", SLEEPER, [s]) for s in ("1.8", "2.6", "0.05")],
+                                                 slow)
     assert isinstance(got[0], Invalid) and got[0].reason == "too_slow", got[0]
-    assert isinstance(got[1], Task) and got[1].outputs == ["0.05"], got[1]
+    assert isinstance(got[1], Invalid) and got[1].reason == "timeout" and "limit 2s" in got[1].detail, got[1]
+    assert isinstance(got[2], Task) and got[2].outputs == ["0.05"], got[2]
 
 
 def test_a_check_gives_every_run_of_the_program_one_clock(ex, monkeypatch):

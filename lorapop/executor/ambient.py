@@ -54,12 +54,19 @@ def hide_interpreter(chrooted=True):
             setattr(sys, name, "")
     for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
         setattr(sys, name, "/")
+    if hasattr(sys, "_stdlib_dir"):  # the standard library's directory; frozen modules' file names are made from it
+        sys._stdlib_dir = None
+    fence_sysconf()
     if chrooted:
         sys.path[:] = []
         sys.path_importer_cache.clear()
         sys.modules.get("linecache") and sys.modules["linecache"].cache.clear()
         for mod in list(sys.modules.values()):
-            _hide_module(mod)
+            hide_module(mod)
+        # and every module namespace no longer in sys.modules: an extension's copy of its first namespace (CPython
+        # keeps it to re-create the module) and the namespaces of modules dropped while their functions live on
+        for d in [o for o in gc.get_objects() if type(o) is dict and "__file__" in o]:
+            hide_namespace(d)
     _rename_code()
 
 
@@ -123,6 +130,32 @@ def pinned_limits():
             (resource.RLIMIT_STACK, (stack, stack))]
 
 
+# sysconf names glibc answers from the CPU itself (cpuid), no system call the filter could refuse: the caches' sizes,
+# associativity and line sizes (_SC_LEVEL1_ICACHE_SIZE .. _SC_LEVEL4_CACHE_LINESIZE, numbers Python has no names for)
+# and the signal stack's minimum, which follows the CPU's register file (AVX-512 or not).
+HOST_SYSCONF = frozenset(range(185, 200)) | {249, 250}
+
+
+def fence_sysconf():
+    """``os.sysconf`` answers only the names ``os.sysconf_names`` lists, less :data:`HOST_SYSCONF`; any other number
+    is unrecognized, as for a name glibc does not know. A program that builds a fresh ``posix`` module (or reaches
+    the original function through the closure) still reads them: docs/METHOD.md "Facts of the machine"."""
+    real, names = os.sysconf, dict(os.sysconf_names)
+    allowed = frozenset(names.values()) - HOST_SYSCONF
+
+    def sysconf(name):
+        num = names.get(name, -1) if isinstance(name, str) else name
+        if num not in allowed:
+            raise ValueError("unrecognized configuration name")
+        return real(num)
+
+    os.sysconf = sysconf
+    if "posix" in sys.modules:
+        sys.modules["posix"].sysconf = sysconf
+    for key in [k for k, v in names.items() if v not in allowed]:
+        del os.sysconf_names[key]  # the posix module's own table too: one dict
+
+
 PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id", "pthread_getcpuclockid")
 
 
@@ -135,10 +168,14 @@ def hide_process_ids():
                 delattr(mod, attr)
 
 
-def _hide_module(mod):
+def hide_module(mod):
     d = getattr(mod, "__dict__", None)
-    if not isinstance(d, dict):
-        return
+    if isinstance(d, dict):
+        hide_namespace(d)
+
+
+def hide_namespace(d):
+    """A module's namespace with its file attributes, spec and loader cut to base names (or emptied)."""
     for key in ("__file__", "__cached__"):
         if isinstance(d.get(key), str):
             d[key] = os.path.basename(d[key])
@@ -154,6 +191,10 @@ def _hide_module(mod):
                 pass
     if getattr(spec, "submodule_search_locations", None):
         spec.submodule_search_locations = []
+    state = getattr(spec, "loader_state", None)  # a frozen module's: its source file's full name
+    for attr, val in list(getattr(state, "__dict__", {}).items()):
+        if isinstance(val, str) and os.sep in val:
+            setattr(state, attr, os.path.basename(val))
     loader = d.get("__loader__")
     for attr in ("path", "archive"):
         if isinstance(getattr(loader, attr, None), str):

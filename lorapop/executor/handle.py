@@ -68,9 +68,12 @@ class WorkerHandle:
         # nr_inodes fixed: by default a tmpfs may hold half the machine's RAM pages in inodes, and statvfs says so
         opts = "mode=0755,nosuid,nodev,noexec,nr_inodes=64"
         opts = f"size={int(c.disk_mb)}m,{opts}"
+        # The worker starts in the tmpfs and chroots into "." (worker.py): the scratch path, whose name holds this
+        # process's pid, is in no argument, variable or string of the worker, whose memory its runs can read. The
+        # shell's PWD and OLDPWD would be that path (and this process's directory) in the worker's environment.
         mount = (f'mount -t tmpfs -o {opts} tmpfs "$1" && mkdir "$1/w" && '
-                 f'mount -t tmpfs -o remount,ro,{opts} tmpfs "$1" && mount -o remount,bind,ro "$1" && shift && '
-                 'exec "$@"')
+                 f'mount -t tmpfs -o remount,ro,{opts} tmpfs "$1" && mount -o remount,bind,ro "$1" && cd "$1" && '
+                 'unset PWD OLDPWD && shift && exec "$@"')
         return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,
                 *py]
 
@@ -79,6 +82,7 @@ class WorkerHandle:
         # named after this process, so a run killed with -9 does not leave them behind for good (lorapop/tmpdirs.py)
         self.root = str(owned_tempdir(SANDBOX_PREFIX))
         os.chmod(self.root, 0o755)
+        chroot = mode["mechanism"] != "none" and c.isolate_filesystem
         self.served = 0
         if c.uid_base is None:  # a fresh uid for each worker process (sandbox.py, draw_uid)
             self.uid = self.ex.draw_uid(self)
@@ -88,7 +92,7 @@ class WorkerHandle:
             "max_repr_chars": c.max_repr_chars, "drop_uid": mode["mechanism"] == "root" and c.drop_privileges,
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
             "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
-            "root": self.root, "chroot": mode["mechanism"] != "none" and c.isolate_filesystem, "fallback_dir": self.root,
+            "root": None if chroot else self.root, "chroot": chroot,
             "preload": list(c.preload), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
         }
         # TZ: the time module reads the zone when the worker imports it, before the chroot hides the host's
@@ -99,7 +103,7 @@ class WorkerHandle:
         try:
             self.proc = subprocess.Popen(self._command(self.root, mode["mechanism"]),
                                          stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=self.errfile,
-                                         env=env, start_new_session=True, close_fds=True)
+                                         env=env, start_new_session=True, close_fds=True, cwd="/")
         finally:
             theirs.close()
         self.ctl = mine

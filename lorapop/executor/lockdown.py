@@ -78,6 +78,16 @@ _STATE = {
     "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
     "capget": (125, 90), "ioprio_get": (252, 31), "get_robust_list": (274, 100), "migrate_pages": (256, 238),
     "move_pages": (279, 239),
+    # The same id through calls that return or test it: set_tid_address returns the caller's thread id (glibc
+    # calls it once, at start, before the filter); timer_create with SIGEV_THREAD_ID succeeds only for the caller's
+    # own tid (its sigevent lies in memory the filter cannot read, so the call goes whole: CPython's timers are
+    # setitimer); the priority-inheritance futex operations are below.
+    "set_tid_address": (218, 96), "timer_create": (222, 107),
+    # The user and group ids: a run reads its uid, which is the run uid as root and 0 of the worker's user namespace
+    # for an ordinary user, so any of them would tell how the trainer runs (a fact of the host, the same in all its
+    # runs). Refused, every run reads the same (uid_t)-1; the setters the worker uses stay.
+    "getuid": (102, 174), "geteuid": (107, 175), "getgid": (104, 176), "getegid": (108, 177),
+    "getresuid": (118, 148), "getresgid": (120, 150), "getgroups": (115, 158),
     # The process's own priority and scheduling policy: a run would read the host's nice value and policy (the
     # trainer's `nice -n 7`, `chrt -b`), the same in all its runs and unknowable to a student. The worker reads them
     # as refused too (health.py), and no run can change them (setpriority and sched_set* above).
@@ -117,7 +127,11 @@ PRCTL, PR_SET_DUMPABLE_ = (157, 167), 4
 # Clocks of other processes and threads: a negative clock id names one by pid (MAKE_PROCESS_CPUCLOCK), and reading it
 # tells whether that pid exists. The clocks programs use (realtime, monotonic, their own CPU time) are positive.
 CLOCK_ID_CALLS = {"clock_gettime": (228, 113), "clock_getres": (229, 114), "clock_nanosleep": (230, 115),
-                  "timer_create": (222, 107), "clock_settime": (227, 112), "clock_adjtime": (305, 266)}
+                  "clock_settime": (227, 112), "clock_adjtime": (305, 266)}
+# futex(uaddr, op, ...) with a priority-inheritance operation looks up the tid written in the futex word: EDEADLK
+# when it is the caller's own, ESRCH when no such task exists, so a run could find its tid by trying them. Python
+# never takes a PI lock. op & FUTEX_CMD_MASK: LOCK_PI, UNLOCK_PI, TRYLOCK_PI, WAIT_REQUEUE_PI, CMP_REQUEUE_PI, LOCK_PI2.
+FUTEX, FUTEX_CMD_MASK, FUTEX_PI_OPS = (202, 98), 0x7F, (6, 7, 8, 11, 12, 13)
 # setpgid(pid, pgid) other than setpgid(0, 0), which each run makes of itself (worker.py): for any other pid it says
 # ESRCH where no such process exists and EPERM where one does, so a run could find its own pid by trying them.
 SETPGID = (109, 154)
@@ -138,7 +152,7 @@ MMAP, MAP_HUGETLB = {"x86_64": 9, "aarch64": 222}, 0x40000
 CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
 # classic BPF opcodes and seccomp return values
-_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K, _AND_K = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 _X32_BIT = 0x40000000
@@ -225,6 +239,7 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
     ]
     for nrs in CLOCK_ID_CALLS.values():
         prog += _refuse_if(nrs[col], 0, _JSET_K, 0x80000000)
+    prog += _refuse_in(FUTEX[col], 1, FUTEX_CMD_MASK, FUTEX_PI_OPS)
     for nrs in RESULT_FD_CALLS.values():
         if nrs[col] is not None:
             prog += _refuse_if(nrs[col], 0, _JEQ_K, RESULT_FD)
@@ -242,6 +257,16 @@ def _refuse_if(nr: int, arg: int, test: int, k: int) -> list[bytes]:
         _ins(test, 0, 1, k),
         _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
     ]
+
+
+def _refuse_in(nr: int, arg: int, mask: int, values: tuple[int, ...]) -> list[bytes]:
+    """Call ``nr`` refused with EPERM when the low 32 bits of argument ``arg``, masked with ``mask``, are one of
+    ``values``; every other call goes on to the next rule."""
+    m = len(values)
+    return ([_ins(_LD_W_ABS, 0, 0, 0), _ins(_JEQ_K, 0, m + 3, nr), _ins(_LD_W_ABS, 0, 0, 16 + 8 * arg),
+             _ins(_AND_K, 0, 0, mask)]
+            + [_ins(_JEQ_K, m - 1 - i, int(i == m - 1), v) for i, v in enumerate(values)]
+            + [_ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)])
 
 
 def _allow_only(nr: int, arg: int, values: tuple[int, ...]) -> list[bytes]:

@@ -12,11 +12,10 @@ freed memory that once held it) is in that copy.
 Startup, once per worker:
 
 1. pre-import the modules task programs may use (after the chroot nothing else can be imported), and lockdown.py;
-2. its own host name (UTS namespace); with a private mount namespace, chroot into the tmpfs (no host file is visible
-   afterwards, /proc included);
+2. its own host name (UTS namespace); with a private mount namespace, chroot into ``.``, the tmpfs it was started in
+   (no host file is visible afterwards, /proc included, and the worker never holds the tmpfs's host path);
 3. in a user namespace, give up every capability; install the seccomp filter (both inherited by every fork), then
-   forget lockdown and ctypes (modules and references; the _ctypes extension stays in CPython's cache, where a run
-   can get it back through ``_imp.create_dynamic``: what stops native code is the filter, docs/METHOD.md);
+   drop lockdown and ctypes from the modules (a run can still reach native code: the filter bounds it, METHOD.md);
 4. the limits that are the same for every run (file size, open files, no core), the runs' environment;
 5. hello on the socket with the protections that are actually in force.
 
@@ -25,8 +24,8 @@ files it shares, whose flags and locks a run could set for the next), sets its o
 processes), drops to the run uid as root, reads its program, runs it as a fresh ``__main__`` module and writes
 ``repr(_result)`` or its error. The worker waits for the child's exit up to the wall clock, then kills every other
 process of the namespace (as its PID 1; else the run's process group), reaps, and re-reads everything of itself a run
-could reach (:func:`_observable`: the runs' read-only filesystem whole, its limits, priority, scheduler, CPU set, host
-name; the pid counter where runs may fork). Anything changed and it answers ``retire`` and exits, so the trainer starts
+could reach (health.py: the runs' read-only filesystem whole, its limits, priority, scheduler, CPU set, host name;
+the pid counter where runs may fork). Anything changed and it answers ``retire`` and exits, so the trainer starts
 a fresh worker: the tmpfs and the namespaces die with it, whole."""
 
 import builtins
@@ -44,8 +43,7 @@ except ImportError:  # pragma: no cover - non-POSIX
     resource = None
 
 _HDR = struct.Struct(">I")
-# Bound at import so a program that rebinds builtins cannot break the reporting of its own result.
-_repr, _len, _isinstance, _str = repr, len, isinstance, str
+_repr, _len, _isinstance, _str = repr, len, isinstance, str  # a program that rebinds builtins: its result still goes
 HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
@@ -168,10 +166,12 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     return code
 
 
-def _child(cfg, *setup):
+def _child(forked):
     """Runs in the forked child, at the top of its stack; never returns. Its frame, the one above the program's, holds
-    the program's text and the config's output limits, nothing else."""
+    the program's text and output limits; ``forked`` (run config, setup) is freed whole before the program runs."""
     status, value, error = "crashed", None, None
+    cfg, setup = forked[0], forked[1:]
+    del forked
     max_out, max_repr = cfg["max_output_chars"], cfg["max_repr_chars"]
     try:
         try:
@@ -288,8 +288,8 @@ def _run_one(req, fds, cfg, state):
     if pid == 0:  # the run's child: back to the top of the module with what _child needs (_serve, below)
         try:
             return (cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
-        except BaseException:
-            os._exit(1)  # never on as a second worker; the trainer reads no result: "crashed"
+        except BaseException:  # never on as a second worker; the trainer reads no result: "crashed"
+            os._exit(1)
     os.close(fds[0]), os.close(fds[1])
     wstatus = _wait(pid, t0 + timeout)
     timed_out, duration = wstatus is None, time.perf_counter() - t0
@@ -300,7 +300,7 @@ def _run_one(req, fds, cfg, state):
         except (ProcessLookupError, ChildProcessError):
             wstatus = 0
     _reap(pid, cfg["pid1"])
-    state["last_pid"] = pid
+    state["last_pid"] = pid if state["fork_probe"] else 1  # a pid kept only where the probe needs it (health.py)
     return {"wstatus": wstatus, "timed_out": timed_out, "duration": duration, "cpu_s": cpu_s,
             "retire": state["check"](state, _describe)}
 
@@ -348,13 +348,14 @@ def main():
         nproc += ambient.nproc_base(cfg.get("mechanism") == "userns")
     root = cfg.get("root")
     chrooted = False
-    if root and cfg.get("chroot"):  # the command mounted the tmpfs there (sandbox.py)
-        os.chroot(root)  # as root, or as the root of the worker's own user namespace
+    if cfg.get("chroot"):  # the command mounted the tmpfs and started this process in it (handle.py)
+        # ".": the scratch path (its name holds the trainer's pid) never in this process, where freed memory keeps it
+        os.chroot(".")  # as root, or as the root of the worker's own user namespace
         os.chdir("/")
         chrooted = True
         work = "/w"
     else:
-        work = os.path.join(root or cfg["fallback_dir"], "w")
+        work = os.path.join(root, "w")
     os.makedirs(work, mode=0o755, exist_ok=True)  # made by the mount command, on a filesystem now read-only
     drop = bool(cfg.get("drop_uid")) and os.geteuid() == 0
     # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
@@ -390,8 +391,7 @@ def main():
 
 def _serve(ctl, run_cfg, state):
     """Requests until the trainer closes (then None); in a run's child, what :func:`_child` needs. A program can walk
-    the frames above its own, and the loop's held the trainer's scratch path, the request's clock, the pid of the run
-    before: the child returns from all of them (no traceback keeps one alive) and runs beneath the module's alone."""
+    the frames above its own: the child returns from all of the loop's (no traceback keeps one alive)."""
     while True:
         went = _serve_one(ctl, run_cfg, state)
         if went is not True:
@@ -475,8 +475,8 @@ def _lockdown(cfg, loaded, own_pids):
                 out["seccomp"] = mod.install_seccomp(own_pids)  # the architecture's name
             except Exception as exc:
                 errors.append(f"seccomp: {_describe(exc)}")
-    for name in set(sys.modules) - before:
-        del sys.modules[name]
+    for name in set(sys.modules) - before:  # ctypes' functions keep its globals alive: its file attributes cut first
+        sys.modules["ambient"].hide_module(sys.modules.pop(name))
     out["lockdown_error"] = "; ".join(errors) or None
     return out
 
@@ -497,4 +497,4 @@ def _no_network():
 if __name__ == "__main__":
     _forked = _serve(*main())
     if _forked:  # a run's child
-        _child(*globals().pop("_forked"))
+        _child(globals().pop("_forked"))  # one argument: the call moves it into _child, nothing above keeps it

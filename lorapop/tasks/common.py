@@ -43,9 +43,13 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     # would sit idle. (A proposal that fails its first run costs a wasted second run; rare, and cheaper than that.)
     codes = [c for _, _, c in jobs]
     limit = float(timeout_s if timeout_s is not None else getattr(getattr(executor, "config", None), "timeout_s", 5.0))
+    # The clock every run of the task's program gets in a check (check_answers): a run can find its clock in its own
+    # memory (the worker's freed request), so one clock for all makes a check's runs indistinguishable from these. A
+    # run over MAX_RUN_SHARE is refused anyway (too_slow), over CHECK_RUN_SHARE it is a timeout: invalid alike.
+    clock = CHECK_RUN_SHARE * limit
     with ThreadPoolExecutor(2) as pool:
-        second_f = pool.submit(executor.run_many, codes, timeout_s=timeout_s, hashseed=hashseeds[1])
-        first = executor.run_many(codes, timeout_s=timeout_s, hashseed=hashseeds[0])
+        second_f = pool.submit(executor.run_many, codes, timeout_s=clock, hashseed=hashseeds[1])
+        first = executor.run_many(codes, timeout_s=clock, hashseed=hashseeds[0])
         second = second_f.result()
     failed: dict[int, Invalid] = {}
     for (pi, _, _), r in zip(jobs, first):
