@@ -73,8 +73,9 @@ def check_program(src: str) -> Invalid | None:
             pass  # a module docstring
         else:
             return Invalid("extra_toplevel", f"top level may hold only imports and def f, found {type(node).__name__}")
-    bound = _bound_names(tree)
-    for node in ast.walk(tree):
+    nodes = list(ast.walk(tree))  # walked once (the walk is most of the check's time), read twice
+    bound = _bound_names(nodes)
+    for node in nodes:
         if isinstance(node, ast.ClassDef):
             return Invalid("has_class", node.name)
         if isinstance(node, ast.Import):
@@ -94,10 +95,10 @@ def check_program(src: str) -> Invalid | None:
     return None
 
 
-def _bound_names(tree: ast.AST) -> set[str]:
-    """Names the program binds itself (a parameter called `vars` is not the builtin)."""
+def _bound_names(nodes: list[ast.AST]) -> set[str]:
+    """Names the program binds itself (a parameter called `vars` is not the builtin); ``nodes``: all of its tree."""
     names = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.arg):
             names.add(node.arg)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
