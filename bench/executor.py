@@ -21,7 +21,9 @@ no root half. Each figure is the median of 5 passes; both sides of a ratio are m
 
 The baseline starts `sys.executable -I -c CODE` per run (isolated mode: the trainer's environment and user site
 do not leak in - the least a fresh-process sandbox does), with the same parallelism as the executor (2 workers).
-Last line: one JSON object (``tasks_per_s``, ``speedup``, with ``--before`` ``now_over_before``).
+Last line: one JSON object (``tasks_per_s``, ``speedup``, ``faults_per_task``: the sandbox's page faults per task, in
+its workers and in their runs; with ``--before`` ``now_over_before``). Page faults are what a run costs most here
+(copy-on-write after each fork), and their count barely moves between runs of the script while times do.
 """
 
 from __future__ import annotations
@@ -131,9 +133,10 @@ for seed in getattr(ex, 'hashseeds', (1, 2))[:2]:  # validation's pools
 tick = os.sysconf("SC_CLK_TCK")
 def cpu():
     # this process, and each worker with the runs it reaped (utime, stime, cutime, cstime of /proc/PID/stat); a
-    # worker is the child of its `unshare` process
+    # worker is the child of its `unshare` process. Also the sandbox's page faults (the workers' own, and their
+    # reaped runs'), which move far less than time from run to run on a shared machine
     r = resource.getrusage(resource.RUSAGE_SELF)
-    total = r.ru_utime + r.ru_stime
+    total, faults = r.ru_utime + r.ru_stime, [0, 0]
     for w in ex._all:
         try:
             top = w.proc.pid
@@ -141,14 +144,18 @@ def cpu():
             for pid in kids:
                 fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
                 total += sum(int(x) for x in fields[11:15]) / tick
+                faults[0] += int(fields[7])
+                faults[1] += int(fields[8])
         except (OSError, AttributeError, IndexError, ValueError):
             pass
-    return total
+    return total, faults
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    t0, c0 = time.perf_counter(), cpu()
+    t0, (c0, f0) = time.perf_counter(), cpu()
     res = TASK_TYPES["code_o"].validate_many(props, ex)
-    print(json.dumps({"s": time.perf_counter() - t0, "cpu": cpu() - c0,
+    c1, f1 = cpu()
+    print(json.dumps({"s": time.perf_counter() - t0, "cpu": c1 - c0,
+                      "faults": [(b - a) / len(props) for a, b in zip(f0, f1)],
                       "valid": sum(hasattr(r, "outputs") for r in res)}), flush=True)
 ex.close()
 """
@@ -208,6 +215,7 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
         sides["before"] = Side(tmp, path)
     per: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}
     cpu: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}  # tasks per CPU second
+    faults: dict[str, list[list[float]]] = {k: [] for k in sides}  # per task: the workers', their runs'
     valid: dict[str, int] = {}
     subset = props[:sub_n]
     arms = [*sides, "subprocess"]
@@ -223,6 +231,7 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
                     got = sides[arm].one_pass()
                     per[arm].append(len(props) / got["s"])
                     cpu[arm].append(len(props) / max(got["cpu"], 1e-9))
+                    faults[arm].append(got["faults"])
                     valid[arm] = got["valid"]
     finally:
         for side in sides.values():
@@ -237,14 +246,18 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
            # the same ratio in CPU time (the trainer's and every sandbox process's; the fresh interpreters'): what a
            # task costs, whatever else the machine (or the hypervisor) does meanwhile
            "speedup_cpu": statistics.median(a / b for a, b in zip(cpu["now"], cpu["subprocess"])),
-           "speedup_cpu_rounds": [round(a / b, 2) for a, b in zip(cpu["now"], cpu["subprocess"])]}
+           "speedup_cpu_rounds": [round(a / b, 2) for a, b in zip(cpu["now"], cpu["subprocess"])],
+           # page faults per validated task, medians over the rounds: [in the workers, in their runs]
+           "faults_per_task": [round(statistics.median(f[i] for f in faults["now"]), 1) for i in (0, 1)]}
     if before:
         out.update({"before_tasks_per_s": med["before"], "before_valid": valid["before"],
                     "now_over_before": statistics.median(a / b for a, b in zip(per["now"], per["before"])),
                     "now_over_before_rounds": [round(a / b, 3) for a, b in zip(per["now"], per["before"])],
                     "before_speedup": statistics.median(a / b for a, b in zip(per["before"], per["subprocess"])),
                     "now_over_before_cpu": statistics.median(a / b for a, b in zip(cpu["now"], cpu["before"])),
-                    "before_speedup_cpu": statistics.median(a / b for a, b in zip(cpu["before"], cpu["subprocess"]))})
+                    "before_speedup_cpu": statistics.median(a / b for a, b in zip(cpu["before"], cpu["subprocess"])),
+                    "before_faults_per_task": [round(statistics.median(f[i] for f in faults["before"]), 1)
+                                               for i in (0, 1)]})
     return out
 
 
@@ -270,12 +283,14 @@ def main() -> None:
     print(f"executor: {res['tasks_per_s']:.1f} tasks/s, valid {res['valid']}/{len(props)}; a fresh "
           f"{Path(sys.executable).name} -I per run: {res['subprocess_tasks_per_s']:.1f} tasks/s; speedup "
           f"{res['speedup']:.1f}x (median of {args.rounds} rounds: {res['speedup_rounds']}); in CPU time "
-          f"{res['speedup_cpu']:.1f}x (rounds: {res['speedup_cpu_rounds']})")
+          f"{res['speedup_cpu']:.1f}x (rounds: {res['speedup_cpu_rounds']}); page faults per task: workers "
+          f"{res['faults_per_task'][0]:.0f}, their runs {res['faults_per_task'][1]:.0f}")
     if args.before:
         print(f"before ({args.before}): {res['before_tasks_per_s']:.1f} tasks/s, valid {res['before_valid']}; "
               f"now / before {res['now_over_before']:.3f} (rounds: {res['now_over_before_rounds']}); its speedup "
               f"{res['before_speedup']:.1f}x; in CPU time now / before {res['now_over_before_cpu']:.3f}, its speedup "
-              f"{res['before_speedup_cpu']:.1f}x")
+              f"{res['before_speedup_cpu']:.1f}x; page faults per task: workers {res['before_faults_per_task'][0]:.0f}, "
+              f"their runs {res['before_faults_per_task'][1]:.0f}")
     iso = {}
     if not args.no_isolation_cost:
         if os.geteuid() == 0:

@@ -26,7 +26,7 @@ def baseline(fs_top, fork_probe, own_fs=True):
     if _or_refused(os.listxattr, fs_top) == "refused":  # a directory: no link to follow
         state["refused"] |= {"xattrs"}
     observable(state)  # once to settle: reading a directory may set its access time, once (relatime)
-    state["observable"] = observable(state)
+    state["observable"] = _flat(observable(state))
     return state
 
 
@@ -34,20 +34,26 @@ def _tree(top, xattrs=True):
     """Every entry under ``top`` (itself included), depth first: its full ``lstat`` (inode, mode, owner, size, link
     count, the three timestamps to the nanosecond) and its extended attributes with their values (unless the filter
     refuses them to every process of the worker: ``xattrs`` False)."""
+    # As few Python calls and objects as the reading allows: it runs in the worker after every run, and each page it
+    # writes (objects made, functions called) was shared with the run just forked, so is copied again each time.
     out, stack = [], [top]
     while stack:
         path = stack.pop()
         st = os.lstat(path)
-        attrs = []
-        try:
-            for name in sorted(os.listxattr(path, follow_symlinks=False)) if xattrs else ():
-                attrs.append((name, os.getxattr(path, name, follow_symlinks=False)))
-        except OSError:
-            attrs.append(("<unreadable>", b""))
-        out.append((path, tuple(st), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, tuple(attrs)))
+        out.append((path, st, st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, _xattrs(path) if xattrs else ()))
         if st.st_mode & 0o170000 == 0o040000:  # a directory (lstat: never a link's target)
-            stack.extend(os.path.join(path, n) for n in sorted(os.listdir(path)))
+            base = path if path.endswith("/") else path + "/"
+            for name in sorted(os.listdir(path)):
+                stack.append(base + name)
     return out
+
+
+def _xattrs(path):
+    try:
+        return tuple((name, os.getxattr(path, name, follow_symlinks=False))
+                     for name in sorted(os.listxattr(path, follow_symlinks=False)))
+    except OSError:
+        return (("<unreadable>", b""),)
 
 
 def observable(state):
@@ -63,9 +69,19 @@ def observable(state):
     can call reaches the original: no ptrace, process_vm_writev or pidfd_getfd (the filter), no /proc (the chroot),
     and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
     top, refused = state["fs_top"], state["refused"]
-    limits = [resource.getrlimit(n) for n in state["rlimits"]] if resource is not None else []
-    return (_tree(top, "xattrs" not in refused), tuple(os.statvfs(top)) if state["own_fs"] else None, limits,
-            *("refused" if name in refused else _or_refused(call, *args) for name, call, args in _PROBES))
+    limits = list(map(resource.getrlimit, state["rlimits"])) if resource is not None else []
+    seen = [_tree(top, "xattrs" not in refused), os.statvfs(top) if state["own_fs"] else None, limits]
+    for name, call, args in _PROBES:
+        seen.append("refused" if name in refused else _or_refused(call, *args))
+    return seen
+
+
+def _flat(seen):
+    """Each category as one string. The baseline is kept so: every run's child frees it with the worker's loop before
+    its program runs (worker.py), and the hundreds of numbers, tuples and stat results it was read as lay on pages
+    the child shares with the worker, each freed one a page copied (about 45 a run, measured); a few strings cost
+    the worker a little more after each run instead."""
+    return tuple(map(repr, seen))
 
 
 def _or_refused(call, *args):
@@ -81,7 +97,7 @@ def check(state, describe):
     """None when the worker may serve another run, else why it must be replaced (``describe``: the worker's own
     exception formatter)."""
     try:
-        now = observable(state)
+        now = _flat(observable(state))
     except OSError as exc:
         return "health check failed: " + describe(exc)
     if now != state["observable"]:
