@@ -71,7 +71,12 @@ for _name, (_x86, _arm) in {
         # a thread id handed back or tested; the user and group ids (root or an ordinary user's namespace)
         "set_tid_address": (218, 96), "timer_create": (222, 107), "futex_trylock_pi": (202, 98),
         "futex_lock_pi_private": (202, 98), "getuid": (102, 174), "geteuid": (107, 175), "getgid": (104, 176),
-        "getegid": (108, 177), "getresuid": (118, 148), "getresgid": (120, 150), "getgroups": (115, 158)}.items():
+        "getegid": (108, 177), "getresuid": (118, 148), "getresgid": (120, 150), "getgroups": (115, 158),
+        # host facts in read-only calls: the boot's anonymous inode, the clock discipline, NUMA, LSMs, RWF flags
+        "eventfd2": (290, 19), "epoll_create1": (291, 20), "signalfd4": (289, 74), "timerfd_create": (283, 85),
+        "adjtimex": (159, 171), "clock_adjtime": (305, 266), "get_mempolicy": (239, 236), "membarrier": (324, 283),
+        "preadv2": (327, 286), "pwritev2": (328, 287), "landlock_create_ruleset": (444, 444),
+        "lsm_get_self_attr": (459, 459), "lsm_list_modules": (461, 461)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
 SYSCALLS["x86_64"]["dup2_result"] = 33  # aarch64 has dup3 only
@@ -125,8 +130,18 @@ CALL_ARGS.update({
     "set_tid_address": (0,), "timer_create": (0, 0, 0), "futex_trylock_pi": (0, 8, 0, 0, 0, 0),
     "futex_lock_pi_private": (0, 6 | 128, 0, 0, 0, 0), "getuid": (), "geteuid": (), "getgid": (), "getegid": (),
     "getresuid": (0, 0, 0), "getresgid": (0, 0, 0), "getgroups": (0, 0),
+    # without the filter: EINVAL (bad flags or size, no such device), EFAULT (NULL buffers) or EBADF; sysfs(3) the
+    # count of the host's filesystem types; eventfd(0) a descriptor (closed)
+    "eventfd2": (0, -1), "epoll_create1": (-1,), "signalfd4": (-1, 0, 8, -1), "timerfd_create": (-1, 0),
+    "adjtimex": (0,), "clock_adjtime": (0, 0), "get_mempolicy": (0, 0, 0, 0, -1), "membarrier": (-1, 0, 0),
+    "preadv2": (-1, 0, 0, 0, 0, 0), "pwritev2": (-1, 0, 0, 0, 0, 0), "landlock_create_ruleset": (0, 0, -1),
+    "lsm_get_self_attr": (0, 0, 0, -1), "lsm_list_modules": (0, 0, -1), "eventfd": (0,), "epoll_create": (0,),
+    "signalfd": (-1, 0, 8), "ustat": (0, 0), "sysfs": (3,),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
+# x86_64 only: the old eventfd/epoll/signalfd, ustat (a device's free space, looked up among all the machine's
+# filesystems) and sysfs (the host kernel's filesystem types)
+SYSCALLS["x86_64"].update({"eventfd": 284, "epoll_create": 213, "signalfd": 282, "ustat": 136, "sysfs": 139})
 CALL_ARGS["pipe"] = (0,)
 SYSCALLS["x86_64"]["inotify_init"] = 253  # aarch64 has inotify_init1 only
 # Zero events, context 0, bad descriptors, bad flags, pid 0: EINVAL, EBADF or ESRCH without the filter (inotify_init
@@ -168,7 +183,7 @@ def syscall_program(arch: str) -> str:
         "    rc = libc.syscall(ctypes.c_long(nr), *a)\n"
         "    out[name] = ctypes.get_errno() if rc == -1 else 0\n"
         "    if rc > 0 and name in ('socket', 'userfaultfd', 'io_uring_setup', 'fsopen', 'inotify_init',\n"
-        "                                'dup_result', 'dup2_result', 'dup3_result'):\n"
+        "                                'dup_result', 'dup2_result', 'dup3_result', 'eventfd'):\n"
         "        os.close(rc)\n"
         "_result = out\n"
     )

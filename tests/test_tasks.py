@@ -344,3 +344,17 @@ def test_the_runs_of_one_input_start_spread_apart_and_overlap(ex):
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     assert all(g >= CONTROL_SPREAD_S - 0.01 for g in gaps), gaps
     assert gaps[0] < 0.25, gaps  # two workers: the first two runs overlap
+
+
+def test_an_import_the_sandbox_cannot_make_is_refused_wherever_it_is(ex):
+    """A module the sandbox cannot import (not loaded by its worker, which nothing can load after the chroot) fails
+    there on every run and works in plain Python: a code_i teacher importing one on every input but its own had
+    right inputs judged wrong, never voided. Such a program is refused before it runs; a loaded module's import is
+    not."""
+    assert "collections" in ex.importable and "difflib" not in ex.importable
+    progs = ["def f(x):\n    if x == 5:\n        return 1\n    import difflib\n    return 1",
+             "def f(x):\n    from statistics import mean\n    return x",
+             "import collections\nfrom collections import defaultdict\ndef f(x):\n    return x"]
+    got = TASK_TYPES["code_i"].validate_many([Proposal("code_i", p, ["5"]) for p in progs], ex)
+    assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 2 + ["valid"], got
+    assert "not importable in the sandbox" in got[0].detail

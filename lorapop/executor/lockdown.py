@@ -31,6 +31,7 @@ AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _COMMON = {
     "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "landlock_create_ruleset": 444, "lsm_get_self_attr": 459, "lsm_list_modules": 461,
     "memfd_secret": 447, "pidfd_open": 434, "setxattrat": 463, "removexattrat": 466,
     "pidfd_send_signal": 424, "process_madvise": 440,
 }
@@ -88,6 +89,15 @@ _STATE = {
     # runs). Refused, every run reads the same (uid_t)-1; the setters the worker uses stay.
     "getuid": (102, 174), "geteuid": (107, 175), "getgid": (104, 176), "getegid": (108, 177),
     "getresuid": (118, 148), "getresgid": (120, 150), "getgroups": (115, 158),
+    # More facts of the host that read-only calls report. eventfd, epoll, signalfd and timerfd descriptors all point
+    # at the one anonymous inode the kernel made at boot: fstat gives its number, device and times (the boot, to the
+    # nanosecond) and its owner (0 as root, the overflow uid in a user namespace). The kernel's clock discipline
+    # (adjtimex, clock_adjtime's read: the machine's crystal drift on an NTP host). Which NUMA nodes, security
+    # modules, landlock ABI and membarrier commands the kernel has. preadv2/pwritev2 answer EOPNOTSUPP for RWF_*
+    # flags the kernel does not know (its version, in plain Python). None of them serves a code-reasoning task.
+    "eventfd2": (290, 19), "epoll_create1": (291, 20), "signalfd4": (289, 74), "timerfd_create": (283, 85),
+    "adjtimex": (159, 171), "clock_adjtime": (305, 266), "get_mempolicy": (239, 236), "membarrier": (324, 283),
+    "preadv2": (327, 286), "pwritev2": (328, 287),
     # The process's own priority and scheduling policy: a run would read the host's nice value and policy (the
     # trainer's `nice -n 7`, `chrt -b`), the same in all its runs and unknowable to a student. The worker reads them
     # as refused too (health.py), and no run can change them (setpriority and sched_set* above).
@@ -102,6 +112,10 @@ DENIED = {
         "keyctl": 250, "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,
         "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313, "kexec_file_load": 320,
         "bpf": 321, "execveat": 322, "userfaultfd": 323, "inotify_init": 253, "getpgrp": 111, **_COMMON,
+        # the old forms of the calls above, and two that only x86_64 has: ustat(dev) looks the device up among all
+        # the machine's filesystems (the host's root disk's free space, /dev/shm's size: its RAM) and sysfs lists
+        # the filesystem types the host's kernel has loaded
+        "eventfd": 284, "epoll_create": 213, "signalfd": 282, "ustat": 136, "sysfs": 139,
         **{name: nrs[0] for name, nrs in _STATE.items()},
     },
     "aarch64": {
@@ -127,7 +141,7 @@ PRCTL, PR_SET_DUMPABLE_ = (157, 167), 4
 # Clocks of other processes and threads: a negative clock id names one by pid (MAKE_PROCESS_CPUCLOCK), and reading it
 # tells whether that pid exists. The clocks programs use (realtime, monotonic, their own CPU time) are positive.
 CLOCK_ID_CALLS = {"clock_gettime": (228, 113), "clock_getres": (229, 114), "clock_nanosleep": (230, 115),
-                  "clock_settime": (227, 112), "clock_adjtime": (305, 266)}
+                  "clock_settime": (227, 112)}
 # futex(uaddr, op, ...) with a priority-inheritance operation looks up the tid written in the futex word: EDEADLK
 # when it is the caller's own, ESRCH when no such task exists, so a run could find its tid by trying them. Python
 # never takes a PI lock. op & FUTEX_CMD_MASK: LOCK_PI, UNLOCK_PI, TRYLOCK_PI, WAIT_REQUEUE_PI, CMP_REQUEUE_PI, LOCK_PI2.

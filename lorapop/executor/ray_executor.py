@@ -34,6 +34,9 @@ class _SandboxActor:
     def protections(self) -> dict:
         return self.ex.protections
 
+    def importable(self) -> frozenset[str] | None:
+        return self.ex.importable
+
     def run_many(self, codes: list[str], timeout_s: float | None, hashseed: int | None,
                  max_result_chars: int | None = None) -> list[ExecResult]:
         return self.ex.run_many(codes, timeout_s=timeout_s, hashseed=hashseed, max_result_chars=max_result_chars)
@@ -73,6 +76,8 @@ class RayExecutor:
             self.actors = [actor.remote(inner) for _ in range(cfg.ray_actors)]
             # every actor's sandbox reports what is in force on its node; the weakest is what the run has
             reports = self._get([a.protections.remote() for a in self.actors])
+            found = self._get([a.importable.remote() for a in self.actors])  # None: an actor without a chroot
+            self.importable = None if None in found else frozenset.intersection(*found)
         except BaseException:
             self.close()
             raise

@@ -218,6 +218,18 @@ class SandboxExecutor:
                 "seccomp": bool(info.get("seccomp")), "own_hostname": bool(info.get("own_hostname")),
                 "rlimits": True, "fork_per_run": True, "scrubbed_env": True}
 
+    @property
+    def importable(self) -> frozenset[str] | None:
+        """The modules a program can import in a run: what the worker had loaded when it began serving (nothing
+        else can be loaded after its chroot) and the interpreter's built-in modules; None without the chroot."""
+        pool = self._pool(self._default_seed())
+        w = pool.get()
+        try:
+            info = self._started(w).info
+        finally:
+            pool.put(w)
+        return frozenset(info.get("importable") or ()) if info.get("chroot") else None
+
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
             max_result_chars: int | None = None) -> ExecResult:
         pool = self._pool(self._default_seed() if hashseed is None else int(hashseed))

@@ -33,8 +33,9 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     hashseeds = hashseeds or executor_seeds(executor)[:2]
     results: list[Task | Invalid | None] = [None] * len(proposals)
     jobs: list[tuple[int, int, str]] = []  # (proposal index, input index, code)
+    importable = getattr(executor, "importable", None)  # an executor that does not say: the banned list alone
     for pi, p in enumerate(proposals):
-        bad = static_invalid(p, min_inputs)
+        bad = static_invalid(p, min_inputs, importable)
         if bad is not None:
             results[pi] = bad
             continue
@@ -88,11 +89,12 @@ def validate_many(type_name: str, proposals: list[Proposal], executor: Executor,
     return results  # type: ignore[return-value]
 
 
-def static_invalid(p: Proposal, min_inputs: int) -> Invalid | None:
+def static_invalid(p: Proposal, min_inputs: int, importable: frozenset[str] | None = None) -> Invalid | None:
     """The checks of a proposal that run nothing. Total: the parsers of model text are (lorapop/modeltext.py), and
-    anything else one proposal's text could make them raise is that proposal's ``unreadable``, never the batch's."""
+    anything else one proposal's text could make them raise is that proposal's ``unreadable``, never the batch's.
+    ``importable``: the executor's (check_program)."""
     try:
-        bad = check_program(p.program)
+        bad = check_program(p.program, importable)
         if bad is None and len(p.inputs) < min_inputs:
             bad = Invalid("too_few_inputs", f"{len(p.inputs)} < {min_inputs}")
         for inp in p.inputs if bad is None else []:

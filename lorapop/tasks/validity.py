@@ -53,9 +53,12 @@ def parse_program(src: str) -> ast.Module | Invalid:
         return Invalid("syntax_error", exc.detail)
 
 
-def check_program(src: str) -> Invalid | None:
+def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid | None:
     """None when the program is statically acceptable: imports, then exactly one top-level `def f`, no classes,
-    no banned module, builtin or dunder attribute anywhere."""
+    no banned module, builtin or dunder attribute anywhere. ``importable``: the modules the executor's runs can
+    import (its ``importable``); an import of any other module is refused too, wherever it is: the line could only
+    ever fail in the sandbox, where plain Python, which the student reasons about, would run it (a teacher's program
+    importing one on every input but its own had right inputs judged wrong)."""
     tree = parse_program(src)
     if isinstance(tree, Invalid):
         return tree
@@ -82,9 +85,13 @@ def check_program(src: str) -> Invalid | None:
             for a in node.names:
                 if _first_bad_module(a.name):
                     return Invalid("banned_import", a.name)
+                if importable is not None and a.name not in importable:
+                    return Invalid("banned_import", f"{a.name} (not importable in the sandbox)")
         elif isinstance(node, ast.ImportFrom):
             if node.level or _first_bad_module(node.module):
                 return Invalid("banned_import", node.module or ".")
+            if importable is not None and node.module not in importable:
+                return Invalid("banned_import", f"{node.module} (not importable in the sandbox)")
             for a in node.names:
                 if _first_bad_module(f"{node.module}.{a.name}"):
                     return Invalid("banned_import", f"{node.module}.{a.name}")
