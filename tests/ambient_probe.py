@@ -39,6 +39,10 @@ FACTS = {
     "frame_files": "[sys._getframe(i).f_code.co_filename for i in range(1, 6)]",
     "main_names": "sorted(vs(sys.modules['_' '_main__']))",
     "stdlib_dir": "sys._stdlib_dir",
+    # what a process inherits across exec: the trainer's umask and ignored signals (probe() sets 027 and ignores
+    # SIGHUP and SIGTERM before the executor starts, as a cautious or nohup'd trainer would)
+    "umask": "os.umask(18)",
+    "signals": "[int(sys.modules['signal'].getsignal(s)) for s in (1, 13, 15)]",
     "frozen_files": "[p for p in sorted({str(ga(ga(ga(m, '_' '_spec__', None), 'loader_state', None), 'filename', '')) "
                     "for m in list(sys.modules.values())}) if '/' in p][:3]",
     # whether the trainer runs as root or as an ordinary user (the run uid, or 0 of the user namespace)
@@ -89,16 +93,24 @@ def probe() -> dict:
     from lorapop.tasks import TASK_TYPES, Task
     from unprivileged import probe_executor
 
+    import signal
+
     code_o = TASK_TYPES["code_o"]
     out = {"uid": os.getuid(), "host": host_strings(), "facts": {}}
-    ex = probe_executor(out, ExecutorConfig(n_workers=2))
-    if ex is None:
-        return out
-    with ex:
-        props = [code_o.parse_proposal(f"```python\n{program(e)}\n```\n```input\n5\n```") for e in FACTS.values()]
-        for name, got in zip(FACTS, code_o.validate_many(props, ex)):
-            out["facts"][name] = ({"valid": True, "output": got.outputs[0]} if isinstance(got, Task)
-                                  else {"valid": False, "reason": got.reason, "detail": got.detail[:120]})
+    mask, hup, term = os.umask(0o027), signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:  # every worker (they start as validation needs them) inherits it
+        ex = probe_executor(out, ExecutorConfig(n_workers=2))
+        if ex is None:
+            return out
+        with ex:
+            props = [code_o.parse_proposal(f"```python\n{program(e)}\n```\n```input\n5\n```")
+                     for e in FACTS.values()]
+            for name, got in zip(FACTS, code_o.validate_many(props, ex)):
+                out["facts"][name] = ({"valid": True, "output": got.outputs[0]} if isinstance(got, Task)
+                                      else {"valid": False, "reason": got.reason, "detail": got.detail[:120]})
+    finally:
+        os.umask(mask), signal.signal(signal.SIGHUP, hup), signal.signal(signal.SIGTERM, term)
     return out
 
 

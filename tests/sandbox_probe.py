@@ -76,6 +76,7 @@ for _name, (_x86, _arm) in {
         "eventfd2": (290, 19), "epoll_create1": (291, 20), "signalfd4": (289, 74), "timerfd_create": (283, 85),
         "adjtimex": (159, 171), "clock_adjtime": (305, 266), "get_mempolicy": (239, 236), "membarrier": (324, 283),
         "preadv2": (327, 286), "pwritev2": (328, 287), "landlock_create_ruleset": (444, 444),
+        "prctl_get_securebits": (157, 167), "prctl_get_timerslack": (157, 167),
         "lsm_get_self_attr": (459, 459), "lsm_list_modules": (461, 461)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
@@ -136,7 +137,8 @@ CALL_ARGS.update({
     "adjtimex": (0,), "clock_adjtime": (0, 0), "get_mempolicy": (0, 0, 0, 0, -1), "membarrier": (-1, 0, 0),
     "preadv2": (-1, 0, 0, 0, 0, 0), "pwritev2": (-1, 0, 0, 0, 0, 0), "landlock_create_ruleset": (0, 0, -1),
     "lsm_get_self_attr": (0, 0, 0, -1), "lsm_list_modules": (0, 0, -1), "eventfd": (0,), "epoll_create": (0,),
-    "signalfd": (-1, 0, 8), "ustat": (0, 0), "sysfs": (3,),
+    "signalfd": (-1, 0, 8), "ustat": (0, 0), "sysfs": (3,), "prctl_get_securebits": (27, 0, 0, 0, 0),
+    "prctl_get_timerslack": (30, 0, 0, 0, 0),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 # x86_64 only: the old eventfd/epoll/signalfd, ustat (a device's free space, looked up among all the machine's
@@ -157,7 +159,8 @@ CALL_ARGS.update({
     # facts of the machine: NULL buffers (EFAULT), a zero-length CPU set (EINVAL); times(NULL) only reads the clock
     "uname": (0,), "sysinfo": (0,), "sched_getaffinity": (0, 0, 0), "times": (0,),
 })
-EXPECTED_ERRNO = {"clone3": 38}  # ENOSYS, so libc falls back to clone; every other call: EPERM (1)
+# ENOSYS, so libc falls back to clone, and does a flagless preadv2/pwritev2 as preadv/pwritev; every other call: EPERM
+EXPECTED_ERRNO = {"clone3": 38, "preadv2": 38, "pwritev2": 38}
 
 
 # Real-time signals queued by kill() to itself count against the user's pending-signal budget (the host user's, in

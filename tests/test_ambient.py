@@ -54,6 +54,7 @@ def check(out: dict) -> None:
         return ast.literal_eval(got["output"])[1]
 
     assert value("stdlib_dir") is None and value("frozen_files") == []
+    assert value("umask") == 0o022 and value("signals") == [0, 1, 0]  # SIG_DFL, SIGPIPE ignored (Python's), SIG_DFL
     # the run config and the module namespaces the worker dropped: not among the live objects, or without paths
     assert value("gc_config") == [] and value("gc_module_files") == []
     # native code reading the process: the environment on its stack says nothing of the trainer's directory, and no

@@ -70,6 +70,22 @@ def hide_interpreter(chrooted=True):
     _rename_code()
 
 
+def reset_inherited():
+    """What a process inherits across exec from whoever started it, the same on every host instead: the umask (a
+    trainer's 002, 027 or 077, which ``os.umask`` reads back) and every signal's disposition (a trainer under nohup
+    ignores SIGHUP, and an ignored signal stays ignored across exec). SIGPIPE and SIGXFSZ ignored, as Python starts
+    them (a write to a closed pipe or past the file size limit is an error, not a death); SIGINT is the worker's."""
+    import signal
+
+    os.umask(0o022)
+    ignored = {signal.SIGPIPE, signal.SIGXFSZ}
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGINT}:
+        try:
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):  # the few glibc keeps for itself
+            pass
+
+
 def dumpable_after_setuid():
     """A function telling whether a run that drops to its uid is left dumpable: fs.suid_dumpable, the flag a uid change
     leaves, read for each run (it can change while a worker lives) through a descriptor opened here, before the chroot

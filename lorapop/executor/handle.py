@@ -71,7 +71,7 @@ class WorkerHandle:
         # The worker starts in the tmpfs and chroots into "." (worker.py): the scratch path, whose name holds this
         # process's pid, is in no argument, variable or string of the worker, whose memory its runs can read. The
         # shell's PWD and OLDPWD would be that path (and this process's directory) in the worker's environment.
-        mount = (f'mount -t tmpfs -o {opts} tmpfs "$1" && mkdir "$1/w" && '
+        mount = (f'umask 022 && mount -t tmpfs -o {opts} tmpfs "$1" && mkdir -m 755 "$1/w" && '
                  f'mount -t tmpfs -o remount,ro,{opts} tmpfs "$1" && mount -o remount,bind,ro "$1" && cd "$1" && '
                  'unset PWD OLDPWD && shift && exec "$@"')
         return ["unshare", *flags, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, "sh", root,

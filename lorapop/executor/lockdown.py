@@ -93,11 +93,9 @@ _STATE = {
     # at the one anonymous inode the kernel made at boot: fstat gives its number, device and times (the boot, to the
     # nanosecond) and its owner (0 as root, the overflow uid in a user namespace). The kernel's clock discipline
     # (adjtimex, clock_adjtime's read: the machine's crystal drift on an NTP host). Which NUMA nodes, security
-    # modules, landlock ABI and membarrier commands the kernel has. preadv2/pwritev2 answer EOPNOTSUPP for RWF_*
-    # flags the kernel does not know (its version, in plain Python). None of them serves a code-reasoning task.
+    # modules, landlock ABI and membarrier commands the kernel has. None of them serves a code-reasoning task.
     "eventfd2": (290, 19), "epoll_create1": (291, 20), "signalfd4": (289, 74), "timerfd_create": (283, 85),
     "adjtimex": (159, 171), "clock_adjtime": (305, 266), "get_mempolicy": (239, 236), "membarrier": (324, 283),
-    "preadv2": (327, 286), "pwritev2": (328, 287),
     # The process's own priority and scheduling policy: a run would read the host's nice value and policy (the
     # trainer's `nice -n 7`, `chrt -b`), the same in all its runs and unknowable to a student. The worker reads them
     # as refused too (health.py), and no run can change them (setpriority and sched_set* above).
@@ -160,6 +158,10 @@ RESULT_FD_CALLS = {"fstat": (5, 80), "newfstatat": (262, 79), "statx": (332, 291
                    "dup2": (33, None), "dup3": (292, 24), "fcntl": (72, 25)}
 CLONE = {"x86_64": 56, "aarch64": 220}
 CLONE3 = 435
+# preadv2/pwritev2 answer EOPNOTSUPP for the RWF_* flags the kernel does not know: which it knows is its version, in
+# plain Python (os.preadv with flags). ENOSYS, as for clone3: glibc then does a flagless call as preadv and refuses
+# any flag itself, the same on every kernel.
+PREADV2 = {"x86_64": (327, 328), "aarch64": (286, 287)}
 PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
 MMAP, MAP_HUGETLB = {"x86_64": 9, "aarch64": 222}, 0x40000
 # clone() flags that make a new namespace (CLONE_NEWTIME only exists for clone3/unshare)
@@ -171,7 +173,7 @@ _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 _X32_BIT = 0x40000000
 
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE = 22, 2, 38, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_SET_TIMERSLACK = 22, 2, 38, 4, 29
 PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 28, 47, 4
 # NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each with its lock, and KEEP_CAPS locked off: nothing the
 # process does later (setuid, exec) can hand capabilities back
@@ -211,7 +213,9 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, eperm)]
     prog += _lookup(denied) + [_ins(_RET_K, 0, 0, eperm)]
     prog += [
-        _ins(_JEQ_K, 0, 1, CLONE3),
+        _ins(_JEQ_K, 2, 0, CLONE3),
+        _ins(_JEQ_K, 1, 0, PREADV2[arch][0]),
+        _ins(_JEQ_K, 0, 1, PREADV2[arch][1]),
         _ins(_RET_K, 0, 0, enosys),
         # clone(flags, ...): flags is args[0]; all the CLONE_NEW* bits are in its low 32 bits
         _ins(_JEQ_K, 0, 3, CLONE[arch]),
@@ -242,6 +246,9 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
     prog += _allow_only(SETPGID[col], 0, (0,)) + _allow_only(SETPGID[col], 1, (0,))
     for cmd in (F_SETOWN, F_SETOWN_EX):
         prog += _refuse_if(RESULT_FD_CALLS["fcntl"][col], 1, _JEQ_K, cmd)
+    # prctl only to read or clear the dumpable flag (0 in every run): its other options read the host's (the timer
+    # slack a trainer set, the speculation mitigations) or how the trainer runs (securebits, the bounding set)
+    prog += _allow_only(PRCTL[col], 0, (PR_SET_DUMPABLE_ - 1, PR_SET_DUMPABLE_))
     prog += [  # prctl(PR_SET_DUMPABLE, anything but 0)
         _ins(_LD_W_ABS, 0, 0, 0),
         _ins(_JEQ_K, 0, 5, PRCTL[col]),
@@ -352,9 +359,10 @@ def install_seccomp(own_pids: bool = False) -> str:
 def nondumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0), inherited by every fork: where the machine's core_pattern is a pipe (apport,
     systemd-coredump), a crashing run would otherwise make the kernel start that helper on the host, whatever
-    RLIMIT_CORE says."""
+    RLIMIT_CORE says. And the timer slack back to the kernel's 50 us: a trainer's own would be inherited."""
     ctypes, libc = _libc()
     _check(ctypes, libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    _check(ctypes, libc.prctl(PR_SET_TIMERSLACK, 50_000, 0, 0, 0), "PR_SET_TIMERSLACK")
 
 
 def drop_capabilities() -> None:

@@ -143,6 +143,8 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     os.closerange(0, lo)
     os.closerange(lo + 1, hi)
     os.closerange(hi + 1, cfg["max_open_files"])  # the worker's socket to the trainer among them
+    if res_fd != RESULT_FD:  # the one descriptor the filter keeps a run from reading the inode of (lockdown.py);
+        os.dup2(res_fd, RESULT_FD), os.close(res_fd)  # first, so a failed setup below still reports why
     if resource is not None:
         # Per run: CPU (per process), the address space (off the worker: a small limit fails runs, never the worker)
         # and the process count (one by default: no fork or thread, so that limit bounds every byte a run holds).
@@ -161,8 +163,6 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     os.chdir(cfg["work"])
     code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
     os.close(code_fd)
-    if res_fd != RESULT_FD:  # the one descriptor the filter keeps a run from reading the inode of (lockdown.py)
-        os.dup2(res_fd, RESULT_FD), os.close(res_fd)
     return code
 
 
@@ -333,7 +333,7 @@ def main():
     os.dup2(null_out_w, 1)
     os.close(null_in_r)
     os.close(null_out_w)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    ambient.reset_inherited()  # the trainer's umask and ignored signals: a run reads both
     loaded = _preimport(cfg["preload"])
     import health  # beside this file, found before the chroot hides it (no ctypes in it: runs may see it)
     import gc
