@@ -19,7 +19,7 @@ def baseline(fs_top, fork_probe, own_fs=True):
     lies on a host filesystem whose free space other processes move all the time)."""
     state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1, "own_fs": own_fs,
              "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
-             if resource is not None else [], "refused": frozenset()}
+             if resource is not None else []}
     # What the filter refuses to the worker now it refuses to every run for the worker's life (a seccomp filter
     # cannot be removed): such a call is not made again after each run, where each refusal raised an exception.
     state["refused"] = frozenset(name for name, call, args in _PROBES if _or_refused(call, *args) == "refused")
@@ -49,6 +49,7 @@ def _tree(top, xattrs=True):
 
 
 def _xattrs(path):
+    """``path``'s extended attributes with their values, sorted by name."""
     try:
         return tuple((name, os.getxattr(path, name, follow_symlinks=False))
                      for name in sorted(os.listxattr(path, follow_symlinks=False)))
