@@ -136,26 +136,28 @@ def cpu():
     # worker is the child of its `unshare` process. Also the sandbox's page faults (the workers' own, and their
     # reaped runs'), which move far less than time from run to run on a shared machine
     r = resource.getrusage(resource.RUSAGE_SELF)
-    total, faults = r.ru_utime + r.ru_stime, [0, 0]
+    total, faults, pids = r.ru_utime + r.ru_stime, [0, 0], set()
     for w in ex._all:
         try:
             top = w.proc.pid
             kids = open(f"/proc/{top}/task/{top}/children").read().split() or [str(top)]
             for pid in kids:
+                pids.add(pid)
                 fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
                 total += sum(int(x) for x in fields[11:15]) / tick
                 faults[0] += int(fields[7])
                 faults[1] += int(fields[8])
         except (OSError, AttributeError, IndexError, ValueError):
             pass
-    return total, faults
+    return total, faults, pids
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    t0, (c0, f0) = time.perf_counter(), cpu()
+    t0, (c0, f0, p0) = time.perf_counter(), cpu()
     res = TASK_TYPES["code_o"].validate_many(props, ex)
-    c1, f1 = cpu()
-    print(json.dumps({"s": time.perf_counter() - t0, "cpu": c1 - c0,
-                      "faults": [(b - a) / len(props) for a, b in zip(f0, f1)],
+    c1, f1, p1 = cpu()
+    same = p0 == p1  # a worker replaced during the pass (worker_max_runs) takes its counts with it: no reading
+    print(json.dumps({"s": time.perf_counter() - t0, "cpu": c1 - c0 if same else None,
+                      "faults": [(b - a) / len(props) for a, b in zip(f0, f1)] if same else None,
                       "valid": sum(hasattr(r, "outputs") for r in res)}), flush=True)
 ex.close()
 """
@@ -214,8 +216,8 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
         tmp = unpack(before)
         sides["before"] = Side(tmp, path)
     per: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}
-    cpu: dict[str, list[float]] = {k: [] for k in (*sides, "subprocess")}  # tasks per CPU second
-    faults: dict[str, list[list[float]]] = {k: [] for k in sides}  # per task: the workers', their runs'
+    cpu: dict[str, list[float | None]] = {k: [] for k in (*sides, "subprocess")}  # tasks per CPU second
+    faults: dict[str, list[list[float] | None]] = {k: [] for k in sides}  # per task: the workers', their runs'
     valid: dict[str, int] = {}
     subset = props[:sub_n]
     arms = [*sides, "subprocess"]
@@ -226,11 +228,12 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
                     t0, c0 = time.perf_counter(), _children_cpu()
                     subprocess_validate(subset, 2, ["-I"], 5.0)
                     per[arm].append(len(subset) / (time.perf_counter() - t0))
-                    cpu[arm].append(len(subset) / max(_children_cpu() - c0, 1e-9))
+                    used = _children_cpu() - c0
+                    cpu[arm].append(len(subset) / used if used > 0 else None)
                 else:
                     got = sides[arm].one_pass()
                     per[arm].append(len(props) / got["s"])
-                    cpu[arm].append(len(props) / max(got["cpu"], 1e-9))
+                    cpu[arm].append(len(props) / got["cpu"] if got["cpu"] else None)
                     faults[arm].append(got["faults"])
                     valid[arm] = got["valid"]
     finally:
@@ -239,25 +242,31 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in per.items()}
+
+    def ratios(a: str, b: str) -> list[float]:  # per round, where both arms have a CPU reading
+        return [x / y for x, y in zip(cpu[a], cpu[b]) if x and y]
+
+    def fault_median(arm: str) -> list[float]:
+        rounds = [f for f in faults[arm] if f]
+        return [round(statistics.median(f[i] for f in rounds), 1) for i in (0, 1)] if rounds else [0.0, 0.0]
     out = {"tasks_per_s": med["now"], "subprocess_tasks_per_s": med["subprocess"],
            "speedup": statistics.median(a / b for a, b in zip(per["now"], per["subprocess"])),
            "speedup_rounds": [round(a / b, 2) for a, b in zip(per["now"], per["subprocess"])],
            "valid": valid["now"], "rounds": rounds,
            # the same ratio in CPU time (the trainer's and every sandbox process's; the fresh interpreters'): what a
            # task costs, whatever else the machine (or the hypervisor) does meanwhile
-           "speedup_cpu": statistics.median(a / b for a, b in zip(cpu["now"], cpu["subprocess"])),
-           "speedup_cpu_rounds": [round(a / b, 2) for a, b in zip(cpu["now"], cpu["subprocess"])],
+           "speedup_cpu": statistics.median(ratios("now", "subprocess")),
+           "speedup_cpu_rounds": [round(r, 2) for r in ratios("now", "subprocess")],
            # page faults per validated task, medians over the rounds: [in the workers, in their runs]
-           "faults_per_task": [round(statistics.median(f[i] for f in faults["now"]), 1) for i in (0, 1)]}
+           "faults_per_task": fault_median("now")}
     if before:
         out.update({"before_tasks_per_s": med["before"], "before_valid": valid["before"],
                     "now_over_before": statistics.median(a / b for a, b in zip(per["now"], per["before"])),
                     "now_over_before_rounds": [round(a / b, 3) for a, b in zip(per["now"], per["before"])],
                     "before_speedup": statistics.median(a / b for a, b in zip(per["before"], per["subprocess"])),
-                    "now_over_before_cpu": statistics.median(a / b for a, b in zip(cpu["now"], cpu["before"])),
-                    "before_speedup_cpu": statistics.median(a / b for a, b in zip(cpu["before"], cpu["subprocess"])),
-                    "before_faults_per_task": [round(statistics.median(f[i] for f in faults["before"]), 1)
-                                               for i in (0, 1)]})
+                    "now_over_before_cpu": statistics.median(ratios("now", "before")),
+                    "before_speedup_cpu": statistics.median(ratios("before", "subprocess")),
+                    "before_faults_per_task": fault_median("before")})
     return out
 
 
