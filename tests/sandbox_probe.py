@@ -77,6 +77,9 @@ for _name, (_x86, _arm) in {
         "adjtimex": (159, 171), "clock_adjtime": (305, 266), "get_mempolicy": (239, 236), "membarrier": (324, 283),
         "preadv2": (327, 286), "pwritev2": (328, 287), "landlock_create_ruleset": (444, 444),
         "prctl_get_securebits": (157, 167), "prctl_get_timerslack": (157, 167),
+        "seccomp": (317, 277), "setfsuid": (122, 151), "setfsgid": (123, 152), "set_mempolicy": (238, 237),
+        "mbind": (237, 235), "set_mempolicy_home_node": (450, 450), "statmount": (457, 457),
+        "listmount": (458, 458), "open_tree_attr": (467, 467),
         "lsm_get_self_attr": (459, 459), "lsm_list_modules": (461, 461)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
@@ -139,6 +142,10 @@ CALL_ARGS.update({
     "lsm_get_self_attr": (0, 0, 0, -1), "lsm_list_modules": (0, 0, -1), "eventfd": (0,), "epoll_create": (0,),
     "signalfd": (-1, 0, 8), "ustat": (0, 0), "sysfs": (3,), "prctl_get_securebits": (27, 0, 0, 0, 0),
     "prctl_get_timerslack": (30, 0, 0, 0, 0),
+    # without the filter: EINVAL (a bad operation, mode or flag), EFAULT or EBADF; setfsuid(-1) the current one
+    "seccomp": (-1, 0, 0), "setfsuid": (-1,), "setfsgid": (-1,), "set_mempolicy": (-1, 0, 0),
+    "mbind": (0, 0, -1, 0, 0, 0), "set_mempolicy_home_node": (0, 0, 0, -1), "statmount": (0, 0, 0, -1),
+    "listmount": (0, 0, 0, -1), "open_tree_attr": (-1, 0, 0, 0, 0),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 # x86_64 only: the old eventfd/epoll/signalfd, ustat (a device's free space, looked up among all the machine's

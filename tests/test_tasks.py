@@ -358,3 +358,13 @@ def test_an_import_the_sandbox_cannot_make_is_refused_wherever_it_is(ex):
     got = TASK_TYPES["code_i"].validate_many([Proposal("code_i", p, ["5"]) for p in progs], ex)
     assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 2 + ["valid"], got
     assert "not importable in the sandbox" in got[0].detail
+
+
+def test_every_codec_plain_python_knows_works_in_the_sandbox(ex):
+    """Codecs are modules (encodings.*) that nothing can import after the chroot: one the worker had not loaded failed
+    in the sandbox alone, so a teacher could use it on every input but its own. The worker loads them all."""
+    prog = ("import codecs\ndef f(s):\n    return [s.encode(c) for c in ('utf-16-le', 'cp1252', 'cp437', 'mac-roman', "
+            "'shift_jis', 'gbk', 'utf-7')] + [codecs.encode(s, 'rot13'), codecs.encode(s.encode(), 'hex')]")
+    got = TASK_TYPES["code_o"].validate(Proposal("code_o", prog, ["'ab'"]), ex)
+    assert isinstance(got, Task), got
+    assert got.outputs == [repr([b"a\x00b\x00", b"ab", b"ab", b"ab", b"ab", b"ab", b"ab", "no", b"6162"])], got

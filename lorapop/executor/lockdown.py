@@ -32,6 +32,7 @@ _COMMON = {
     "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "landlock_create_ruleset": 444, "lsm_get_self_attr": 459, "lsm_list_modules": 461,
+    "statmount": 457, "listmount": 458, "open_tree_attr": 467, "set_mempolicy_home_node": 450,
     "memfd_secret": 447, "pidfd_open": 434, "setxattrat": 463, "removexattrat": 466,
     "pidfd_send_signal": 424, "process_madvise": 440,
 }
@@ -96,6 +97,11 @@ _STATE = {
     # modules, landlock ABI and membarrier commands the kernel has. None of them serves a code-reasoning task.
     "eventfd2": (290, 19), "epoll_create1": (291, 20), "signalfd4": (289, 74), "timerfd_create": (283, 85),
     "adjtimex": (159, 171), "clock_adjtime": (305, 266), "get_mempolicy": (239, 236), "membarrier": (324, 283),
+    # The same inode through a seccomp listener; the run's filesystem uid through setfsuid(-1)'s answer (how the
+    # trainer runs); the host's mounts by id (statmount, listmount: EPERM or ENOENT) and NUMA nodes (which node
+    # masks set_mempolicy or mbind accept).
+    "seccomp": (317, 277), "setfsuid": (122, 151), "setfsgid": (123, 152), "set_mempolicy": (238, 237),
+    "mbind": (237, 235),
     # The process's own priority and scheduling policy: a run would read the host's nice value and policy (the
     # trainer's `nice -n 7`, `chrt -b`), the same in all its runs and unknowable to a student. The worker reads them
     # as refused too (health.py), and no run can change them (setpriority and sched_set* above).
