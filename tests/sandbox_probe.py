@@ -79,7 +79,8 @@ for _name, (_x86, _arm) in {
         "prctl_get_securebits": (157, 167), "prctl_get_timerslack": (157, 167),
         "seccomp": (317, 277), "setfsuid": (122, 151), "setfsgid": (123, 152), "set_mempolicy": (238, 237),
         "mbind": (237, 235), "set_mempolicy_home_node": (450, 450), "statmount": (457, 457),
-        "listmount": (458, 458), "open_tree_attr": (467, 467),
+        "listmount": (458, 458), "open_tree_attr": (467, 467), "openat2": (437, 437),
+        "statx_mnt_id": (332, 291), "openat_noatime": (257, 56),
         "lsm_get_self_attr": (459, 459), "lsm_list_modules": (461, 461)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
@@ -145,12 +146,16 @@ CALL_ARGS.update({
     # without the filter: EINVAL (a bad operation, mode or flag), EFAULT or EBADF; setfsuid(-1) the current one
     "seccomp": (-1, 0, 0), "setfsuid": (-1,), "setfsgid": (-1,), "set_mempolicy": (-1, 0, 0),
     "mbind": (0, 0, -1, 0, 0, 0), "set_mempolicy_home_node": (0, 0, 0, -1), "statmount": (0, 0, 0, -1),
-    "listmount": (0, 0, 0, -1), "open_tree_attr": (-1, 0, 0, 0, 0),
+    "listmount": (0, 0, 0, -1), "open_tree_attr": (-1, 0, 0, 0, 0), "openat2": (-1, 0, 0, 0),
+    # statx asking for mount ids (EBADF without the filter), open with O_NOATIME (ENOENT)
+    "statx_mnt_id": (-1, b"", 0, 0x4000, 0), "openat_noatime": (-100, b"/nonexistent-lorapop", 0o1000000, 0),
+    "open_noatime": (b"/nonexistent-lorapop", 0o1000000, 0),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 # x86_64 only: the old eventfd/epoll/signalfd, ustat (a device's free space, looked up among all the machine's
 # filesystems) and sysfs (the host kernel's filesystem types)
-SYSCALLS["x86_64"].update({"eventfd": 284, "epoll_create": 213, "signalfd": 282, "ustat": 136, "sysfs": 139})
+SYSCALLS["x86_64"].update({"eventfd": 284, "epoll_create": 213, "signalfd": 282, "ustat": 136, "sysfs": 139,
+                           "open_noatime": 2})
 CALL_ARGS["pipe"] = (0,)
 SYSCALLS["x86_64"]["inotify_init"] = 253  # aarch64 has inotify_init1 only
 # Zero events, context 0, bad descriptors, bad flags, pid 0: EINVAL, EBADF or ESRCH without the filter (inotify_init

@@ -354,9 +354,13 @@ def test_an_import_the_sandbox_cannot_make_is_refused_wherever_it_is(ex):
     assert "collections" in ex.importable and "difflib" not in ex.importable
     progs = ["def f(x):\n    if x == 5:\n        return 1\n    import difflib\n    return 1",
              "def f(x):\n    from statistics import mean\n    return x",
-             "import collections\nfrom collections import defaultdict\ndef f(x):\n    return x"]
+             "def f(x):\n    from json import tool\n    return x",  # a submodule, not an attribute
+             "import collections\nfrom collections import defaultdict\ndef f(x):\n    return x",
+             "from __future__ import annotations\nfrom encodings import cp1252\ndef f(x: int) -> int:\n    return x",
+             "def f(x):\n    if x == 5:\n        return 1\n    return credits"]  # a name only site.py adds
     got = TASK_TYPES["code_i"].validate_many([Proposal("code_i", p, ["5"]) for p in progs], ex)
-    assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 2 + ["valid"], got
+    assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == (["banned_import"] * 3 + ["valid"] * 2
+                                                                            + ["banned_name"]), got
     assert "not importable in the sandbox" in got[0].detail
 
 

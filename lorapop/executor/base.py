@@ -17,7 +17,7 @@ DEFAULT_PRELOAD = (
     "re", "math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
     "fractions", "decimal", "operator", "copy", "typing", "dataclasses", "enum", "array",
     "numbers", "unicodedata", "textwrap", "json", "encodings.utf_16", "encodings.utf_32", "encodings.latin_1",
-    "encodings.ascii", "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.idna",
+    "encodings.ascii", "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.idna", "__future__",
 )
 
 

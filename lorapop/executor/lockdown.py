@@ -32,7 +32,7 @@ _COMMON = {
     "pidfd_getfd": 438, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "landlock_create_ruleset": 444, "lsm_get_self_attr": 459, "lsm_list_modules": 461,
-    "statmount": 457, "listmount": 458, "open_tree_attr": 467, "set_mempolicy_home_node": 450,
+    "statmount": 457, "listmount": 458, "open_tree_attr": 467, "set_mempolicy_home_node": 450, "openat2": 437,
     "memfd_secret": 447, "pidfd_open": 434, "setxattrat": 463, "removexattrat": 466,
     "pidfd_send_signal": 424, "process_madvise": 440,
 }
@@ -160,6 +160,12 @@ F_SETOWN, F_SETOWN_EX = 8, 15
 # would be a value the same in every run of a check (a key for answering differently to students than to the
 # control's validation) and its high bits a clock. fstat is newfstatat(fd, "", AT_EMPTY_PATH) in current glibc.
 RESULT_FD = 3
+# statx's mount ids (STATX_MNT_ID, STATX_MNT_ID_UNIQUE in its mask, argument 3): the unique one counts the mounts
+# the machine has made since boot, a constant of the host's past the same in every pool. O_NOATIME on open: allowed
+# only to a file's owner, which the run is in a user namespace (uid 0 there) and is not as root (its own uid), so
+# it tells how the trainer runs; openat2's flags lie in memory the filter cannot read, so it goes whole (above).
+STATX, STATX_MNT_IDS = (332, 291), 0x1000 | 0x4000
+OPEN_FLAGS, O_NOATIME = {"x86_64": ((2, 1), (257, 2)), "aarch64": ((56, 2),)}, 0o1000000
 RESULT_FD_CALLS = {"fstat": (5, 80), "newfstatat": (262, 79), "statx": (332, 291), "dup": (32, 23),
                    "dup2": (33, None), "dup3": (292, 24), "fcntl": (72, 25)}
 CLONE = {"x86_64": 56, "aarch64": 220}
@@ -180,6 +186,7 @@ _RET_ERRNO = 0x00050000
 _X32_BIT = 0x40000000
 
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE, PR_SET_TIMERSLACK = 22, 2, 38, 4, 29
+PR_SET_THP_DISABLE = 41
 PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 28, 47, 4
 # NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each with its lock, and KEEP_CAPS locked off: nothing the
 # process does later (setuid, exec) can hand capabilities back
@@ -267,6 +274,9 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
     for nrs in CLOCK_ID_CALLS.values():
         prog += _refuse_if(nrs[col], 0, _JSET_K, 0x80000000)
     prog += _refuse_in(FUTEX[col], 1, FUTEX_CMD_MASK, FUTEX_PI_OPS)
+    prog += _refuse_if(STATX[col], 3, _JSET_K, STATX_MNT_IDS)
+    for nr, arg in OPEN_FLAGS[arch]:
+        prog += _refuse_if(nr, arg, _JSET_K, O_NOATIME)
     for nrs in RESULT_FD_CALLS.values():
         if nrs[col] is not None:
             prog += _refuse_if(nrs[col], 0, _JEQ_K, RESULT_FD)
@@ -365,10 +375,12 @@ def install_seccomp(own_pids: bool = False) -> str:
 def nondumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0), inherited by every fork: where the machine's core_pattern is a pipe (apport,
     systemd-coredump), a crashing run would otherwise make the kernel start that helper on the host, whatever
-    RLIMIT_CORE says. And the timer slack back to the kernel's 50 us: a trainer's own would be inherited."""
+    RLIMIT_CORE says. And what a trainer may have set and exec keeps: the timer slack back to the kernel's 50 us,
+    transparent huge pages allowed (a run reads either back: the slack natively, huge pages by its fault count)."""
     ctypes, libc = _libc()
     _check(ctypes, libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     _check(ctypes, libc.prctl(PR_SET_TIMERSLACK, 50_000, 0, 0, 0), "PR_SET_TIMERSLACK")
+    _check(ctypes, libc.prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0), "PR_SET_THP_DISABLE")  # inherited across exec too
 
 
 def drop_capabilities() -> None:

@@ -221,7 +221,8 @@ class SandboxExecutor:
     @property
     def importable(self) -> frozenset[str] | None:
         """The modules a program can import in a run: what the worker had loaded when it began serving (nothing
-        else can be loaded after its chroot) and the interpreter's built-in modules; None without the chroot."""
+        else can be loaded after its chroot; a built-in module it had not loaded may need one that cannot be, so
+        they are left out too); None without the chroot."""
         pool = self._pool(self._default_seed())
         w = pool.get()
         try:

@@ -376,7 +376,7 @@ def main():
                "dumpable_after_setuid": dumpable_after_setuid}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
-             "nproc": nproc, "importable": sorted(set(sys.modules) | set(sys.builtin_module_names)), **locked}
+             "nproc": nproc, "importable": sorted(sys.modules), **locked}
     del cfg, loaded, locked
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)

@@ -31,7 +31,8 @@ socketserver xmlrpc webbrowser requests weakref tracemalloc sched queue timeit c
 BANNED_NAMES = frozenset("""
 eval exec compile open __import__ globals locals vars getattr setattr delattr breakpoint
 __builtins__ __loader__ __spec__ __file__ __build_class__
-""".split())
+exit quit credits copyright license help
+""".split())  # the last line: builtins the site module adds, which the sandbox's interpreter (-S) has not
 
 
 def _first_bad_module(name: str | None) -> str | None:
@@ -92,6 +93,9 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
                 return Invalid("banned_import", node.module or ".")
             if importable is not None and node.module not in importable:
                 return Invalid("banned_import", f"{node.module} (not importable in the sandbox)")
+            for a in node.names if importable is not None else ():
+                if f"{node.module}.{a.name}" not in importable and _is_submodule(node.module, a.name):
+                    return Invalid("banned_import", f"{node.module}.{a.name} (not importable in the sandbox)")
             for a in node.names:
                 if _first_bad_module(f"{node.module}.{a.name}"):
                     return Invalid("banned_import", f"{node.module}.{a.name}")
@@ -100,6 +104,17 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
             return Invalid("dunder_access", node.attr)
     return None
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """Whether ``package.name`` is a module of this interpreter's library rather than an attribute of ``package``
+    (``from json import tool`` imports one). ``package`` is one the sandbox has loaded: a standard module."""
+    import importlib.util
+
+    try:
+        return name != "*" and importlib.util.find_spec(f"{package}.{name}") is not None
+    except Exception:  # noqa: BLE001 - not a package, or a name no module can have
+        return False
 
 
 def _bound_names(nodes: list[ast.AST]) -> set[str]:
