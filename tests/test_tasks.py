@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -372,3 +374,28 @@ def test_every_codec_plain_python_knows_works_in_the_sandbox(ex):
     got = TASK_TYPES["code_o"].validate(Proposal("code_o", prog, ["'ab'"]), ex)
     assert isinstance(got, Task), got
     assert got.outputs == [repr([b"a\x00b\x00", b"ab", b"ab", b"ab", b"ab", b"ab", b"ab", "no", b"6162"])], got
+
+
+def test_a_name_taken_from_a_module_is_checked_as_an_import(ex):
+    """``from M import name`` hands a program M's attribute: a banned module or builtin under its own name, a private
+    name, or anything of the worker's own modules (their namespaces hold sys and os) is refused as if imported."""
+    progs = ["from enum import sys\ndef f(x):\n    return x", "from dataclasses import inspect\ndef f(x):\n    return x",
+             "from __main__ import sys\ndef f(x):\n    return x", "from ambient import os\ndef f(x):\n    return x",
+             "from re import _compiler\ndef f(x):\n    return x",
+             "from typing import List\ndef f(x: List[int]):\n    return x"]
+    got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", p, ["5"]) for p in progs], ex)
+    assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 5 + ["valid"], got
+
+
+def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path):
+    """The program runs beneath the launcher's, the worker's and its child's frames (and two exec calls): its limit is
+    raised by as many, so the deepest recursion that succeeds is a plain script's (a teacher recursing just past the
+    sandbox's depth had right answers judged wrong)."""
+    prog = ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\ndef deepest():\n    lo, hi = 1, 5000\n"
+            "    while lo < hi:\n        mid = (lo + hi + 1) // 2\n        try:\n            f(mid)\n            lo = mid\n"
+            "        except RecursionError:\n            hi = mid - 1\n    return lo\n_result = deepest()\n")
+    script = tmp_path / "deep.py"
+    script.write_text(prog + "print(_result)\n")
+    plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
+    got = ex.run(prog)
+    assert got.status == "ok" and int(got.value) == int(plain.stdout), (got, plain.stdout)

@@ -55,8 +55,7 @@ class _OutputLimit(BaseException):
     program cannot swallow it (a bare `except:` still can, which only wastes its own time budget)."""
 
 
-class _CappedOut:
-    """Stand-in for sys.stdout/sys.stderr: counts characters and discards them."""
+class _CappedOut:  # stands in for sys.stdout/sys.stderr: counts characters and discards them
 
     def __init__(self, limit):
         self.limit = limit
@@ -95,10 +94,6 @@ def _read_exact(fd, n):
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _short(text, n=300):
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
 def _describe(exc):
     try:
         msg = str(exc)
@@ -108,7 +103,8 @@ def _describe(exc):
         name = type(exc).__name__
     except BaseException:
         name = "Exception"
-    return _short(f"{name}: {msg}" if msg else name)
+    text = f"{name}: {msg}" if msg else name
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def pack_result(status, value, error):
@@ -181,6 +177,10 @@ def _child(forked):
         out = _CappedOut(max_out)
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
         g = {"__name__": "__main__", "__builtins__": builtins}
+        frame, depth = sys._getframe(), 2  # a script's recursion headroom: the frames above, and two exec calls
+        while frame is not None:
+            frame, depth = frame.f_back, depth + 1
+        sys.setrecursionlimit(sys.getrecursionlimit() + depth)
         try:
             program = compile(code, "<program>", "exec")
             del code
@@ -376,7 +376,7 @@ def main():
                "dumpable_after_setuid": dumpable_after_setuid}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
-             "nproc": nproc, "importable": sorted(sys.modules), **locked}
+             "nproc": nproc, "importable": sorted(set(sys.modules) - {"__main__", "ambient", "health"}), **locked}
     del cfg, loaded, locked
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
@@ -390,8 +390,8 @@ def main():
 
 
 def _serve(ctl, run_cfg, state):
-    """Requests until the trainer closes (then None); in a run's child, what :func:`_child` needs. A program can walk
-    the frames above its own: the child returns from all of the loop's (no traceback keeps one alive)."""
+    """Requests until the trainer closes (then None); in a run's child, what :func:`_child` needs, returned from every
+    frame of the loop (a program can walk the frames above its own; no traceback keeps one alive)."""
     while True:
         went = _serve_one(ctl, run_cfg, state)
         if went is not True:
@@ -399,8 +399,7 @@ def _serve(ctl, run_cfg, state):
 
 
 def _serve_one(ctl, run_cfg, state):
-    """One request: run it, report; True to go on, False to stop, a tuple in the run's child. Nothing of one run (its
-    request, its report) is in a frame when the next run is forked."""
+    """One request: run it, report; True to go on, False to stop, a tuple in the run's child."""
     try:
         data, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
     except OSError:

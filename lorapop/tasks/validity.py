@@ -93,6 +93,12 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
                 return Invalid("banned_import", node.module or ".")
             if importable is not None and node.module not in importable:
                 return Invalid("banned_import", f"{node.module} (not importable in the sandbox)")
+            for a in node.names:
+                # a name taken from a module is that module's attribute: a banned module or builtin under its own
+                # name (``from enum import sys``), or anything private, is banned as if imported itself
+                if a.name in BANNED_MODULES or a.name in BANNED_NAMES or (a.name.startswith("_")
+                                                                         and node.module != "__future__"):
+                    return Invalid("banned_import", f"{node.module}.{a.name}")
             for a in node.names if importable is not None else ():
                 if f"{node.module}.{a.name}" not in importable and _is_submodule(node.module, a.name):
                     return Invalid("banned_import", f"{node.module}.{a.name} (not importable in the sandbox)")
