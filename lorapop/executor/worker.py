@@ -177,10 +177,6 @@ def _child(forked):
         out = _CappedOut(max_out)
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
         g = {"__name__": "__main__", "__builtins__": builtins}
-        frame, depth = sys._getframe(), 2  # a script's recursion headroom: the frames above, and two exec calls
-        while frame is not None:
-            frame, depth = frame.f_back, depth + 1
-        sys.setrecursionlimit(sys.getrecursionlimit() + depth)
         try:
             program = compile(code, "<program>", "exec")
             del code
@@ -378,6 +374,11 @@ def main():
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "nproc": nproc, "importable": sorted(set(sys.modules) - {"__main__", "ambient", "health"}), **locked}
     del cfg, loaded, locked
+    # a script's recursion headroom for programs: _child runs as deep as main, and two exec calls count as frames
+    frame, depth = sys._getframe(), 2
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    sys.setrecursionlimit(sys.getrecursionlimit() + depth)
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
     gc.collect()
