@@ -5,6 +5,7 @@ worker is :mod:`.worker`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -33,13 +34,14 @@ _PAGE = 4096  # what a pipe always holds, even for a user past the kernel's pipe
 READ_REST_S = 0.002  # after a short read of a result the pipe waits this long: at most 500 wake-ups a second
 
 
-def codec_modules() -> list[str]:
+@functools.lru_cache(maxsize=1)  # read from the library's directory once, not at every worker start
+def codec_modules() -> tuple[str, ...]:
     """Every codec module of this interpreter's standard library (``encodings.*``; those of another platform fail to
     import in the worker and are left out of its hello)."""
     import encodings
     import pkgutil
 
-    return [f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__)]
+    return tuple(f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__))
 
 
 class WorkerHandle:
@@ -102,7 +104,8 @@ class WorkerHandle:
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
             "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
             "root": None if chroot else self.root, "chroot": chroot,
-            "preload": list(c.preload) + (codec_modules() if c.preload_codecs else []), "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
+            "preload": [*c.preload, *(codec_modules() if c.preload_codecs else ())],
+            "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
         }
         # TZ: the time module reads the zone when the worker imports it, before the chroot hides the host's
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",

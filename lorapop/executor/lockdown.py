@@ -141,7 +141,7 @@ KILL = (62, 129)
 # prctl(PR_SET_DUMPABLE, 1): a run turning core dumps back on (the worker cleared the flag: where the machine's
 # core_pattern is a pipe, the kernel would start that helper on the host for a crashing run whatever RLIMIT_CORE says).
 # Setting it to 0 stays: a run that changes its uid clears it again (worker.py).
-PRCTL, PR_SET_DUMPABLE_ = (157, 167), 4
+PRCTL, PR_GET_DUMPABLE_, PR_SET_DUMPABLE_ = (157, 167), 3, 4
 # Clocks of other processes and threads: a negative clock id names one by pid (MAKE_PROCESS_CPUCLOCK), and reading it
 # tells whether that pid exists. The clocks programs use (realtime, monotonic, their own CPU time) are positive.
 CLOCK_ID_CALLS = {"clock_gettime": (228, 113), "clock_getres": (229, 114), "clock_nanosleep": (230, 115),
@@ -261,7 +261,7 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         prog += _refuse_if(RESULT_FD_CALLS["fcntl"][col], 1, _JEQ_K, cmd)
     # prctl only to read or clear the dumpable flag (0 in every run): its other options read the host's (the timer
     # slack a trainer set, the speculation mitigations) or how the trainer runs (securebits, the bounding set)
-    prog += _allow_only(PRCTL[col], 0, (PR_SET_DUMPABLE_ - 1, PR_SET_DUMPABLE_))
+    prog += _allow_only(PRCTL[col], 0, (PR_GET_DUMPABLE_, PR_SET_DUMPABLE_))
     prog += [  # prctl(PR_SET_DUMPABLE, anything but 0)
         _ins(_LD_W_ABS, 0, 0, 0),
         _ins(_JEQ_K, 0, 5, PRCTL[col]),

@@ -10,6 +10,7 @@ program that gets past them (a module's plain attribute can hand it what the ban
 from __future__ import annotations
 
 import ast
+import functools
 
 from lorapop.tasks.base import Invalid
 from lorapop.modeltext import NotLiteral, literal_of, parse_text
@@ -94,17 +95,14 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
             if importable is not None and node.module not in importable:
                 return Invalid("banned_import", f"{node.module} (not importable in the sandbox)")
             for a in node.names:
+                full = f"{node.module}.{a.name}"
                 # a name taken from a module is that module's attribute: a banned module or builtin under its own
                 # name (``from enum import sys``), or anything private, is banned as if imported itself
-                if a.name in BANNED_MODULES or a.name in BANNED_NAMES or (a.name.startswith("_")
-                                                                         and node.module != "__future__"):
-                    return Invalid("banned_import", f"{node.module}.{a.name}")
-            for a in node.names if importable is not None else ():
-                if f"{node.module}.{a.name}" not in importable and _is_submodule(node.module, a.name):
-                    return Invalid("banned_import", f"{node.module}.{a.name} (not importable in the sandbox)")
-            for a in node.names:
-                if _first_bad_module(f"{node.module}.{a.name}"):
-                    return Invalid("banned_import", f"{node.module}.{a.name}")
+                if a.name in BANNED_MODULES or a.name in BANNED_NAMES or _first_bad_module(full) or (
+                        a.name.startswith("_") and node.module != "__future__"):
+                    return Invalid("banned_import", full)
+                if importable is not None and full not in importable and _is_submodule(node.module, a.name):
+                    return Invalid("banned_import", f"{full} (not importable in the sandbox)")
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES and (node.id.startswith("__") or node.id not in bound):
             return Invalid("banned_name", node.id)
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
@@ -112,6 +110,7 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # the library does not change while the trainer runs; names repeat
 def _is_submodule(package: str, name: str) -> bool:
     """Whether ``package.name`` is a module of this interpreter's library rather than an attribute of ``package``
     (``from json import tool`` imports one). ``package`` is one the sandbox has loaded: a standard module."""
