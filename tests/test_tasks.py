@@ -368,12 +368,47 @@ def test_an_import_the_sandbox_cannot_make_is_refused_wherever_it_is(ex):
 
 def test_every_codec_plain_python_knows_works_in_the_sandbox(ex):
     """Codecs are modules (encodings.*) that nothing can import after the chroot: one the worker had not loaded failed
-    in the sandbox alone, so a teacher could use it on every input but its own. The worker loads them all."""
+    in the sandbox alone, so a teacher could use it on every input but its own. The worker keeps them all compiled,
+    and loads what they import."""
     prog = ("import codecs\ndef f(s):\n    return [s.encode(c) for c in ('utf-16-le', 'cp1252', 'cp437', 'mac-roman', "
             "'shift_jis', 'gbk', 'utf-7')] + [codecs.encode(s, 'rot13'), codecs.encode(s.encode(), 'hex')]")
     got = TASK_TYPES["code_o"].validate(Proposal("code_o", prog, ["'ab'"]), ex)
     assert isinstance(got, Task), got
     assert got.outputs == [repr([b"a\x00b\x00", b"ab", b"ab", b"ab", b"ab", b"ab", b"ab", "no", b"6162"])], got
+
+
+_DESCRIBE_CODECS = """import sys
+def describe(name):
+    m = __import__(name, fromlist=["_"])
+    base = lambda p: p and p.rsplit("/", 1)[-1]
+    codes = sorted({base(v.__code__.co_filename) for v in vars(m).values() if hasattr(v, "__code__")})
+    return (base(m.__file__), base(m.__cached__), type(m.__loader__).__name__, base(m.__loader__.path),
+            m.__loader__ is m.__spec__.loader, base(m.__spec__.origin), base(m.__spec__.cached), m.__spec__.has_location,
+            m.__spec__.parent, m.__package__, sorted(vars(m)), codes)
+out = []
+for name in ("encodings.cp1252", "encodings.shift_jis", "encodings.rot_13", "encodings.utf_16", "encodings.mbcs"):
+    try:
+        out.append(describe(name))
+    except Exception as exc:
+        out.append(type(exc).__name__)
+out.append(["\u00e9\u20ac\u65e5".encode(c, "replace") for c in ("cp1252", "shift_jis", "koi8_r", "hz")])
+"""
+
+
+def test_a_codec_kept_compiled_is_in_a_run_what_a_script_imports(ex):
+    """The worker keeps the standard library's codecs as compiled code, not loaded (each page of the worker is mapped
+    again in every run's fork): a run that imports one gets the module a plain script gets, the same attributes (file
+    names cut to base names, as for every loaded module), the same code and results, and the same error where the
+    codec is another platform's; a run that does not import one finds it nowhere in its process."""
+    assert {"encodings.cp1252", "encodings.shift_jis", "_codecs_jp"} <= ex.importable
+    assert "stored" not in ex.importable
+    plain = subprocess.run([sys.executable, "-s", "-S", "-c", _DESCRIBE_CODECS + "print(repr(out))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    same = f"_result = [i for i, x in enumerate(out) if repr(x) != repr({plain}[i])] + [repr(out) == {plain!r}]"
+    got, loaded = ex.run_many([_DESCRIBE_CODECS + same, "import sys\n_result = [m in sys.modules for m in ('encodings.cp1252', 'encodings.utf_16')]"],
+                              hashseed=ex.hashseeds[0])
+    assert (got.status, got.value) == ("ok", "[True]"), got  # else the entries that differ from the script's
+    assert (loaded.status, loaded.value) == ("ok", "[False, True]"), loaded  # utf_16: preloaded, a default
 
 
 def test_a_name_taken_from_a_module_is_checked_as_an_import(ex):

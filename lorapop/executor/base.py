@@ -75,9 +75,10 @@ class ExecutorConfig:
     python: str | None = doc(None, "interpreter for workers (default: this one)")
     preload: tuple[str, ...] = doc(DEFAULT_PRELOAD, "stdlib modules importable by "
                                                     "programs (nothing else is)")
-    preload_codecs: bool = doc(True, "also every codec module of the standard library (encodings.*), so that "
-                                     "str.encode and bytes.decode know every codec plain Python knows: a codec "
-                                     "the sandbox lacked failed there alone (about 3 MB more per worker)")
+    preload_codecs: bool = doc(True, "also every codec module of the standard library (encodings.*) importable, so "
+                                     "that str.encode and bytes.decode know every codec plain Python knows (a codec "
+                                     "the sandbox lacked failed there alone); kept compiled in the worker and "
+                                     "executed by the run that uses one (lorapop/executor/stored.py)")
     ray: bool = doc(False, "run validation and checking jobs on Ray executor actors "
                          "(any node of engine.ray_address's cluster, or a local Ray), "
                          "each wrapping this same sandbox with every protection above; "

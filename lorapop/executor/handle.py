@@ -34,14 +34,35 @@ _PAGE = 4096  # what a pipe always holds, even for a user past the kernel's pipe
 READ_REST_S = 0.002  # after a short read of a result the pipe waits this long: at most 500 wake-ups a second
 
 
-@functools.lru_cache(maxsize=1)  # read from the library's directory once, not at every worker start
-def codec_modules() -> tuple[str, ...]:
-    """Every codec module of this interpreter's standard library (``encodings.*``; those of another platform fail to
-    import in the worker and are left out of its hello)."""
-    import encodings
-    import pkgutil
+# Imports every codec module of the interpreter's standard library in a bare interpreter (the worker's flags) and
+# prints "codec NAME" for each and "needs NAME" for every other module their imports loaded: the worker keeps the
+# codecs compiled (stored.py) and loads what they need, so that each imports in a run exactly where it imports in a
+# script, and fails the same way where it fails there (another platform's). posix and encodings are loaded at every
+# start: listing the directory loads nothing more.
+_CODEC_PROBE = """import posix, sys
+before = set(sys.modules)
+names = sorted("encodings." + f[:-3] for f in posix.listdir(sys.modules["encodings"].__path__[0])
+               if f.endswith(".py") and f != "__init__.py")
+for name in names:
+    try:
+        __import__(name)
+    except Exception:
+        pass
+print("\\n".join(["codec " + n for n in names] + ["needs " + n for n in sorted(set(sys.modules) - before - set(names))]))
+"""
 
-    return tuple(f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__))
+
+@functools.lru_cache(maxsize=4)  # once per interpreter, not at every worker start
+def codec_modules(python: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the codec modules of ``python``'s standard library, the other modules they import). Found
+    in a child interpreter: importing them here would load them into the trainer. A probe that fails gives none."""
+    try:
+        out = subprocess.run([python, "-s", "-S", "-c", _CODEC_PROBE], capture_output=True, text=True, timeout=60,
+                             cwd="/", env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return (), ()
+    rows = [line.split(" ", 1) for line in out.stdout.splitlines() if " " in line]
+    return (tuple(n for kind, n in rows if kind == "codec"), tuple(n for kind, n in rows if kind == "needs"))
 
 
 class WorkerHandle:
@@ -97,6 +118,7 @@ class WorkerHandle:
         self.served = 0
         if c.uid_base is None:  # a fresh uid for each worker process (sandbox.py, draw_uid)
             self.uid = self.ex.draw_uid(self)
+        codecs = codec_modules(c.python or sys.executable) if c.preload_codecs else ((), ())
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
@@ -104,7 +126,7 @@ class WorkerHandle:
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
             "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
             "root": None if chroot else self.root, "chroot": chroot,
-            "preload": [*c.preload, *(codec_modules() if c.preload_codecs else ())],
+            "preload": [*c.preload, *codecs[1]], "stored": codecs[0],
             "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
         }
         # TZ: the time module reads the zone when the worker imports it, before the chroot hides the host's

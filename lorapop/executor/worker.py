@@ -11,7 +11,7 @@ freed memory that once held it) is in that copy.
 
 Startup, once per worker:
 
-1. pre-import the modules task programs may use (after the chroot nothing else can be imported), and lockdown.py;
+1. pre-import what programs may use (codecs kept compiled: stored.py) and lockdown.py: nothing loads after the chroot;
 2. its own host name (UTS namespace); with a private mount namespace, chroot into ``.``, the tmpfs it was started in
    (no host file is visible afterwards, /proc included, and the worker never holds the tmpfs's host path);
 3. in a user namespace, give up every capability; install the seccomp filter (both inherited by every fork), then
@@ -330,8 +330,8 @@ def main():
     os.close(null_in_r)
     os.close(null_out_w)
     ambient.reset_inherited()  # the trainer's umask and ignored signals: a run reads both
-    loaded = _preimport(cfg["preload"])
-    import health  # beside this file, found before the chroot hides it (no ctypes in it: runs may see it)
+    import health, stored  # beside this file, found before the chroot hides them (no ctypes in them: runs may see them)
+    loaded, kept = _preimport(cfg["preload"]), stored.install(cfg.get("stored", ()))  # kept compiled, not loaded
     import gc
 
     is_pid1 = os.getpid() == 1
@@ -370,10 +370,10 @@ def main():
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
                "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None),
                "dumpable_after_setuid": dumpable_after_setuid}
-    hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"],
+    hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"], "nproc": nproc,
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
-             "nproc": nproc, "importable": sorted(set(sys.modules) - {"__main__", "ambient", "health"}), **locked}
-    del cfg, loaded, locked
+             "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
+    del cfg, loaded, locked, kept
     # a script's recursion headroom for programs: _child runs as deep as main, and two exec calls count as frames
     frame, depth = sys._getframe(), 2
     while frame is not None:
