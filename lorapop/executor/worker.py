@@ -31,16 +31,14 @@ a fresh worker: the tmpfs and the namespaces die with it, whole."""
 import builtins
 import json
 import os
+import _signal
 import signal
 import socket
 import struct
 import sys
 import time
 
-try:
-    import resource
-except ImportError:  # pragma: no cover - non-POSIX
-    resource = None
+import resource
 
 _HDR = struct.Struct(">I")
 _repr, _len, _isinstance, _str = repr, len, isinstance, str  # a program that rebinds builtins: its result still goes
@@ -48,6 +46,7 @@ HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the m
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
+_STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
 
 
 class _OutputLimit(BaseException):
@@ -130,8 +129,9 @@ def unpack_result(data):
 
 def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the worker only
+    # _signal, not signal's wrappers, which make enum members: each object a child makes costs it page copies (30)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # ignored by the worker only
     os.setpgid(0, 0)  # its own group, in a pid namespace too: kill(0, 9) would hit the worker's `unshare` parent
     # Nothing of the worker's own descriptors: 0, 1 and 2 (its dead pipes) are open file descriptions shared
     # with the worker, whose flags, pipe size and locks a run could set for the next run to read.
@@ -141,15 +141,14 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     os.closerange(hi + 1, cfg["max_open_files"])  # the worker's socket to the trainer among them
     if res_fd != RESULT_FD:  # the one descriptor the filter keeps a run from reading the inode of (lockdown.py);
         os.dup2(res_fd, RESULT_FD), os.close(res_fd)  # first, so a failed setup below still reports why
-    if resource is not None:
-        # Per run: CPU (per process), the address space (off the worker: a small limit fails runs, never the worker)
-        # and the process count (one by default: no fork or thread, so that limit bounds every byte a run holds).
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        if cfg["memory_bytes"]:  # DATA and RSS alike: a run reads them, and the host's would tell it the host's
-            for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS):
-                resource.setrlimit(which, (cfg["memory_bytes"],) * 2)
-        if cfg["nproc"]:
-            resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
+    # Per run: CPU (per process), the address space (off the worker: a small limit fails runs, never the worker)
+    # and the process count (one by default: no fork or thread, so that limit bounds every byte a run holds).
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    if cfg["memory_bytes"]:  # DATA and RSS alike: a run reads them, and the host's would tell it the host's
+        for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS):
+            resource.setrlimit(which, (cfg["memory_bytes"],) * 2)
+    if cfg["nproc"]:
+        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"],) * 2)
     if cfg["drop_uid"]:
         os.setgroups([])
         os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
@@ -224,8 +223,6 @@ def _nondumpable(path):
 def _worker_limits(cfg, pinned=()):
     """Limits that hold for every run alike, set once on the worker and inherited by each fork. None of them binds the
     worker itself: it writes only to its socket and keeps a handful of descriptors."""
-    if resource is None:
-        return
     # Queued real-time signals are counted per user (up the user-namespace chain to the host user, whose own
     # sigqueue and timers fail once the count reaches their limit) and a run can queue one per kill() to itself; a
     # program's own handlers need none queued (standard signals do not queue).
