@@ -84,7 +84,14 @@ for _name, (_x86, _arm) in {
         "lsm_get_self_attr": (459, 459), "lsm_list_modules": (461, 461),
         # calls newer than the filter's review: file_getattr, file_setattr, and numbers no kernel has yet
         "file_getattr": (468, 468), "file_setattr": (469, 469), "unassigned_480": (480, 480),
-        "unassigned_511": (511, 511)}.items():
+        "unassigned_511": (511, 511),
+        # the ninth review: statx whole (the mount id with any mask), a machine-wide quota sync, the one LSM call
+        # left, the reads of extended attributes (an SELinux host's labels), a pidfd through clone, O_NOATIME set
+        # on an open file
+        "statx_plain": (332, 291), "quotactl": (179, 60), "quotactl_fd": (443, 443),
+        "lsm_set_self_attr": (460, 460), "getxattr": (191, 8), "lgetxattr": (192, 9), "fgetxattr": (193, 10),
+        "listxattr": (194, 11), "llistxattr": (195, 12), "flistxattr": (196, 13), "getxattrat": (464, 464),
+        "listxattrat": (465, 465), "clone_pidfd": (56, 220), "fcntl_setfl_noatime": (72, 25)}.items():
     SYSCALLS["x86_64"][_name], SYSCALLS["aarch64"][_name] = _x86, _arm
 SYSCALLS["x86_64"]["getpgrp"] = 111  # aarch64 has getpgid only
 SYSCALLS["x86_64"]["dup2_result"] = 33  # aarch64 has dup3 only
@@ -155,6 +162,12 @@ CALL_ARGS.update({
     "open_noatime": (b"/nonexistent-lorapop", 0o1000000, 0),
     # without the filter EBADF, or ENOSYS on a kernel without them
     "file_getattr": (-1, 0, 0, 0, 0), "file_setattr": (-1, 0, 0, 0, 0), "unassigned_480": (), "unassigned_511": (),
+    # without the filter: EBADF, EFAULT or EINVAL (a bad command, bad flags, CLONE_THREAD without CLONE_SIGHAND)
+    "statx_plain": (-1, b"", 0, 0x7FF, 0), "quotactl": (-1, 0, 0, 0), "quotactl_fd": (-1, 0, 0, 0),
+    "lsm_set_self_attr": (0, 0, 0, -1), "getxattr": (0, 0, 0, 0), "lgetxattr": (0, 0, 0, 0),
+    "fgetxattr": (-1, 0, 0, 0), "listxattr": (0, 0, 0), "llistxattr": (0, 0, 0), "flistxattr": (-1, 0, 0),
+    "getxattrat": (-1, 0, 0, 0, 0), "listxattrat": (-1, 0, 0, 0, 0), "clone_pidfd": (0x1000 | 0x10000, 0, 0, 0, 0),
+    "fcntl_setfl_noatime": (-1, 4, 0o1000000),
 })
 SYSCALLS["x86_64"]["pipe"] = 22  # aarch64 has pipe2 only
 # x86_64 only: the old eventfd/epoll/signalfd, ustat (a device's free space, looked up among all the machine's
@@ -176,10 +189,11 @@ CALL_ARGS.update({
     # facts of the machine: NULL buffers (EFAULT), a zero-length CPU set (EINVAL); times(NULL) only reads the clock
     "uname": (0,), "sysinfo": (0,), "sched_getaffinity": (0, 0, 0), "times": (0,),
 })
-# ENOSYS, so libc falls back to clone, and does a flagless preadv2/pwritev2 as preadv/pwritev; the calls newer than
-# the review ENOSYS, as on a kernel without them; every other call: EPERM
+# ENOSYS, so libc falls back to clone, and does a flagless preadv2/pwritev2 as preadv/pwritev; statx and the calls
+# newer than the review ENOSYS, as on a kernel without them; every other call: EPERM
 EXPECTED_ERRNO = {"clone3": 38, "preadv2": 38, "pwritev2": 38, "file_getattr": 38, "file_setattr": 38,
-                  "unassigned_480": 38, "unassigned_511": 38}
+                  "unassigned_480": 38, "unassigned_511": 38, "statx_plain": 38, "statx_mnt_id": 38,
+                  "statx_result": 38}
 
 
 # Real-time signals queued by kill() to itself count against the user's pending-signal budget (the host user's, in

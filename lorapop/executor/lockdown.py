@@ -38,6 +38,10 @@ _COMMON = {
     "statmount": 457, "listmount": 458, "open_tree_attr": 467, "set_mempolicy_home_node": 450, "openat2": 437,
     "memfd_secret": 447, "pidfd_open": 434, "setxattrat": 463, "removexattrat": 466,
     "pidfd_send_signal": 424, "process_madvise": 440,
+    # reads of extended attributes (an SELinux or Smack host labels the runs' tmpfs with the trainer's context;
+    # nothing else of the runs' filesystem has any), the one LSM call left (which security modules the host runs, by
+    # which of them answers), and quotactl_fd (below)
+    "getxattrat": 464, "listxattrat": 465, "lsm_set_self_attr": 460, "quotactl_fd": 443,
 }
 # Memory a run could pin outside its address-space limit and keep past its end (SysV shared memory, message
 # queues and semaphores, POSIX message queues, memfd), and the calls that would let a run change its worker's
@@ -55,6 +59,8 @@ _STATE = {
     # which a run could move for the next run to read (pidfd_open: the same through the pid's inode).
     "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
     "lremovexattr": (198, 15), "fremovexattr": (199, 16), "pipe2": (293, 59),
+    "getxattr": (191, 8), "lgetxattr": (192, 9), "fgetxattr": (193, 10), "listxattr": (194, 11),
+    "llistxattr": (195, 12), "flistxattr": (196, 13),
     # Budgets the kernel keeps for the whole machine or for the host user, not for the run: asynchronous I/O
     # contexts count against fs.aio-max-nr (every process on the machine; a run that takes them all makes every
     # other io_setup fail with EAGAIN), inotify instances and watches against the user's max_user_instances and
@@ -66,6 +72,8 @@ _STATE = {
     "inotify_add_watch": (254, 27), "inotify_rm_watch": (255, 28), "fanotify_init": (300, 262),
     "fanotify_mark": (301, 263), "name_to_handle_at": (303, 264), "kcmp": (312, 272), "sync": (162, 81),
     "syncfs": (306, 267),
+    # quotactl(Q_SYNC, NULL) needs no privilege and syncs every filesystem of the machine that has quotas on
+    "quotactl": (179, 60),
     # Facts of the machine the namespaces do not cover, the same in every run of a trainer (so a task keyed on them
     # validates and reproduces, and no student can know them) and a leak of the host: the kernel's release and
     # version (uname: only the node name is the UTS namespace's, and glibc's gethostname is uname too), the host's
@@ -163,13 +171,14 @@ F_SETOWN, F_SETOWN_EX = 8, 15
 # would be a value the same in every run of a check (a key for answering differently to students than to the
 # control's validation) and its high bits a clock. fstat is newfstatat(fd, "", AT_EMPTY_PATH) in current glibc.
 RESULT_FD = 3
-# statx's mount ids (STATX_MNT_ID, STATX_MNT_ID_UNIQUE in its mask, argument 3): the unique one counts the mounts
-# the machine has made since boot, a constant of the host's past the same in every pool. O_NOATIME on open: allowed
+# statx answers ENOSYS, as on a kernel before it (glibc then falls back; Python's os.stat is newfstatat): it fills in
+# the mount id whatever its mask asks, and mount ids count the machine's mounts. O_NOATIME on open: allowed
 # only to a file's owner, which the run is in a user namespace (uid 0 there) and is not as root (its own uid), so
 # it tells how the trainer runs; openat2's flags lie in memory the filter cannot read, so it goes whole (above).
-STATX, STATX_MNT_IDS = (332, 291), 0x1000 | 0x4000
+STATX = (332, 291)
 OPEN_FLAGS, O_NOATIME = {"x86_64": ((2, 1), (257, 2)), "aarch64": ((56, 2),)}, 0o1000000
-RESULT_FD_CALLS = {"fstat": (5, 80), "newfstatat": (262, 79), "statx": (332, 291), "dup": (32, 23),
+F_SETFL = 4  # fcntl(fd, F_SETFL, O_NOATIME) asks the same of an open file
+RESULT_FD_CALLS = {"fstat": (5, 80), "newfstatat": (262, 79), "dup": (32, 23),
                    "dup2": (33, None), "dup3": (292, 24), "fcntl": (72, 25)}
 CLONE = {"x86_64": 56, "aarch64": 220}
 # The last call number reviewed for this filter, the same on every architecture (open_tree_attr, Linux 6.15): each
@@ -182,8 +191,11 @@ CLONE3 = 435
 PREADV2 = {"x86_64": (327, 328), "aarch64": (286, 287)}
 PRLIMIT64 = {"x86_64": 302, "aarch64": 261}
 MMAP, MAP_HUGETLB = {"x86_64": 9, "aarch64": 222}, 0x40000
-# clone() flags that make a new namespace (CLONE_NEWTIME only exists for clone3/unshare)
-CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+# clone() flags that make a new namespace (CLONE_NEWTIME only exists for clone3/unshare), and CLONE_PIDFD: a pidfd's
+# inode number counts the machine's processes (pidfs), and its PIDFD_GET_INFO gives the trainer's cgroup and the
+# run's uid (where max_procs lets a run fork; pidfd_open is refused above)
+CLONE_REFUSED_MASK = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+                      | 0x00001000)
 
 # classic BPF opcodes and seccomp return values
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K, _AND_K = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
@@ -232,15 +244,14 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, eperm)]
     prog += [_ins(_JGE_K, 0, 1, REVIEWED_UP_TO + 1), _ins(_RET_K, 0, 0, enosys)]
     prog += _lookup(denied) + [_ins(_RET_K, 0, 0, eperm)]
+    nosys = (CLONE3, *PREADV2[arch], STATX[0 if arch == "x86_64" else 1])
+    prog += [_ins(_JEQ_K, len(nosys) - 1 - i, int(i == len(nosys) - 1), nr) for i, nr in enumerate(nosys)]
     prog += [
-        _ins(_JEQ_K, 2, 0, CLONE3),
-        _ins(_JEQ_K, 1, 0, PREADV2[arch][0]),
-        _ins(_JEQ_K, 0, 1, PREADV2[arch][1]),
         _ins(_RET_K, 0, 0, enosys),
-        # clone(flags, ...): flags is args[0]; all the CLONE_NEW* bits are in its low 32 bits
+        # clone(flags, ...): flags is args[0]; all the CLONE_NEW* bits and CLONE_PIDFD are in its low 32 bits
         _ins(_JEQ_K, 0, 3, CLONE[arch]),
         _ins(_LD_W_ABS, 0, 0, 16),
-        _ins(_JSET_K, 0, 1, CLONE_NEW_MASK),
+        _ins(_JSET_K, 0, 1, CLONE_REFUSED_MASK),
         _ins(_RET_K, 0, 0, eperm),
         # mmap(..., flags, ...) with MAP_HUGETLB: huge pages come from a pool the whole machine shares
         # (vm.nr_hugepages), outside every limit of the run; flags is args[3]
@@ -281,7 +292,7 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
     for nrs in CLOCK_ID_CALLS.values():
         prog += _refuse_if(nrs[col], 0, _JSET_K, 0x80000000)
     prog += _refuse_in(FUTEX[col], 1, FUTEX_CMD_MASK, FUTEX_PI_OPS)
-    prog += _refuse_if(STATX[col], 3, _JSET_K, STATX_MNT_IDS)
+    prog += _refuse_both(RESULT_FD_CALLS["fcntl"][col], (1, _JEQ_K, F_SETFL), (2, _JSET_K, O_NOATIME))
     for nr, arg in OPEN_FLAGS[arch]:
         prog += _refuse_if(nr, arg, _JSET_K, O_NOATIME)
     for nrs in RESULT_FD_CALLS.values():
@@ -299,6 +310,21 @@ def _refuse_if(nr: int, arg: int, test: int, k: int) -> list[bytes]:
         _ins(_JEQ_K, 0, 3, nr),
         _ins(_LD_W_ABS, 0, 0, 16 + 8 * arg),
         _ins(test, 0, 1, k),
+        _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+    ]
+
+
+def _refuse_both(nr: int, first: tuple[int, int, int], second: tuple[int, int, int]) -> list[bytes]:
+    """Call ``nr`` refused with EPERM when both its ``(argument, test, k)`` conditions hold (as in :func:`_refuse_if`,
+    on the low 32 bits); every other call goes on to the next rule."""
+    (a1, t1, k1), (a2, t2, k2) = first, second
+    return [
+        _ins(_LD_W_ABS, 0, 0, 0),
+        _ins(_JEQ_K, 0, 5, nr),
+        _ins(_LD_W_ABS, 0, 0, 16 + 8 * a1),
+        _ins(t1, 0, 3, k1),
+        _ins(_LD_W_ABS, 0, 0, 16 + 8 * a2),
+        _ins(t2, 0, 1, k2),
         _ins(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
     ]
 
@@ -383,11 +409,14 @@ def nondumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0), inherited by every fork: where the machine's core_pattern is a pipe (apport,
     systemd-coredump), a crashing run would otherwise make the kernel start that helper on the host, whatever
     RLIMIT_CORE says. And what a trainer may have set and exec keeps: the timer slack back to the kernel's 50 us,
-    transparent huge pages allowed (a run reads either back: the slack natively, huge pages by its fault count)."""
+    transparent huge pages allowed (a run reads either back: the slack natively, huge pages by its fault count), the
+    personality back to plain Linux (a trainer started under ``setarch`` flags)."""
     ctypes, libc = _libc()
     _check(ctypes, libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     _check(ctypes, libc.prctl(PR_SET_TIMERSLACK, 50_000, 0, 0, 0), "PR_SET_TIMERSLACK")
     _check(ctypes, libc.prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0), "PR_SET_THP_DISABLE")  # inherited across exec too
+    if libc.personality(0) == -1:  # PER_LINUX
+        _check(ctypes, -1, "personality")
 
 
 def drop_capabilities() -> None:
