@@ -375,7 +375,7 @@ def main():
     frame, depth = sys._getframe(), 2
     while frame is not None:
         frame, depth = frame.f_back, depth + 1
-    sys.setrecursionlimit(sys.getrecursionlimit() + depth)
+    ambient.script_recursion(depth)
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
     gc.collect()
