@@ -385,13 +385,22 @@ def describe(name):
     return (base(m.__file__), base(m.__cached__), type(m.__loader__).__name__, base(m.__loader__.path),
             m.__loader__ is m.__spec__.loader, base(m.__spec__.origin), base(m.__spec__.cached), m.__spec__.has_location,
             m.__spec__.parent, m.__package__, sorted(vars(m)), codes)
-out = []
+import collections, encodings
+out = [[hasattr(encodings, n) for n in ("utf_8", "utf_16", "idna", "latin_1", "cp1252")]]
 for name in ("encodings.cp1252", "encodings.shift_jis", "encodings.rot_13", "encodings.utf_16", "encodings.mbcs"):
     try:
         out.append(describe(name))
     except Exception as exc:
         out.append(type(exc).__name__)
 out.append(["\u00e9\u20ac\u65e5".encode(c, "replace") for c in ("cp1252", "shift_jis", "koi8_r", "hz")])
+try:  # the frames a failed import leaves in its traceback (the interpreter trims its own import machinery)
+    import encodings.oem
+except ImportError as exc:
+    tb, names = exc.__traceback__, []
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    out.append(names)
 """
 
 
@@ -405,21 +414,23 @@ def test_a_codec_kept_compiled_is_in_a_run_what_a_script_imports(ex):
     plain = subprocess.run([sys.executable, "-s", "-S", "-c", _DESCRIBE_CODECS + "print(repr(out))"],
                            capture_output=True, text=True, check=True).stdout.strip()
     same = f"_result = [i for i, x in enumerate(out) if repr(x) != repr({plain}[i])] + [repr(out) == {plain!r}]"
-    got, loaded = ex.run_many([_DESCRIBE_CODECS + same, "import sys\n_result = [m in sys.modules for m in ('encodings.cp1252', 'encodings.utf_16')]"],
+    got, loaded = ex.run_many([_DESCRIBE_CODECS + same, "import sys\n_result = [m in sys.modules for m in ('encodings.cp1252', 'encodings.utf_16', 'encodings.utf_8')]"],
                               hashseed=ex.hashseeds[0])
     assert (got.status, got.value) == ("ok", "[True]"), got  # else the entries that differ from the script's
-    assert (loaded.status, loaded.value) == ("ok", "[False, True]"), loaded  # utf_16: preloaded, a default
+    assert (loaded.status, loaded.value) == ("ok", "[False, False, True]"), loaded  # utf_8: every interpreter's
 
 
 def test_a_name_taken_from_a_module_is_checked_as_an_import(ex):
-    """``from M import name`` hands a program M's attribute: a banned module or builtin under its own name, a private
-    name, or anything of the worker's own modules (their namespaces hold sys and os) is refused as if imported."""
+    """``from M import name`` hands a program M's attribute: a banned module or builtin under its own name or another
+    (enum keeps builtins as ``bltns``), a private name, or anything of the worker's own modules (their namespaces hold
+    sys and os) is refused as if imported."""
     progs = ["from enum import sys\ndef f(x):\n    return x", "from dataclasses import inspect\ndef f(x):\n    return x",
              "from __main__ import sys\ndef f(x):\n    return x", "from ambient import os\ndef f(x):\n    return x",
-             "from re import _compiler\ndef f(x):\n    return x",
-             "from typing import List\ndef f(x: List[int]):\n    return x"]
+             "from re import _compiler\ndef f(x):\n    return x", "from enum import bltns\ndef f(x):\n    return x",
+             "from typing import List\ndef f(x: List[int]):\n    return x",
+             "from collections import abc\ndef f(x):\n    return isinstance(x, abc.Sequence)"]
     got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", p, ["5"]) for p in progs], ex)
-    assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 5 + ["valid"], got
+    assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 6 + ["valid"] * 2, got
 
 
 def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path):
@@ -434,3 +445,50 @@ def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path):
     plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
     got = ex.run(prog)
     assert got.status == "ok" and int(got.value) == int(plain.stdout), (got, plain.stdout)
+
+
+_LIMITS = """import fractions
+sys = fractions.sys  # no import of sys: the static rule refuses it, and programs reach it like this
+def f(n):
+    return 0 if n == 0 else 1 + f(n - 1)
+def deepest():
+    lo, hi = 1, 30000
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            f(mid)
+            lo = mid
+        except RecursionError:
+            hi = mid - 1
+    return lo
+def attempt(value):
+    try:
+        sys.setrecursionlimit(value)
+        return "set"
+    except Exception as exc:  # its type, the numbers in its message and the message's length (a short repr)
+        return (type(exc).__name__, [int(w) for w in str(exc).replace(":", " ").split() if w.isdigit()], len(str(exc)))
+def at_depth(n, value):
+    return attempt(value) if n == 0 else at_depth(n - 1, value)
+out = [sys.getrecursionlimit(), deepest()]
+sys.setrecursionlimit(2000)
+out += [sys.getrecursionlimit(), deepest()]
+sys.setrecursionlimit(sys.getrecursionlimit() + 500)
+out += [sys.getrecursionlimit(), deepest()]
+out += [attempt(0), attempt(1.5), attempt(2 ** 31), attempt("7"), at_depth(40, 30), at_depth(40, 43),
+        at_depth(40, 45), sys.getrecursionlimit()]
+sys.setrecursionlimit(1000)
+out.append(deepest())
+"""
+
+
+def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):
+    """sys.setrecursionlimit(N) with an absolute N (competitive code's idiom) left the program the worker's frames
+    fewer than a script (1992 against 1997 at 2000), so a teacher's gold could be a RecursionError where a script
+    returns. The limit functions take the worker's frames off what they read and add them to what they set: what a
+    program reads, the headroom it gets and the errors it meets are a script's."""
+    script = tmp_path / "limits.py"
+    script.write_text(_LIMITS + "print(repr(out))\n")
+    plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
+    got = ex.run(_LIMITS + "_result = out", timeout_s=30.0)
+    assert got.status == "ok" and got.value == plain.stdout.strip(), (got, plain.stdout)
+    assert eval(got.value)[:4] == [1000, 997, 2000, 1997]

@@ -16,9 +16,8 @@ RUN_STATUSES = ("ok", "error", "memory", "output_limit", "crashed")  # what a ch
 DEFAULT_PRELOAD = (
     "re", "math", "cmath", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
     "fractions", "decimal", "operator", "copy", "typing", "dataclasses", "enum", "array",
-    "numbers", "unicodedata", "textwrap", "json", "encodings.utf_16", "encodings.utf_32", "encodings.latin_1",
-    "encodings.ascii", "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.idna", "__future__",
-)
+    "numbers", "unicodedata", "textwrap", "json", "__future__",
+)  # the codecs: preload_codecs (kept compiled, so that a package's attributes are a script's before their import)
 
 
 @dataclass

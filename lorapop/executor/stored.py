@@ -4,16 +4,18 @@ itself, before its chroot; standard library only).
 Every page of the worker is mapped again in each run's fork, and the fork's page-table copy and the run's exit cost
 in proportion to them. The standard library's codecs (``encodings.*``, which ``str.encode`` and ``bytes.decode``
 import by name) are 3 MB of objects in a worker, about a third of it, and few programs use one. They are kept as
-their marshalled code instead (0.6 MB, in bytes no run touches unless it imports the module), and the run that
-imports one executes it then, as a plain interpreter executes the ``.pyc`` it finds: the same code, the same module
-attributes as a loaded module after ambient.py cut its paths (``__file__`` a base name, a ``SourceFileLoader`` of
-that name), the same result or the same error. What every such module imports itself the worker loads (the trainer
-lists it: lorapop/executor/handle.py), so that an import works in the sandbox exactly where it works in a script.
-What a program can tell: one more finder at the end of ``sys.meta_path`` (docs/METHOD.md, "Facts of the machine").
+their compiled files instead (0.6 MB, in bytes no run touches unless it imports the module), and the run that
+imports one goes through the interpreter's own ``SourceFileLoader`` code (``get_code``, the compiled file's checks,
+``exec_module``), of which only the two calls that would touch the file system answer from memory: the same frames
+as a script's import (so the same depth at which it meets the recursion limit, and the same traceback), the same
+module attributes as a loaded module after ambient.py cut its paths (``__file__`` a base name, a loader of that
+name), the same result or the same error. What every such module imports itself the worker loads (the trainer lists
+it: lorapop/executor/handle.py), so that an import works in the sandbox exactly where it works in a script. What a
+program can tell: one more finder at the end of ``sys.meta_path``, and the loader's class is a subclass
+(docs/METHOD.md, "Facts of the machine").
 """
 
 import _imp
-import marshal
 import os
 import sys
 
@@ -21,38 +23,44 @@ _bootstrap = sys.modules["_frozen_importlib"]
 _external = sys.modules["_frozen_importlib_external"]
 
 
-class StoredModules:
-    """A meta path finder and loader for the modules in ``store``: name -> (marshalled code, file base name, cached
-    file base name or None). Last on ``sys.meta_path``: a module the path finders can still find (a worker without a
-    chroot) is imported from its file as usual."""
+class SourceFileLoader(_external.SourceFileLoader):
+    """The interpreter's loader for a module kept compiled: its compiled file (a timestamp ``.pyc``, header and code)
+    and the stat of its source come from ``store`` (name -> (compiled file, file base name, cached file base name)),
+    everything else is the interpreter's own code. Named, and placed, as the class it stands for."""
 
-    def __init__(self, store):
-        self.store = store
+    store = {}
+
+    def path_stats(self, path):
+        pyc = self.store[self.name][0]
+        return {"mtime": int.from_bytes(pyc[8:12], "little"), "size": int.from_bytes(pyc[12:16], "little")}
+
+    def get_data(self, path):
+        if path.endswith(".pyc"):
+            return self.store[self.name][0]
+        raise FileNotFoundError(2, "No such file or directory", path)  # the source: gone with the chroot
+
+
+SourceFileLoader.__module__ = "_frozen_importlib_external"
+
+
+class StoredModules:
+    """The meta path finder for the modules kept compiled. Last on ``sys.meta_path``: a module the path finders can
+    still find (a worker without a chroot) is imported from its file as usual."""
 
     def find_spec(self, name, path=None, target=None):
-        entry = self.store.get(name)
+        entry = SourceFileLoader.store.get(name)
         if entry is None:
             return None
-        spec = _bootstrap.ModuleSpec(name, self, origin=entry[1])
+        spec = _bootstrap.ModuleSpec(name, SourceFileLoader(name, entry[1]), origin=entry[1])
         spec.has_location, spec.cached = True, entry[2]
         return spec
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        name = module.__spec__.name
-        code, origin, _ = self.store[name]
-        # the loader a loaded module shows once its path is cut (ambient.hide_namespace), set before its code runs
-        module.__loader__ = module.__spec__.loader = _external.SourceFileLoader(name, origin)
-        exec(marshal.loads(code), module.__dict__)
 
 
 def install(names):
     """Compile the plain (non-package) modules ``names`` from their files (before the chroot) and put a finder for
     them last on ``sys.meta_path``. Returns the names stored; a name not found, a package, one already loaded or one
     whose file does not compile is left out (and so not importable in the sandbox)."""
-    store = {}
+    store = SourceFileLoader.store
     for name in names:
         parent, _, base = name.rpartition(".")
         if name in sys.modules or (parent and parent not in sys.modules):
@@ -63,12 +71,14 @@ def install(names):
             if spec is None or spec.submodule_search_locations is not None or not spec.has_location:
                 continue
             code = spec.loader.get_code(name)
-        except (ImportError, OSError, SyntaxError, ValueError):
+            stats = spec.loader.path_stats(spec.origin)
+        except (ImportError, OSError, SyntaxError, ValueError, AttributeError):
             continue
         origin = os.path.basename(spec.origin)
         _imp._fix_co_filename(code, origin)  # nested code too: the path it was compiled at, cut as ambient.py does
-        store[name] = (marshal.dumps(code), origin, spec.cached and os.path.basename(spec.cached))
+        # a timestamp pyc of the source's stat, as the interpreter writes one: what a script's import validates
+        pyc = _external._code_to_timestamp_pyc(code, stats["mtime"], stats.get("size", 0))
+        store[name] = (bytes(pyc), origin, spec.cached and os.path.basename(spec.cached))
     if store:
-        sys.meta_path.append(StoredModules(store))
+        sys.meta_path.append(StoredModules())
     return sorted(store)
-

@@ -103,6 +103,9 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
                     return Invalid("banned_import", full)
                 if importable is not None and full not in importable and _is_submodule(node.module, a.name):
                     return Invalid("banned_import", f"{full} (not importable in the sandbox)")
+                own = _module_name(node.module, a.name)  # a module, maybe under another name: enum's bltns (builtins)
+                if own is not None and (_first_bad_module(own) or (importable is not None and own not in importable)):
+                    return Invalid("banned_import", f"{full} (the module {own})")
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES and (node.id.startswith("__") or node.id not in bound):
             return Invalid("banned_name", node.id)
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
@@ -120,6 +123,21 @@ def _is_submodule(package: str, name: str) -> bool:
         return name != "*" and importlib.util.find_spec(f"{package}.{name}") is not None
     except Exception:  # noqa: BLE001 - not a package, or a name no module can have
         return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _module_name(module: str, name: str) -> str | None:
+    """The module's own name where the attribute ``module.name`` is a module (enum keeps builtins as ``bltns``), else
+    None. ``module`` is one the sandbox has loaded: a standard module, imported here to look."""
+    import importlib
+    import types
+
+    try:
+        value = getattr(importlib.import_module(module), name, None)
+    except Exception:  # noqa: BLE001 - a module another platform's (the run's import fails the same way)
+        return None
+    own = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
+    return own if isinstance(own, str) else None
 
 
 def _bound_names(nodes: list[ast.AST]) -> set[str]:
