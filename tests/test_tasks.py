@@ -14,6 +14,7 @@ from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.tasks import (TASK_TYPES, Answer, Invalid, Outcome, ParseError, Proposal, Task, TaskBuffer,
                            identity_task, student_reward, teacher_reward)
 from lorapop.tasks.styles import AZR, INPUT_FIRST
+from lorapop.tasks.validity import check_program
 
 PROG = "def f(xs, k):\n    return sorted(xs)[-k:]"
 
@@ -431,6 +432,18 @@ def test_a_name_taken_from_a_module_is_checked_as_an_import(ex):
              "from collections import abc\ndef f(x):\n    return isinstance(x, abc.Sequence)"]
     got = TASK_TYPES["code_o"].validate_many([Proposal("code_o", p, ["5"]) for p in progs], ex)
     assert [g.reason if isinstance(g, Invalid) else "valid" for g in got] == ["banned_import"] * 6 + ["valid"] * 2, got
+
+
+def test_the_static_check_imports_nothing_a_program_names():
+    """The check looks a module's attributes up among the modules the trainer has loaded; it never imports one a
+    program names (a code_f answer is checked with no importable list: ``from lib2to3.__main__ import x`` raised
+    SystemExit in the trainer, ``venv.__main__`` made a virtual environment from the trainer's argv)."""
+    names = ["lib2to3.__main__", "venv.__main__", "this", "unittest.__main__", "antigravity"]
+    before = set(sys.modules)
+    for name in names:
+        check_program(f"from {name} import x\ndef f(x):\n    return x")
+        check_program(f"from {name} import x\ndef f(x):\n    return x", frozenset({name}))
+    assert not set(names) & (set(sys.modules) - before)
 
 
 def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import sys
+import types
 
 from lorapop.tasks.base import Invalid
 from lorapop.modeltext import NotLiteral, literal_of, parse_text
@@ -116,26 +118,26 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
 @functools.lru_cache(maxsize=4096)  # the library does not change while the trainer runs; names repeat
 def _is_submodule(package: str, name: str) -> bool:
     """Whether ``package.name`` is a module of this interpreter's library rather than an attribute of ``package``
-    (``from json import tool`` imports one). ``package`` is one the sandbox has loaded: a standard module."""
-    import importlib.util
+    (``from json import tool`` imports one). Searched in the package's directory where the trainer has the package
+    loaded (the sandbox's are standard ones: json, encodings, collections), without importing anything."""
+    from importlib.machinery import PathFinder
 
+    path = getattr(sys.modules.get(package), "__path__", None)
+    if name == "*" or path is None:
+        return False
     try:
-        return name != "*" and importlib.util.find_spec(f"{package}.{name}") is not None
-    except Exception:  # noqa: BLE001 - not a package, or a name no module can have
+        return PathFinder.find_spec(f"{package}.{name}", list(path)) is not None
+    except Exception:  # noqa: BLE001 - a name no module can have
         return False
 
 
-@functools.lru_cache(maxsize=4096)
 def _module_name(module: str, name: str) -> str | None:
     """The module's own name where the attribute ``module.name`` is a module (enum keeps builtins as ``bltns``), else
-    None. ``module`` is one the sandbox has loaded: a standard module, imported here to look."""
-    import importlib
-    import types
-
-    try:
-        value = getattr(importlib.import_module(module), name, None)
-    except Exception:  # noqa: BLE001 - a module another platform's (the run's import fails the same way)
-        return None
+    None. Looked up among the modules this process has loaded, never imported: importing a module a program names
+    runs its code in the trainer (``from venv.__main__ import x`` made a virtual environment, ``lib2to3.__main__``
+    raised SystemExit). The trainer runs the same interpreter as the sandbox, so a standard module it has loaded
+    (enum is) has the same attributes there."""
+    value = getattr(sys.modules.get(module), name, None)
     own = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
     return own if isinstance(own, str) else None
 
