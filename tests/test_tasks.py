@@ -487,10 +487,40 @@ sys.setrecursionlimit(2000)
 out += [sys.getrecursionlimit(), deepest()]
 sys.setrecursionlimit(sys.getrecursionlimit() + 500)
 out += [sys.getrecursionlimit(), deepest()]
-out += [attempt(0), attempt(1.5), attempt(2 ** 31), attempt("7"), at_depth(40, 30), at_depth(40, 43),
-        at_depth(40, 45), sys.getrecursionlimit()]
+out += [attempt(0), attempt(1.5), attempt(2 ** 31), attempt(-2 ** 40), attempt("7"), at_depth(40, 30),
+        at_depth(40, 43), at_depth(40, 45), sys.getrecursionlimit()]
 sys.setrecursionlimit(1000)
 out.append(deepest())
+try:
+    sys.setrecursionlimit(new_limit=1500)
+except TypeError as exc:
+    out.append(len(str(exc)))
+sys.setrecursionlimit(2 ** 31 - 1)
+out.append(sys.getrecursionlimit())
+sys.setrecursionlimit(1000)
+try:
+    sys.setrecursionlimit(0)
+except ValueError as exc:
+    tb, n = exc.__traceback__, 0
+    while tb is not None:
+        tb, n = tb.tb_next, n + 1
+    out.append(n)
+def bottom(k, call):  # the depth at which a call at the bottom of a recursion still works
+    try:
+        return bottom(k + 1, call)
+    except RecursionError:
+        try:
+            call()
+            return k
+        except RecursionError:
+            return -k
+out += [bottom(0, sys.getrecursionlimit), bottom(0, lambda: sys.setrecursionlimit(1000))]
+sys.setrecursionlimit(1000)
+def set_at(k, limit):
+    return sys.setrecursionlimit(limit) if k == 0 else set_at(k - 1, limit)
+set_at(100, 104)
+out.append(deepest())
+sys.setrecursionlimit(1000)
 """
 
 
@@ -505,3 +535,4 @@ def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path
     got = ex.run(_LIMITS + "_result = out", timeout_s=30.0)
     assert got.status == "ok" and got.value == plain.stdout.strip(), (got, plain.stdout)
     assert eval(got.value)[:4] == [1000, 997, 2000, 1997]
+    assert eval(got.value)[-5] == 2 ** 31 - 1

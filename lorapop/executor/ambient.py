@@ -27,7 +27,6 @@ import gc
 import json
 import os
 import sys
-from operator import index as _index
 
 CONFIG_MAX_BYTES = 1 << 20
 
@@ -174,42 +173,6 @@ def fence_sysconf():
 
 
 PROCESS_ID_NAMES = ("getpid", "getppid", "getpgrp", "getpgid", "getsid", "get_native_id", "pthread_getcpuclockid")
-
-
-def script_recursion(offset):
-    """A program runs ``offset`` frames below where a script's code runs (the launcher's, the worker's and the child's
-    frames, two exec calls): its recursion limit is raised by as many, and sys's two limit functions are replaced by
-    ones that take the offset off what they read and add it to what they set. A program reads a script's 1000, and
-    a limit it sets itself (``sys.setrecursionlimit(10**6)``, absolute) gives it a script's headroom: with the
-    builtins it had ``offset`` frames fewer, so a teacher's gold could be a RecursionError where a script returns."""
-    get, set_ = sys.getrecursionlimit, sys.setrecursionlimit
-    set_(get() + offset)
-    int_max, extra = (1 << 31) - 1, [0]  # extra: the frame a limit set at the caller's own depth was left higher
-
-    def getrecursionlimit():
-        return get() - offset - extra[0]
-
-    def setrecursionlimit(new_limit):
-        new_limit = _index(new_limit)  # the builtin's TypeError for anything but an int
-        if new_limit < 1:
-            raise ValueError("recursion limit must be greater or equal than 1")
-        if new_limit > int_max:
-            raise OverflowError("Python int too large to convert to C int")
-        try:  # one more than asked, for this frame: the builtin's depth check then falls where a script's does
-            set_(min(new_limit + offset + 1, int_max))
-        except RecursionError as exc:
-            depth = int(str(exc).split("recursion depth ")[1].split(":")[0]) - offset - 1
-            raise RecursionError(f"cannot set the recursion limit to {new_limit} at the recursion depth {depth}: "
-                                 "the limit is too low") from None
-        extra[0] = 0
-        try:
-            set_(min(new_limit + offset, int_max))
-        except RecursionError:  # the caller is at the new limit itself: left one frame higher, read as asked
-            extra[0] = 1
-
-    for new, old in ((getrecursionlimit, get), (setrecursionlimit, set_)):
-        new.__module__, new.__qualname__, new.__doc__ = "sys", old.__name__, old.__doc__
-        setattr(sys, old.__name__, new)
 
 
 def hide_process_ids():

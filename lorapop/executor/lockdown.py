@@ -419,6 +419,48 @@ def nondumpable() -> None:
         _check(ctypes, -1, "personality")
 
 
+def rebase_recursion(frames: int) -> bool:
+    """Make the interpreter count the thread's depth ``frames`` lower, its recursion limit unchanged: a program then
+    runs, beneath the worker's own frames, at the depth a script's code runs at, and ``sys.getrecursionlimit``, an
+    absolute ``sys.setrecursionlimit(N)`` and every RecursionError (where, and its message) are a script's, through
+    the interpreter's own functions. Raising the limit by ``frames`` instead gave the same headroom at the default
+    limit only (a program read 1005, and ``setrecursionlimit(2000)`` left it ``frames`` fewer than a script).
+
+    The depth is the thread's limit minus its remaining budget (CPython's thread state); ``sys.setrecursionlimit``
+    moves both. So the limit is raised by ``frames`` (the budget with it) and then the two copies of the limit, the
+    thread's and the interpreter's, are written back, found as the only ints of those structures that follow two
+    distinct limits set in turn. False where either is not found exactly once (another interpreter's layout: then
+    nothing is written, and the caller raises the limit instead)."""
+    try:
+        return _rebase_recursion(frames)
+    except Exception:  # noqa: BLE001 - a missing pythonapi function: the same fallback
+        return False
+
+
+def _rebase_recursion(frames: int) -> bool:
+    ctypes, _ = _libc()
+    api = ctypes.pythonapi
+    api.PyThreadState_Get.restype = api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    structs = ((api.PyThreadState_Get(), 128), (api.PyInterpreterState_Get(), 4096))  # ints read from each
+    base = sys.getrecursionlimit()
+    marks = (base + frames, base + frames + 54_321)
+    seen = []
+    for mark in marks:
+        sys.setrecursionlimit(mark)
+        seen.append([list((ctypes.c_int * n).from_address(addr)) for addr, n in structs])
+    sys.setrecursionlimit(marks[0])
+    fields = []
+    for k, (addr, n) in enumerate(structs):
+        hits = [i for i in range(n) if seen[0][k][i] == marks[0] and seen[1][k][i] == marks[1]]
+        if len(hits) != 1:
+            sys.setrecursionlimit(base)
+            return False
+        fields.append((addr, hits[0]))
+    for addr, i in fields:
+        (ctypes.c_int * (i + 1)).from_address(addr)[i] = base
+    return sys.getrecursionlimit() == base
+
+
 def drop_capabilities() -> None:
     """Give up every capability for good: lock the securebits, clear the ambient and bounding sets, then empty the
     effective, permitted and inheritable sets. Meant for the root of a user namespace, whose capabilities cover that

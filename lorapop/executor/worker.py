@@ -354,7 +354,10 @@ def main():
     # A run cannot signal PID 1 of its pid namespace except through a handler the worker installed: Python's SIGINT
     # one is the only one, and with a single mapped uid (user namespace) runs are allowed to send it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    locked = _lockdown(cfg, lockdown, is_pid1)
+    frame, depth = sys._getframe(), 2  # the frames above a program: _child runs as deep as main, two exec calls
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    locked = _lockdown(cfg, lockdown, is_pid1, depth)
     del lockdown  # its module (and ctypes through it) is unreachable from here on; gc.collect below frees it
     _worker_limits(cfg, ambient.pinned_limits())
     hashseed = os.environ.get("PYTHONHASHSEED")  # already fixed for this interpreter; runs need not see it
@@ -371,11 +374,6 @@ def main():
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
     del cfg, loaded, locked, kept
-    # a script's recursion headroom for programs: _child runs as deep as main, and two exec calls count as frames
-    frame, depth = sys._getframe(), 2
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1
-    ambient.script_recursion(depth)
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
     gc.collect()
@@ -444,18 +442,18 @@ def _load_lockdown(cfg):
     return lockdown, before
 
 
-def _lockdown(cfg, loaded, own_pids):
-    """Drop capabilities (user namespace: the worker is root of it only to mount and chroot) and install the seccomp
-    filter; both are inherited by every run. Then forget lockdown and ctypes, so programs cannot import them: only
-    the preloaded modules stay importable. Returns what is in force, for the hello."""
-    out = {"seccomp": False, "caps_dropped": False, "lockdown_error": None}
-    if loaded is None:
-        return out
-    mod, before = loaded
+def _lockdown(cfg, loaded, own_pids, depth):
+    """Drop capabilities (user namespace: the worker is root of it only to mount and chroot), install the seccomp
+    filter and count the ``depth`` frames above a program out of its recursion depth (else raise its limit by as
+    many), all inherited by every run. Then forget lockdown and ctypes, so programs cannot import them: only the
+    preloaded modules stay importable. Returns what is in force, for the hello."""
+    out = {"seccomp": False, "caps_dropped": False, "lockdown_error": None, "recursion": "raised"}
+    mod, before = loaded or (None, set(sys.modules))
     errors = []
     if isinstance(mod, Exception):
         errors.append(f"lockdown: {_describe(mod)}")
-    else:
+    elif mod is not None:
+        out["recursion"] = "rebased" if mod.rebase_recursion(depth) else "raised"
         try:
             mod.nondumpable()
             out["ctypes_path"] = sys.modules["_ctypes"].__file__  # for a run that changes its uid (_nondumpable)
@@ -472,6 +470,8 @@ def _lockdown(cfg, loaded, own_pids):
                 out["seccomp"] = mod.install_seccomp(own_pids)  # the architecture's name
             except Exception as exc:
                 errors.append(f"seccomp: {_describe(exc)}")
+    if out["recursion"] != "rebased":
+        sys.setrecursionlimit(sys.getrecursionlimit() + depth)
     for name in set(sys.modules) - before:  # ctypes' functions keep its globals alive: its file attributes cut first
         sys.modules["ambient"].hide_module(sys.modules.pop(name))
     out["lockdown_error"] = "; ".join(errors) or None
