@@ -25,14 +25,15 @@ _external = sys.modules["_frozen_importlib_external"]
 
 class SourceFileLoader(_external.SourceFileLoader):
     """The interpreter's loader for a module kept compiled: its compiled file (a timestamp ``.pyc``, header and code)
-    and the stat of its source come from ``store`` (name -> (compiled file, file base name, cached file base name)),
-    everything else is the interpreter's own code. Named, and placed, as the class it stands for."""
+    and the stat of its source come from ``store`` (name -> (compiled file, file base name, cached file base name,
+    the source's stat)), everything else is the interpreter's own code. Named, and placed, as the class it stands
+    for. The source itself is not kept (it would cost the worker as much again): a program that turns compiled files
+    off (``sys.implementation.cache_tag = None``) gets FileNotFoundError where a script reads and compiles the source."""
 
     store = {}
 
     def path_stats(self, path):
-        pyc = self.store[self.name][0]
-        return {"mtime": int.from_bytes(pyc[8:12], "little"), "size": int.from_bytes(pyc[12:16], "little")}
+        return dict(self.store[self.name][3])
 
     def get_data(self, path):
         if path.endswith(".pyc"):
@@ -78,7 +79,7 @@ def install(names):
         _imp._fix_co_filename(code, origin)  # nested code too: the path it was compiled at, cut as ambient.py does
         # a timestamp pyc of the source's stat, as the interpreter writes one: what a script's import validates
         pyc = _external._code_to_timestamp_pyc(code, stats["mtime"], stats.get("size", 0))
-        store[name] = (bytes(pyc), origin, spec.cached and os.path.basename(spec.cached))
+        store[name] = (bytes(pyc), origin, spec.cached and os.path.basename(spec.cached), stats)
     if store:
         sys.meta_path.append(StoredModules())
     return sorted(store)
