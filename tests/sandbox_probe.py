@@ -314,8 +314,8 @@ def probe(host: dict) -> dict:
     try:
         # max_procs 4: runs may fork here, so the fork bomb meets the process limit, the leftover meets the cleanup
         # and exec meets the filter (the default, 1, refuses every fork: tests/test_verdicts.py)
-        ex = SandboxExecutor(ExecutorConfig(timeout_s=2.0, n_workers=1, memory_mb=256, max_procs=4,
-                                            **host.get("executor", {})))
+        ex = SandboxExecutor(ExecutorConfig(**{"timeout_s": 2.0, "n_workers": 1, "memory_mb": 256, "max_procs": 4,
+                                               **host.get("executor", {})}))
         out["protections"] = ex.protections
     except RuntimeError as exc:
         out["refused"] = str(exc)
