@@ -444,6 +444,15 @@ def test_the_static_check_imports_nothing_a_program_names():
         check_program(f"from {name} import x\ndef f(x):\n    return x")
         check_program(f"from {name} import x\ndef f(x):\n    return x", frozenset({name}))
     assert not set(names) & (set(sys.modules) - before)
+    asked = []  # nor does it ask a loaded module's __getattr__ (a package's lazy imports: transformers' load thousands)
+    lazy = type(sys)("lorapop_lazy_probe")
+    lazy.__getattr__ = lambda name: asked.append(name)
+    sys.modules[lazy.__name__] = lazy
+    try:
+        check_program(f"from {lazy.__name__} import x\ndef f(x):\n    return x")
+    finally:
+        del sys.modules[lazy.__name__]
+    assert asked == []
 
 
 def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path):
@@ -522,6 +531,20 @@ set_at(100, 104)
 out.append(deepest())
 sys.setrecursionlimit(1000)
 """
+
+
+def test_the_result_s_repr_has_a_script_s_headroom(ex, tmp_path):
+    """The result's repr is taken as deep as the program's module level, where a script takes it: taken in the
+    worker's own frame it had two frames more (a __repr__ that recurses as deep as it can gave 997 against 995)."""
+    prog = ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\ndef deepest():\n    lo, hi = 1, 5000\n"
+            "    while lo < hi:\n        mid = (lo + hi + 1) // 2\n        try:\n            f(mid)\n            lo = mid\n"
+            "        except RecursionError:\n            hi = mid - 1\n    return lo\n"
+            "_result = type('R', (), {'__repr__': lambda self: str(deepest())})()\n")
+    script = tmp_path / "deep_repr.py"
+    script.write_text(prog + "print(repr(_result))\n")
+    plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
+    got = ex.run(prog)
+    assert got.status == "ok" and int(got.value) == int(plain.stdout), (got, plain.stdout)
 
 
 def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):

@@ -36,8 +36,11 @@ class SourceFileLoader(_external.SourceFileLoader):
         return dict(self.store[self.name][3])
 
     def get_data(self, path):
-        if path.endswith(".pyc"):
-            return self.store[self.name][0]
+        try:  # the one compiled file a script's loader would find for it (with the interpreter's current cache tag)
+            if path == _external.cache_from_source(self.path):
+                return self.store[self.name][0]
+        except NotImplementedError:  # no cache tag: compiled files turned off
+            pass
         raise FileNotFoundError(2, "No such file or directory", path)  # the source: gone with the chroot
 
 

@@ -46,6 +46,7 @@ HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the m
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
+_REPR = compile("r(v)", "<result>", "eval")  # evaluated as deep as the program's module: a script's repr headroom
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
 
 
@@ -180,7 +181,7 @@ def _child(forked):
             program = compile(code, "<program>", "exec")
             del code
             exec(program, g)
-            text = _repr(g.get("_result"))
+            text = eval(_REPR, {"r": _repr, "v": g.get("_result")})
             if not _isinstance(text, _str):
                 raise TypeError("__repr__ returned non-string")
             if _len(text) > max_repr:

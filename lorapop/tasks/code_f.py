@@ -88,7 +88,7 @@ class CodeF:
         hidden = list(zip(task.inputs[self.n_shown:], task.outputs[self.n_shown:]))
 
         def prepare(a: Answer) -> list[tuple[str, str]] | Outcome:
-            bad = check_program(a.text)
+            bad = check_program(a.text, getattr(executor, "importable", None))  # the sandbox's modules only
             if bad is not None:
                 return Outcome("wrong", f"program {bad.reason}: {bad.detail}"[:200])
             if not hidden:
