@@ -455,15 +455,21 @@ def test_the_static_check_imports_nothing_a_program_names():
     assert asked == []
 
 
-def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path):
-    """The program runs beneath the launcher's, the worker's and its child's frames (and two exec calls): its limit is
-    raised by as many, so the deepest recursion that succeeds is a plain script's (a teacher recursing just past the
-    sandbox's depth had right answers judged wrong)."""
-    prog = ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\ndef deepest():\n    lo, hi = 1, 5000\n"
+_DEEPEST = ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\ndef deepest():\n    lo, hi = 1, 5000\n"
             "    while lo < hi:\n        mid = (lo + hi + 1) // 2\n        try:\n            f(mid)\n            lo = mid\n"
-            "        except RecursionError:\n            hi = mid - 1\n    return lo\n_result = deepest()\n")
+            "        except RecursionError:\n            hi = mid - 1\n    return lo\n")
+
+
+@pytest.mark.parametrize("result", ["deepest()", "type('R', (), {'__repr__': lambda self: str(deepest())})()"])
+def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path, result):
+    """The program runs beneath the launcher's, the worker's and its child's frames (and two exec calls), which the
+    interpreter is made not to count (lockdown.rebase_recursion), so the deepest recursion that succeeds is a plain
+    script's (a teacher recursing just past the sandbox's depth had right answers judged wrong). The result's repr is
+    taken as deep as the program's module level, as a script takes it: in the worker's own frame it had two frames
+    more (a __repr__ recursing as deep as it could gave 997 against 995)."""
+    prog = _DEEPEST + f"_result = {result}\n"
     script = tmp_path / "deep.py"
-    script.write_text(prog + "print(_result)\n")
+    script.write_text(prog + "print(repr(_result))\n")
     plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
     got = ex.run(prog)
     assert got.status == "ok" and int(got.value) == int(plain.stdout), (got, plain.stdout)
@@ -531,20 +537,6 @@ set_at(100, 104)
 out.append(deepest())
 sys.setrecursionlimit(1000)
 """
-
-
-def test_the_result_s_repr_has_a_script_s_headroom(ex, tmp_path):
-    """The result's repr is taken as deep as the program's module level, where a script takes it: taken in the
-    worker's own frame it had two frames more (a __repr__ that recurses as deep as it can gave 997 against 995)."""
-    prog = ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\ndef deepest():\n    lo, hi = 1, 5000\n"
-            "    while lo < hi:\n        mid = (lo + hi + 1) // 2\n        try:\n            f(mid)\n            lo = mid\n"
-            "        except RecursionError:\n            hi = mid - 1\n    return lo\n"
-            "_result = type('R', (), {'__repr__': lambda self: str(deepest())})()\n")
-    script = tmp_path / "deep_repr.py"
-    script.write_text(prog + "print(repr(_result))\n")
-    plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
-    got = ex.run(prog)
-    assert got.status == "ok" and int(got.value) == int(plain.stdout), (got, plain.stdout)
 
 
 def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):
