@@ -460,13 +460,20 @@ _DEEPEST = ("def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\ndef deepest():
             "        except RecursionError:\n            hi = mid - 1\n    return lo\n")
 
 
-@pytest.mark.parametrize("result", ["deepest()", "type('R', (), {'__repr__': lambda self: str(deepest())})()"])
+# a __repr__ recursing as deep as it can; one returning a str subclass whose methods would rewrite the result
+_STR_SUB = ("type('R', (), {'__repr__': lambda self: type('S', (str,), {'__radd__': lambda s, o: o + '[3, 2, 1]', "
+            "'__len__': lambda s: 10 ** 6})(str(deepest()))})()")
+
+
+@pytest.mark.parametrize("result", ["deepest()", "type('R', (), {'__repr__': lambda self: str(deepest())})()",
+                                    _STR_SUB])
 def test_a_program_recurses_as_deep_in_the_sandbox_as_in_a_script(ex, tmp_path, result):
     """The program runs beneath the launcher's, the worker's and its child's frames (and two exec calls), which the
     interpreter is made not to count (lockdown.rebase_recursion), so the deepest recursion that succeeds is a plain
     script's (a teacher recursing just past the sandbox's depth had right answers judged wrong). The result's repr is
     taken as deep as the program's module level, as a script takes it: in the worker's own frame it had two frames
-    more (a __repr__ recursing as deep as it could gave 997 against 995)."""
+    more (a __repr__ recursing as deep as it could gave 997 against 995); and a str subclass it returns is taken as
+    the str it is (its __radd__ rewrote the packed result, its __len__ made it an output limit)."""
     prog = _DEEPEST + f"_result = {result}\n"
     script = tmp_path / "deep.py"
     script.write_text(prog + "print(repr(_result))\n")

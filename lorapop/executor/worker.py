@@ -46,7 +46,9 @@ HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the m
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
-_REPR = compile("r(v)", "<result>", "eval")  # evaluated as deep as the program's module: a script's repr headroom
+# The result looked up and its repr taken in a frame as deep as the program's module level, with its globals, as a
+# script's own lines would (a __repr__'s headroom, a str-subclass key's __eq__ run by the lookup: a script's)
+_REPR = compile("r(G.get('_result'))", "<result>", "eval")  # one lookup, as a script's (None where no result)
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
 
 
@@ -181,7 +183,7 @@ def _child(forked):
             program = compile(code, "<program>", "exec")
             del code
             exec(program, g)
-            text = eval(_REPR, {"r": _repr, "v": g.get("_result")})
+            text = _str.__str__(eval(_REPR, g, {"r": _repr, "G": g}))  # a str subclass's methods never run
             if not _isinstance(text, _str):
                 raise TypeError("__repr__ returned non-string")
             if _len(text) > max_repr:
