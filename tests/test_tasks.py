@@ -546,6 +546,22 @@ sys.setrecursionlimit(1000)
 """
 
 
+def test_the_result_s_repr_sees_what_a_script_s_sees(ex, tmp_path):
+    """A __repr__ that evaluates in its caller's namespace (``functools.partial(eval, ...)``) sees the program's own
+    names, as at a script's last line: the worker's lookup frame held only its own two names. And a program with no
+    ``_result`` reads None, while a NameError of its own is its error."""
+    prog = ("import functools\nR = type('R', (), {'__repr__': staticmethod(functools.partial(eval, "
+            "'str(sorted(k for k in dir() if not k.startswith(\"__\")))'))})\ny = 2\n_result = R()\n")
+    script = tmp_path / "names.py"
+    script.write_text(prog + "print(repr(_result))\n")
+    plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
+    got, missing, own = ex.run_many([prog, "x = 1", "_result = 1\ndef f():\n    return nothere\n_result = f()"],
+                                    hashseed=ex.hashseeds[0])
+    assert (got.status, got.value) == ("ok", plain.stdout.strip()), (got, plain.stdout)
+    assert (missing.status, missing.value) == ("ok", "None"), missing
+    assert own.status == "error" and "nothere" in own.error, own
+
+
 def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):
     """sys.setrecursionlimit(N) with an absolute N (competitive code's idiom) left the program the worker's frames
     fewer than a script (1992 against 1997 at 2000), so a teacher's gold could be a RecursionError where a script

@@ -22,7 +22,7 @@ from typing import Any
 from lorapop.tmpdirs import owned_tempdir
 
 from .base import RUN_STATUSES, WORKER_DIED, ExecResult
-from .worker import unpack_result
+from .worker import _HDR  # the result's length prefix, as pack_result writes it
 
 WORKER_PY = Path(__file__).with_name("worker.py")
 # The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
@@ -48,7 +48,8 @@ for name in names:
         __import__(name)
     except Exception:
         pass
-print("\\n".join(["codec " + n for n in names] + ["needs " + n for n in sorted(set(sys.modules) - before - set(names))]))
+needs = sorted(set(sys.modules) - before - set(names))
+print("\\n".join(["codec " + n for n in names] + ["needs " + n for n in needs]))
 """
 
 
@@ -63,6 +64,18 @@ def codec_modules(python: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()
     rows = [line.split(" ", 1) for line in out.stdout.splitlines() if " " in line]
     return (tuple(n for kind, n in rows if kind == "codec"), tuple(n for kind, n in rows if kind == "needs"))
+
+
+def unpack_result(data):
+    """(status, value, error) of worker.pack_result's bytes; raises ValueError on anything else (the bytes come from
+    the run's own process, which may have written them itself)."""
+    if len(data) < _HDR.size or _HDR.unpack(data[:_HDR.size])[0] != len(data) - _HDR.size:
+        raise ValueError("malformed result length")
+    parts = data[_HDR.size:].decode("utf-8").split("\x00")
+    if len(parts) != 3 or not parts[1] or not parts[2] or parts[1][0] not in "01" or parts[2][0] not in "01":
+        raise ValueError("malformed result")
+    status, v, e = parts
+    return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
 
 
 class WorkerHandle:

@@ -46,9 +46,9 @@ HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the m
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
-# The result looked up and its repr taken in a frame as deep as the program's module level, with its globals, as a
-# script's own lines would (a __repr__'s headroom, a str-subclass key's __eq__ run by the lookup: a script's)
-_REPR = compile("r(G.get('_result'))", "<result>", "eval")  # one lookup, as a script's (None where no result)
+# repr(_result) as a script's last line: as deep as the program's module, its globals and locals the program's; the
+_REPR = compile("[None][0](_result)", "<result>", "eval")  # repr a constant of the code, no name a program could bind
+_REPR = _REPR.replace(co_consts=tuple(_repr if c is None else c for c in _REPR.co_consts))
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
 
 
@@ -118,18 +118,6 @@ def pack_result(status, value, error):
     return _HDR.pack(_len(body)) + body
 
 
-def unpack_result(data):
-    """(status, value, error) of :func:`pack_result`'s bytes; raises ValueError on anything else (the bytes come from
-    the run's own process, which may have written them itself)."""
-    if _len(data) < _HDR.size or _HDR.unpack(data[:_HDR.size])[0] != _len(data) - _HDR.size:
-        raise ValueError("malformed result length")
-    parts = data[_HDR.size:].decode("utf-8").split("\x00")
-    if len(parts) != 3 or not parts[1] or not parts[2] or parts[1][0] not in "01" or parts[2][0] not in "01":
-        raise ValueError("malformed result")
-    status, v, e = parts
-    return status, (v[1:] if v[0] == "1" else None), (e[1:] if e[0] == "1" else None)
-
-
 def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
     """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text."""
     # _signal, not signal's wrappers, which make enum members: each object a child makes costs it page copies (30)
@@ -183,7 +171,13 @@ def _child(forked):
             program = compile(code, "<program>", "exec")
             del code
             exec(program, g)
-            text = _str.__str__(eval(_REPR, g, {"r": _repr, "G": g}))  # a str subclass's methods never run
+            try:
+                text = eval(_REPR, g)
+            except NameError as exc:  # no _result reads None (a NameError of the program's own is its error)
+                if exc.name != "_result" or "_result" in g:
+                    raise
+                text = "None"
+            text = _str.__str__(text)  # a str subclass's methods never run
             if not _isinstance(text, _str):
                 raise TypeError("__repr__ returned non-string")
             if _len(text) > max_repr:
