@@ -46,8 +46,9 @@ HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the m
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
-# repr(_result) as a script's last line: as deep as the program's module, its globals and locals the program's; the
-_REPR = compile("[None][0](_result)", "<result>", "eval")  # repr a constant of the code, no name a program could bind
+# repr(_result) as a script's last line takes it: as deep as the program's module, with the program's globals and
+# locals; repr a constant of the code (no name a program could rebind; [None][0]: a callee the compiler accepts)
+_REPR = compile("[None][0](_result)", "<result>", "eval")
 _REPR = _REPR.replace(co_consts=tuple(_repr if c is None else c for c in _REPR.co_consts))
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
 
