@@ -555,11 +555,15 @@ def test_the_result_s_repr_sees_what_a_script_s_sees(ex, tmp_path):
     script = tmp_path / "names.py"
     script.write_text(prog + "print(repr(_result))\n")
     plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, check=True)
-    got, missing, own = ex.run_many([prog, "x = 1", "_result = 1\ndef f():\n    return nothere\n_result = f()"],
-                                    hashseed=ex.hashseeds[0])
+    # a __repr__ that deletes _result and raises the NameError the lookup would: the program's own error still
+    fake = ("g = (i for i in ()).gi_frame.f_globals\ndef rp(s):\n    g.pop('_result')\n"
+            "    raise NameError('x', name='_result')\n_result = type('R', (), {'__repr__': rp})()")
+    got, missing, own, faked = ex.run_many([prog, "x = 1", "_result = 1\ndef f():\n    return nothere\n_result = f()",
+                                            fake], hashseed=ex.hashseeds[0])
     assert (got.status, got.value) == ("ok", plain.stdout.strip()), (got, plain.stdout)
     assert (missing.status, missing.value) == ("ok", "None"), missing
     assert own.status == "error" and "nothere" in own.error, own
+    assert faked.status == "error" and "NameError" in faked.error, faked
 
 
 def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):

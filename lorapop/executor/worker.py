@@ -174,8 +174,12 @@ def _child(forked):
             exec(program, g)
             try:
                 text = eval(_REPR, g)
-            except NameError as exc:  # no _result reads None (a NameError of the program's own is its error)
-                if exc.name != "_result" or "_result" in g:
+            except NameError as exc:  # no _result reads None: only the lookup's own error, raised in _REPR's frame
+                tb = exc.__traceback__
+                while tb.tb_next is not None:
+                    tb = tb.tb_next
+                if (type(exc) is not NameError or exc.name != "_result" or tb.tb_frame.f_code is not _REPR
+                        or "_result" in g):
                     raise
                 text = "None"
             text = _str.__str__(text)  # a str subclass's methods never run
