@@ -244,7 +244,8 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         prog += [_ins(_JGE_K, 0, 1, _X32_BIT), _ins(_RET_K, 0, 0, eperm)]
     prog += [_ins(_JGE_K, 0, 1, REVIEWED_UP_TO + 1), _ins(_RET_K, 0, 0, enosys)]
     prog += _lookup(denied) + [_ins(_RET_K, 0, 0, eperm)]
-    nosys = (CLONE3, *PREADV2[arch], STATX[0 if arch == "x86_64" else 1])
+    col = 0 if arch == "x86_64" else 1
+    nosys = (CLONE3, *PREADV2[arch], STATX[col])
     prog += [_ins(_JEQ_K, len(nosys) - 1 - i, int(i == len(nosys) - 1), nr) for i, nr in enumerate(nosys)]
     prog += [
         _ins(_RET_K, 0, 0, enosys),
@@ -270,7 +271,6 @@ def build_filter(arch: str, own_pids: bool = False) -> bytes:
         _ins(_JEQ_K, 1, 0, 0),
         _ins(_RET_K, 0, 0, eperm),
     ]
-    col = 0 if arch == "x86_64" else 1
     prog += _allow_only(KILL[col], 1, (9,))
     if own_pids:  # kill(pid, SIGKILL) only on 0 (its own group), 1 (dropped) and -1 (all but itself and PID 1)
         prog += _allow_only(KILL[col], 0, (0, 1, 0xFFFFFFFF))
@@ -430,19 +430,21 @@ def rebase_recursion(frames: int) -> bool:
     moves both. So the limit is raised by ``frames`` (the budget with it) and then the two copies of the limit, the
     thread's and the interpreter's, are written back, found as the only ints of those structures that follow two
     distinct limits set in turn. False where either is not found exactly once (another interpreter's layout: then
-    nothing is written, and the caller raises the limit instead)."""
+    nothing is written, the limit is left as it was, and the caller raises it instead)."""
+    base = sys.getrecursionlimit()
     try:
-        return _rebase_recursion(frames)
+        done = _rebase_recursion(frames, base)
     except Exception:  # noqa: BLE001 - a missing pythonapi function: the same fallback
-        return False
+        done = False
+    if not done:
+        sys.setrecursionlimit(base)
+    return done
 
 
-def _rebase_recursion(frames: int) -> bool:
-    ctypes, _ = _libc()
+def _rebase_recursion(frames: int, base: int) -> bool:
     api = ctypes.pythonapi
     api.PyThreadState_Get.restype = api.PyInterpreterState_Get.restype = ctypes.c_void_p
     structs = ((api.PyThreadState_Get(), 128), (api.PyInterpreterState_Get(), 4096))  # ints read from each
-    base = sys.getrecursionlimit()
     marks = (base + frames, base + frames + 54_321)
     seen = []
     for mark in marks:
@@ -453,7 +455,6 @@ def _rebase_recursion(frames: int) -> bool:
     for k, (addr, n) in enumerate(structs):
         hits = [i for i in range(n) if seen[0][k][i] == marks[0] and seen[1][k][i] == marks[1]]
         if len(hits) != 1:
-            sys.setrecursionlimit(base)
             return False
         fields.append((addr, hits[0]))
     for addr, i in fields:

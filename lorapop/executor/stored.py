@@ -66,7 +66,7 @@ def install(names):
     whose file does not compile is left out (and so not importable in the sandbox)."""
     store = SourceFileLoader.store
     for name in names:
-        parent, _, base = name.rpartition(".")
+        parent = name.rpartition(".")[0]
         if name in sys.modules or (parent and parent not in sys.modules):
             continue
         try:

@@ -115,18 +115,20 @@ def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid
     return None
 
 
-@functools.lru_cache(maxsize=4096)  # the library does not change while the trainer runs; names repeat
 def _is_submodule(package: str, name: str) -> bool:
     """Whether ``package.name`` is a module of this interpreter's library rather than an attribute of ``package``
     (``from json import tool`` imports one). Searched in the package's directory where the trainer has the package
     loaded (the sandbox's are standard ones: json, encodings, collections), without importing anything."""
+    path = getattr(sys.modules.get(package), "__path__", None)
+    return name != "*" and path is not None and _found_in(f"{package}.{name}", tuple(path))
+
+
+@functools.lru_cache(maxsize=4096)  # the library's directories do not change while the trainer runs; names repeat
+def _found_in(full: str, path: tuple[str, ...]) -> bool:
     from importlib.machinery import PathFinder
 
-    path = getattr(sys.modules.get(package), "__path__", None)
-    if name == "*" or path is None:
-        return False
     try:
-        return PathFinder.find_spec(f"{package}.{name}", list(path)) is not None
+        return PathFinder.find_spec(full, list(path)) is not None
     except Exception:  # noqa: BLE001 - a name no module can have
         return False
 
