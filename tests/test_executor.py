@@ -185,7 +185,7 @@ def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
     assert got.ok, got
     frames = eval(got.value)
     assert [name for name, _ in frames] == ["_child", "<module>", "<module>"], frames
-    assert frames[0][1] == ["error", "g", "max_out", "max_repr", "out", "program", "status", "value"], frames[0]
+    assert frames[0][1] == ["count", "error", "g", "max_out", "max_repr", "program", "status", "value"], frames[0]
     assert not {"cfg", "run_cfg", "root", "state", "req", "timeout", "hashseed", "code"} & set(frames[1][1]), frames[1]
 
 

@@ -296,14 +296,14 @@ def test_a_refused_sandbox_stays_refused():
 
 @pytest.mark.skipif(machine() != "x86_64" and machine() != "aarch64", reason="prctl through _ctypes, as the worker")
 def test_a_run_that_changed_its_uid_is_made_not_dumpable_again():
-    """worker._nondumpable, which every run that drops to its own uid calls (the kernel resets the flag to the
+    """ambient.nondumpable, which every run that drops to its own uid calls (the kernel resets the flag to the
     machine's fs.suid_dumpable then, 2 where apport is installed; 0 here would hide a broken call): from a dumpable
     process it leaves one that is not, with no _ctypes module left behind."""
     import _ctypes
     import ctypes
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lorapop" / "executor"))
-    import worker
+    import ambient
 
     libc = ctypes.CDLL(None)
     r, w = os.pipe()
@@ -313,7 +313,7 @@ def test_a_run_that_changed_its_uid_is_made_not_dumpable_again():
             libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE 1
             before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
             sys.modules.pop("_ctypes", None)
-            worker._nondumpable(_ctypes.__file__)
+            ambient.nondumpable(_ctypes.__file__)
             os.write(w, repr((before, libc.prctl(3, 0, 0, 0, 0), "_ctypes" in sys.modules)).encode())
         finally:
             os._exit(0)

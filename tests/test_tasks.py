@@ -566,6 +566,72 @@ def test_the_result_s_repr_sees_what_a_script_s_sees(ex, tmp_path):
     assert faked.status == "error" and "NameError" in faked.error, faked
 
 
+# Programs that meet the result step or the output streams where a script's last line or its own streams would
+# behave otherwise; each is run as a script ending in print(repr(_result)) and the two must agree.
+_SCRIPT_STEP = {
+    # the old value's __del__ (run by the trainer's own `_result = f(...)`) pops the new one: a script's NameError
+    "deleted by the store": ("def f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    g['_result'] = type('D', (), "
+                             "{'__del__': lambda s: g.pop('_result', None)})()\n    return x", "[1, 2, 3]"),
+    # ... and a rebound __builtins__ then offers a _result of the program's choosing
+    "deleted, builtins rebound": ("def f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    g['__builtins__'] = "
+                                  "{'_result': x[::-1]}\n    g['_result'] = type('D', (), {'__del__': lambda s: "
+                                  "g.pop('_result', None)})()\n    return x", "[1, 2, 3]"),
+    # a key colliding with '_result' pops it while the lookup compares keys (the store compared them first)
+    "deleted by a colliding key": ("def f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    once = []\n"
+                                   "    def eq(s, o):  # the store's compare, then the lookup's\n        once.append(1)\n"
+                                   "        if len(once) == 2:\n            g.pop('_result', None)\n        return False\n    K = type('K', (str,), "
+                                   "{'__eq__': eq, '__hash__': lambda s: hash('_result')})\n    g[K('zz')] = 0\n"
+                                   "    return x", "[1, 2, 3]"),
+    # a script looks the name repr up before it calls it: a key colliding with 'repr' sees that
+    "the repr lookup": ("seen = []\ndef f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    K = type('K', (str,), "
+                        "{'__eq__': lambda s, o: seen.append(1) or False, '__hash__': lambda s: hash('repr')})\n"
+                        "    rp = repr\n    g[K('zz')] = 0\n    n = len(seen)\n    return type('R', (), "
+                        "{'__repr__': lambda s: rp(x if len(seen) == n else x[::-1])})()", "[1, 2, 3]"),
+    # a repr no UTF-8 text can carry: a script's print of it fails
+    "an unencodable repr": ("def f(x):\n    q = chr(39)\n    return type('R', (), {'__repr__': lambda s: q + "
+                            "chr(0xd800) + q})()", "1"),
+    # a script's stdout cannot encode a lone surrogate
+    "print of a surrogate": ("def f(x):\n    try:\n        print(chr(0xd800))\n        return x\n"
+                             "    except UnicodeEncodeError:\n        return x[::-1]", "[1, 2, 3]"),
+    "the streams": ("import fractions\ndef f(x):\n    out, err = fractions.sys.stdout, fractions.sys.stderr\n"
+                    "    try:\n        out.write(b'x')\n        took = 'bytes'\n    except TypeError as exc:\n"
+                    "        took = str(exc)\n    err.write(chr(0xd800))\n    return [out is err, out.errors, "
+                    "err.errors, out.encoding, out.name, err.name, took, out.write('ab\\n')]", "0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SCRIPT_STEP))
+def test_the_result_step_and_the_streams_are_a_script_s(ex, tmp_path, case):
+    """Each program, through the trainer's own call, gives what a script gives: the value or the error. A deleted
+    ``_result`` had read as None (a script's NameError), and then a rebound ``__builtins__`` gave a gold of the
+    program's choosing; the name ``repr`` was never looked up; a lone surrogate passed as a literal; the streams were
+    one object that took bytes and any text."""
+    from lorapop.tasks.validity import call_code
+
+    prog = call_code(*_SCRIPT_STEP[case])
+    script = tmp_path / "step.py"
+    script.write_text(prog + "print(repr(_result))\n", encoding="utf-8")
+    plain = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True,
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"})
+    got = ex.run(prog)
+    if plain.returncode:
+        last = plain.stderr.strip().splitlines()[-1]
+        assert got.status == "error" and got.error.split(":")[0] == last.split(":")[0], (got, plain.stderr)
+    else:
+        assert (got.status, got.value) == ("ok", plain.stdout.strip().splitlines()[-1]), (got, plain.stdout)
+
+
+def test_a_program_that_deletes_its_result_makes_no_task(ex):
+    """Through validation: the program whose _result is popped by the trainer's own store (a script's NameError) had
+    validated with the gold None, which every code_i input then matched, and with its builtins rebound, a gold of
+    its choosing."""
+    for case in ("deleted by the store", "deleted, builtins rebound", "deleted by a colliding key"):
+        program, inp = _SCRIPT_STEP[case]
+        for kind in ("code_o", "code_i"):
+            got = TASK_TYPES[kind].validate(Proposal(kind, program, [inp]), ex)
+            assert isinstance(got, Invalid), (case, kind, got)
+
+
 def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):
     """sys.setrecursionlimit(N) with an absolute N (competitive code's idiom) left the program the worker's frames
     fewer than a script (1992 against 1997 at 2000), so a teacher's gold could be a RecursionError where a script

@@ -54,6 +54,8 @@ def check(out: dict) -> None:
     assert out["code_o"]["hostname"]["output"] == (["1"] if out["protections"]["seccomp"] else ["'sandbox'"])
     for name in ("pid", "file_state", "hostname"):
         assert all(c == ["correct", "wrong"] for c in out["code_o"][name]["checks"]), out["code_o"][name]
+    # a result a script could not print is no task: an error, not a gold of None or of the program's choosing
+    assert out["result_step"] == dict.fromkeys(verdict_probe.RESULT_STEP, "runtime_error"), out["result_step"]
     # the clock: invalid when the two validation runs straddled a second, else void once the second has turned
     clock = out["clock"]
     assert (clock["valid"] and clock["checks"] == ["void"]) or clock.get("reason") == "nondeterministic", clock

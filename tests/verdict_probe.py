@@ -73,6 +73,18 @@ CODE_O = {
 }
 CLOCK = program("    return x + int(sys.modules['time'].time())")  # the same within a second, never after it
 
+# code_o programs whose result a script's last line could not print: a _result the trainer's own store deletes (the
+# old value's __del__), then builtins that offer one of the program's choosing, and a repr no UTF-8 text can carry.
+# Each is an error in a script, so never a task.
+DELETED = "    g = (i for i in ()).gi_frame.f_globals\n"
+RESULT_STEP = {
+    "deleted_by_store": program(DELETED + "    g['_result'] = type('D', (), {'__del__': lambda s: g.pop('_result', "
+                                "None)})()\n    return x"),
+    "builtins_offer_one": program(DELETED + "    g['__builtins__'] = {'_result': -x}\n    g['_result'] = type('D', (), "
+                                  "{'__del__': lambda s: g.pop('_result', None)})()\n    return x"),
+    "unencodable_repr": program("    return type('R', (), {'__repr__': lambda s: chr(39) + chr(0xd800) + chr(39)})()"),
+}
+
 # code_f answers by a student that computes nothing (the task's f adds its two arguments); each returns objects that
 # print as something else, compare equal to anything, or carry text that broke a comparison built by pasting reprs
 # into one source line (a comment, a quote, a backslash-newline carried into the next output).
@@ -253,6 +265,8 @@ def probe() -> dict:
                 checks = task.reason
             out["code_o"][name] = {"valid": isinstance(task, Task), "output": getattr(task, "outputs", None),
                                    "checks": checks}
+        out["result_step"] = {name: getattr(_task(code_o, prog, ["5"], ex), "reason", "valid")
+                              for name, prog in RESULT_STEP.items()}
         # the clock: validated within one second, checked in the next one
         task = _task(code_o, CLOCK, ["5"], ex)
         if isinstance(task, Task):

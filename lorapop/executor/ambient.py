@@ -89,9 +89,9 @@ def reset_inherited():
 def dumpable_after_setuid():
     """A function telling whether a run that drops to its uid is left dumpable: fs.suid_dumpable, the flag a uid change
     leaves, read for each run (it can change while a worker lives) through a descriptor opened here, before the chroot
-    hides /proc. At 0, the kernel's default, the run is non-dumpable without the worker's prctl (worker.py,
-    ``_nondumpable``: a third of a millisecond a run, most of it the collection after it); where the file cannot be
-    read, every run clears the flag itself. Runs never hold the descriptor: a child closes all but its two pipes."""
+    hides /proc. At 0, the kernel's default, the run is non-dumpable without the worker's prctl (``nondumpable``: a
+    third of a millisecond a run, most of it the collection after it); where the file cannot be read, every run
+    clears the flag itself. Runs never hold the descriptor: a child closes all but its two pipes."""
     try:
         fd = os.open("/proc/sys/fs/suid_dumpable", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -103,6 +103,21 @@ def dumpable_after_setuid():
         except OSError:
             return True
     return dumpable
+
+
+def nondumpable(path):
+    """prctl(PR_SET_DUMPABLE, 0) again after the run's uid changed the flag to fs.suid_dumpable (2 where apport is
+    installed), through the cached _ctypes extension (a run's route too; the filter is what bounds native code)."""
+    import _imp
+    m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
+    # call_function: a C call on int arguments, with no ctypes type made for it (slower, and garbage a run could find)
+    rc = m.call_function(m.dlsym(m.dlopen(None, 2), "prctl"), (4, 0, 0, 0, 0))  # PR_SET_DUMPABLE
+    # nothing of it stays for the program: a run starts as the worker left it (no _ctypes module, no ctypes type)
+    del m
+    sys.modules.pop("_ctypes", None)
+    gc.collect()
+    if rc != 0:
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 _RLIMIT_LOCKS = 10  # Linux's number on every architecture; Python names it not, resource.getrlimit(10) reads it

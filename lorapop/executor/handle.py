@@ -12,6 +12,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from typing import Any
 from lorapop.tmpdirs import owned_tempdir
 
 from .base import RUN_STATUSES, WORKER_DIED, ExecResult
-from .worker import _HDR  # the result's length prefix, as pack_result writes it
+from .worker import _HDR, REPORT, REQUEST  # the result's length prefix (pack_result); a run's request and report
 
 WORKER_PY = Path(__file__).with_name("worker.py")
 # The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
@@ -177,8 +178,12 @@ class WorkerHandle:
                 break
         try:
             data = self.ctl.recv(1 << 16)  # a datagram: a shorter buffer would cut a long hello (many preloads)
+            if data[:1] == b"R":  # a run's report (worker.REPORT); anything else is JSON
+                _, wstatus, timed_out, duration, cpu_s = REPORT.unpack_from(data)
+                return {"wstatus": wstatus, "timed_out": timed_out, "duration": duration, "cpu_s": cpu_s,
+                        "retire": data[REPORT.size:].decode("utf-8", "replace")}
             return json.loads(data) if data else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, struct.error):
             return None
 
     def call(self, code: str, timeout_s: float, max_chars: int | None = None) -> ExecResult:
@@ -195,8 +200,7 @@ class WorkerHandle:
         res_r, res_w = os.pipe()
         try:
             try:
-                request = json.dumps({"timeout": timeout_s, "size": len(program)}).encode()
-                socket.send_fds(self.ctl, [request], [code_r, res_w])
+                socket.send_fds(self.ctl, [REQUEST.pack(timeout_s, len(program))], [code_r, res_w])
             except OSError:
                 os.close(code_w)
                 self.kill()

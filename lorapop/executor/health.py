@@ -18,16 +18,25 @@ def baseline(fs_top, fork_probe, own_fs=True):
     the filesystem is the worker's own tmpfs, so its counters are the runs' alone (without a chroot, the working area
     lies on a host filesystem whose free space other processes move all the time)."""
     state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1, "own_fs": own_fs,
-             "rlimits": [getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_")]
-             if resource is not None else []}
+             "rlimits": tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
+             if resource is not None else ()}
     # What the filter refuses to the worker now it refuses to every run for the worker's life (a seccomp filter
     # cannot be removed): such a call is not made again after each run, where each refusal raised an exception.
-    state["refused"] = frozenset(name for name, call, args in _PROBES if _or_refused(call, *args) == "refused")
-    if _or_refused(os.listxattr, fs_top) == "refused":  # a directory: no link to follow
-        state["refused"] |= {"xattrs"}
+    refused = {name for name, call, args in _PROBES if _or_refused(call, *args) == "refused"}
+    state["xattrs"] = _or_refused(os.listxattr, fs_top) != "refused"  # a directory: no link to follow
+    state["probes"] = tuple((call, args) for name, call, args in _PROBES if name not in refused)
+    state["names"] = ("filesystem", "filesystem counters", "resource limits",
+                      *(name for name, _, _ in _PROBES if name not in refused))
     observable(state)  # once to settle: reading a directory may set its access time, once (relatime)
-    state["observable"] = _flat(observable(state))
+    state["observable"] = observable(state)
+    _KEPT.append(state["observable"])
     return state
+
+
+# The baseline is referenced here too, from a module every run keeps: each run's child unwinds the worker's loop
+# before its program runs, and freeing the hundreds of numbers, tuples and stat results the baseline was read as
+# would copy the pages they lie on, in every run (about 45 a run, measured).
+_KEPT = []
 
 
 def _tree(top, xattrs=True):
@@ -39,11 +48,11 @@ def _tree(top, xattrs=True):
     out, stack = [], [top]
     while stack:
         path = stack.pop()
-        st = os.lstat(path)
+        st = _lstat(path)
         out.append((path, st, st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, _xattrs(path) if xattrs else ()))
         if st.st_mode & 0o170000 == 0o040000:  # a directory (lstat: never a link's target)
             base = path if path.endswith("/") else path + "/"
-            for name in sorted(os.listdir(path)):
+            for name in sorted(_listdir(path)):
                 stack.append(base + name)
     return out
 
@@ -63,26 +72,20 @@ def observable(state):
     entry, its metadata, timestamps and extended attributes; the filesystem's block and inode counters), every
     resource limit, the priority, scheduler and CPU set (which another process of the same uid could set on the
     worker, were the calls not refused) and the host and domain name. Categories are read whole (every entry, every
-    RLIMIT_*), not as a list of fields known to have leaked.
+    RLIMIT_*), not as a list of fields known to have leaked. What the filter refuses to the worker is left out: it
+    refuses it to every run alike, so no run can read it, nor hand anything to the next run through it.
 
     Not re-read after each run: the worker's process-private state (environment, working directory, umask, signal
     mask and handlers, descriptors, credentials, process group). A run gets a copy of it at fork, and nothing a run
     can call reaches the original: no ptrace, process_vm_writev or pidfd_getfd (the filter), no /proc (the chroot),
-    and the worker's descriptors are closed in the run (its shared open files were the one way in)."""
-    top, refused = state["fs_top"], state["refused"]
-    limits = list(map(resource.getrlimit, state["rlimits"])) if resource is not None else []
-    seen = [_tree(top, "xattrs" not in refused), os.statvfs(top) if state["own_fs"] else None, limits]
-    for name, call, args in _PROBES:
-        seen.append("refused" if name in refused else _or_refused(call, *args))
-    return seen
+    and the worker's descriptors are closed in the run (its shared open files were the one way in).
 
-
-def _flat(seen):
-    """Each category as one string. The baseline is kept so: every run's child frees it with the worker's loop before
-    its program runs (worker.py), and the hundreds of numbers, tuples and stat results it was read as lay on pages
-    the child shares with the worker, each freed one a page copied (about 45 a run, measured); a few strings cost
-    the worker a little more after each run instead."""
-    return tuple(map(repr, seen))
+    Read as the calls return it and compared as values, in as few Python calls and objects as the reading allows:
+    it runs in the worker after every run, and each page it writes (objects made, functions called) was shared with
+    the run just forked, so is copied again each time (a text form of it cost 30 page copies a run more)."""
+    top = state["fs_top"]
+    return (_tree(top, state["xattrs"]), _statvfs(top) if state["own_fs"] else None,
+            tuple(map(_getrlimit, state["rlimits"])), *[call(*args) for call, args in state["probes"]])
 
 
 def _or_refused(call, *args):
@@ -98,11 +101,11 @@ def check(state, describe):
     """None when the worker may serve another run, else why it must be replaced (``describe``: the worker's own
     exception formatter)."""
     try:
-        now = _flat(observable(state))
+        now = observable(state)
     except OSError as exc:
         return "health check failed: " + describe(exc)
     if now != state["observable"]:
-        what = [name for name, a, b in zip(_OBSERVED, now, state["observable"]) if a != b]
+        what = [name for name, a, b in zip(state["names"], now, state["observable"]) if a != b]
         return "the run changed what the next run would see: " + ", ".join(what)
     if state["fork_probe"]:
         # A run allowed to fork advances the pid counter the next run reads (its own pid): the next fork must get
@@ -120,4 +123,5 @@ def check(state, describe):
 _PROBES = (("priority", os.getpriority, (os.PRIO_PROCESS, 0)), ("scheduler", os.sched_getscheduler, (0,)),
            ("scheduler priority", os.sched_getparam, (0,)), ("CPU set", os.sched_getaffinity, (0,)),
            ("host name", os.uname, ()))
-_OBSERVED = ("filesystem", "filesystem counters", "resource limits", *(name for name, _, _ in _PROBES))
+_lstat, _listdir, _statvfs = os.lstat, os.listdir, os.statvfs
+_getrlimit = resource.getrlimit if resource is not None else None

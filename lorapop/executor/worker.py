@@ -41,14 +41,20 @@ import time
 import resource
 
 _HDR = struct.Struct(">I")
+# Per run, in fixed binary forms rather than JSON, whose encoder and decoder touched 50 of the worker's pages a run:
+# each was shared with the run just forked, so copied again (the hello and the config stay JSON).
+REQUEST = struct.Struct(">dQ")  # the run's wall clock (s), the program's length in bytes; two pipe ends attached
+REPORT = struct.Struct(">ci?dq")  # b"R", wait status, timed out, duration (s), RLIMIT_CPU (s); then why to retire
+_CMSG = socket.CMSG_SPACE(8)  # two descriptors' room
 _repr, _len, _isinstance, _str = repr, len, isinstance, str  # a program that rebinds builtins: its result still goes
 HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
 # repr(_result) as a script's last line takes it: as deep as the program's module, with the program's globals and
-# locals; repr a constant of the code (no name a program could rebind; [None][0]: a callee the compiler accepts)
-_REPR = compile("[None][0](_result)", "<result>", "eval")
+# locals, the name repr looked up first as there; the repr called a constant of the code (no name a program could
+# rebind; [repr, None][1]: a callee the compiler accepts)
+_REPR = compile("[repr, None][1](_result)", "<result>", "eval")
 _REPR = _REPR.replace(co_consts=tuple(_repr if c is None else c for c in _REPR.co_consts))
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
 
@@ -58,18 +64,24 @@ class _OutputLimit(BaseException):
     program cannot swallow it (a bare `except:` still can, which only wastes its own time budget)."""
 
 
-class _CappedOut:  # stands in for sys.stdout/sys.stderr: counts characters and discards them
+class _CappedOut:
+    """Stands in for sys.stdout or sys.stderr: a script's text stream as far as writing goes (str only, UTF-8, and its
+    errors: what stdout cannot encode raises as in a script), counting the characters both streams took against one
+    limit and discarding them."""
+    encoding = "utf-8"
 
-    def __init__(self, limit):
-        self.limit = limit
-        self.n = 0
-        self.encoding = "utf-8"
+    def __init__(self, name, errors, count):
+        self.name, self.errors, self.count = name, errors, count  # count: [characters so far, limit], shared
 
     def write(self, s):
-        self.n += len(s) if isinstance(s, str) else 0
-        if self.n > self.limit:
+        if not _isinstance(s, _str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        _str.encode(s, "utf-8", self.errors)
+        n = _str.__len__(s)
+        self.count[0] += n
+        if self.count[0] > self.count[1]:
             raise _OutputLimit()
-        return len(s) if isinstance(s, str) else 0
+        return n
 
     def flush(self):
         pass
@@ -146,7 +158,7 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
         os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
         if cfg["ctypes_path"] and reset_dumpable:
-            _nondumpable(cfg["ctypes_path"])
+            cfg["nondumpable"](cfg["ctypes_path"])
     os.chdir(cfg["work"])
     code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
     os.close(code_fd)
@@ -165,8 +177,9 @@ def _child(forked):
             code = _prepare(cfg, *setup)
         finally:
             del cfg, setup
-        out = _CappedOut(max_out)
-        sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = out
+        count = [0, max_out]
+        sys.stdout = sys.__stdout__ = _CappedOut("<stdout>", "surrogateescape", count)
+        sys.stderr = sys.__stderr__ = _CappedOut("<stderr>", "backslashreplace", count)
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
             program = compile(code, "<program>", "exec")
@@ -174,20 +187,19 @@ def _child(forked):
             exec(program, g)
             try:
                 text = eval(_REPR, g)
-            except NameError as exc:  # no _result reads None: only the lookup's own error, raised in _REPR's frame
-                tb = exc.__traceback__
+            except NameError as exc:  # no _result reads None, only where the program never names it (the trainer's
+                tb = exc.__traceback__  # always does) and only the lookup's own error, raised in _REPR's frame
                 while tb.tb_next is not None:
                     tb = tb.tb_next
                 if (type(exc) is not NameError or exc.name != "_result" or tb.tb_frame.f_code is not _REPR
-                        or "_result" in g):
+                        or "_result" in g or "_result" in program.co_names):
                     raise
                 text = "None"
-            text = _str.__str__(text)  # a str subclass's methods never run
-            if not _isinstance(text, _str):
-                raise TypeError("__repr__ returned non-string")
+            text = _str.__str__(text)  # a str subclass's methods never run (repr makes sure it is one)
             if _len(text) > max_repr:
                 status, error = "output_limit", f"repr of _result has {_len(text)} chars > {max_repr}"
             else:
+                _str.encode(text, "utf-8")  # text that is no UTF-8 (a lone surrogate) is no literal: the run fails
                 status, value = "ok", text
         except _OutputLimit:
             status, error = "output_limit", f"printed more than {max_out} chars"
@@ -204,22 +216,6 @@ def _child(forked):
     except BaseException:
         pass
     os._exit(0)
-
-
-def _nondumpable(path):
-    """prctl(PR_SET_DUMPABLE, 0) again after the run's uid changed the flag to fs.suid_dumpable (2 where apport is
-    installed), through the cached _ctypes extension (a run's route too; the filter is what bounds native code)."""
-    import _imp
-    import gc
-    m = _imp.create_dynamic(sys.modules["_frozen_importlib"].ModuleSpec("_ctypes", None, origin=path))
-    # call_function: a C call on int arguments, with no ctypes type made for it (slower, and garbage a run could find)
-    rc = m.call_function(m.dlsym(m.dlopen(None, 2), "prctl"), (4, 0, 0, 0, 0))  # PR_SET_DUMPABLE
-    # nothing of it stays for the program: a run starts as the worker left it (no _ctypes module, no ctypes type)
-    del m
-    sys.modules.pop("_ctypes", None)
-    gc.collect()
-    if rc != 0:
-        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def _worker_limits(cfg, pinned=()):
@@ -274,7 +270,7 @@ def _reap(pid, is_pid1):
 
 
 def _run_one(req, fds, cfg, state):
-    timeout = float(req.get("timeout") or cfg["timeout_s"])
+    timeout = req[0] or cfg["timeout_s"]
     # RLIMIT_CPU from the longer of the request's clock and the config's: a run reads its limits, and one derived
     # from the request would tell a check's runs (shorter clock) from validation's; the wall clock still holds it
     cpu_s = max(1, int(max(timeout, cfg["timeout_s"]) + 1.999))
@@ -282,7 +278,7 @@ def _run_one(req, fds, cfg, state):
     pid = os.fork()
     if pid == 0:  # the run's child: back to the top of the module with what _child needs (_serve, below)
         try:
-            return (cfg, *fds, cpu_s, int(req.get("size", 0)), cfg["dumpable_after_setuid"]())
+            return (cfg, *fds, cpu_s, req[1], cfg["dumpable_after_setuid"]())
         except BaseException:  # never on as a second worker; the trainer reads no result: "crashed"
             os._exit(1)
     os.close(fds[0]), os.close(fds[1])
@@ -296,8 +292,8 @@ def _run_one(req, fds, cfg, state):
             wstatus = 0
     _reap(pid, cfg["pid1"])
     state["last_pid"] = pid if state["fork_probe"] else 1  # a pid kept only where the probe needs it (health.py)
-    return {"wstatus": wstatus, "timed_out": timed_out, "duration": duration, "cpu_s": cpu_s,
-            "retire": state["check"](state, _describe)}
+    retire = state["check"](state, _describe) or ""
+    return REPORT.pack(b"R", wstatus, timed_out, duration, cpu_s) + retire.encode("utf-8", "replace")
 
 
 def _preimport(names):
@@ -314,6 +310,13 @@ def _send(ctl, obj):
     ctl.send(json.dumps(obj).encode("utf-8"))
 
 
+def _recv_request(ctl):
+    """(the request's bytes, every descriptor it carries: two pipe ends, or the caller closes them all)."""
+    data, anc, _, _ = ctl.recvmsg(64, _CMSG)
+    return data, [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                  for fd in memoryview(raw[:len(raw) & ~3]).cast("i")]
+
+
 def main():
     import ambient  # beside this file: the configuration, and the machine's facts hidden from runs
     ctl = socket.socket(fileno=os.dup(0))  # the trainer's SOCK_SEQPACKET socket: requests in, reports out
@@ -321,13 +324,10 @@ def main():
     # fds 0/1 become dead ends (reads give EOF, writes EPIPE); 2 stays the trainer's error file until the hello, so a
     # failed start can say why.
     null_in_r, null_in_w = os.pipe()
-    os.close(null_in_w)
     null_out_r, null_out_w = os.pipe()
-    os.close(null_out_r)
-    os.dup2(null_in_r, 0)
-    os.dup2(null_out_w, 1)
-    os.close(null_in_r)
-    os.close(null_out_w)
+    os.dup2(null_in_r, 0), os.dup2(null_out_w, 1)
+    for fd in (null_in_r, null_in_w, null_out_r, null_out_w):
+        os.close(fd)
     ambient.reset_inherited()  # the trainer's umask and ignored signals: a run reads both
     import health, stored  # beside this file, found before the chroot hides them (no ctypes in them: runs may see them)
     loaded, kept = _preimport(cfg["preload"]), stored.install(cfg.get("stored", ()))  # kept compiled, not loaded
@@ -371,7 +371,7 @@ def main():
                "memory_bytes": cfg["memory_bytes"], "max_output_chars": cfg["max_output_chars"],
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
                "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None),
-               "dumpable_after_setuid": dumpable_after_setuid}
+               "dumpable_after_setuid": dumpable_after_setuid, "nondumpable": ambient.nondumpable}
     hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"], "nproc": nproc,
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
@@ -399,7 +399,7 @@ def _serve(ctl, run_cfg, state):
 def _serve_one(ctl, run_cfg, state):
     """One request: run it, report; True to go on, False to stop, a tuple in the run's child."""
     try:
-        data, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
+        data, fds = _recv_request(ctl)
     except OSError:
         return False
     if not data:
@@ -410,14 +410,14 @@ def _serve_one(ctl, run_cfg, state):
         _send(ctl, {"error": "a run request carries two pipe ends"})
         return True
     try:
-        resp = _run_one(json.loads(data), fds, run_cfg, state)
+        resp = _run_one(REQUEST.unpack(data), fds, run_cfg, state)
         if type(resp) is tuple:
             ctl.detach()  # the child closes the descriptor itself; the socket's finalizer would format a warning
             return resp
     except Exception as exc:  # the worker itself must survive anything a run does
-        resp = {"wstatus": 0, "timed_out": False, "duration": 0.0, "retire": "worker: " + _describe(exc)}
-    _send(ctl, resp)
-    return not resp["retire"]
+        resp = REPORT.pack(b"R", 0, False, 0.0, 0) + ("worker: " + _describe(exc)).encode("utf-8", "replace")
+    ctl.send(resp)
+    return len(resp) == REPORT.size  # a report with no reason to retire
 
 
 def _own_hostname(cfg):
@@ -458,7 +458,7 @@ def _lockdown(cfg, loaded, own_pids, depth):
         out["recursion"] = "rebased" if mod.rebase_recursion(depth) else "raised"
         try:
             mod.nondumpable()
-            out["ctypes_path"] = sys.modules["_ctypes"].__file__  # for a run that changes its uid (_nondumpable)
+            out["ctypes_path"] = sys.modules["_ctypes"].__file__  # for a run that changes its uid (ambient.nondumpable)
         except Exception as exc:
             errors.append(f"dumpable: {_describe(exc)}")
         if cfg.get("drop_caps"):
