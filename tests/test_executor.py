@@ -189,6 +189,38 @@ def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
     assert not {"cfg", "run_cfg", "root", "state", "req", "timeout", "hashseed", "code"} & set(frames[1][1]), frames[1]
 
 
+# Programs whose compiled form carries what a compile in another process could change: shared and interned
+# constants, signed zeros, nested code, a warning at compile time, a set constant and a syntax error (compiled by
+# their run), and one longer than the trainer compiles.
+_COMPILED_ALIKE = [
+    "a = (1, 2)\ndef f():\n    return (1, 2)\n_result = [a is f(), 'ab_c' is f.__code__.co_consts[-1] if False "
+    "else 'x_y' is 'x_y', -0.0, 0.0, str(-0.0)]",
+    "class C:\n    'doc'\n    def m(self, *, k=(3,)):\n        return [len(C.__doc__), k, (lambda: f'{k!r:>6}')()]\n"
+    "_result = C().m()",
+    "x = 1\n_result = [x is 1, __name__, __doc__]",
+    "_result = sorted(x for x in {'b', 'a', 'c'})",
+    "_result = 1 +",
+    "_result = 2\n" + "\n".join(f"v{i} = {i}" for i in range(3000)),
+]
+
+
+def test_a_program_compiled_in_the_trainer_runs_as_one_compiled_by_its_run(ex, monkeypatch):
+    """The trainer compiles a program for its run (its compiler garbage was 70 page copies a run in the child): the
+    same interpreter (the hello's compiler id), so the run gets the code its own compile would give, with the same
+    result or error; what the trainer does not compile (errors, set constants, long texts) the run compiles."""
+    from lorapop.executor import handle, worker
+
+    assert all(w.info.get("compiler") == worker.compiler_id() for w in ex._all if w.proc is not None)
+    assert all(handle.precompiled(p) is not None for p in _COMPILED_ALIKE[:3])
+    assert [handle.precompiled(p) for p in _COMPILED_ALIKE[3:]] == [None] * 3
+    seed = ex.hashseeds[0]
+    here = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
+    monkeypatch.setattr(handle, "precompiled", lambda code: None)
+    there = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
+    assert here == there, (here, there)
+    assert here[0][0] == "ok" and here[4][0] == "error" and "SyntaxError" in here[4][2], here
+
+
 def test_a_slow_run_gets_the_clock_it_is_given(ex):
     """run_rounds' timeout_s: a check gives every run of the task's program half the wall clock (a program slow on
     every input but its own cannot make each check cost three wall clocks an input)."""

@@ -7,6 +7,8 @@ no student can know it, and the value tells the run about the host. Whatever of 
 by the filter (lockdown.py refuses uname, sysinfo, sched_getaffinity and times); docs/METHOD.md ("Facts of the
 machine") lists what stays observable and why that is bounded.
 
+* The worker's host name is ``sandbox`` (its own UTS namespace), and a fresh network namespace is checked to reach
+  nothing.
 * The worker's configuration comes on its control socket, never in its argument list (``sys.argv`` would hand a run
   the run uid, the mechanism and the host scratch path, whose name holds the trainer's pid).
 * The interpreter's own record of where it lives is blanked: ``sys.argv``, ``sys.orig_argv``, ``sys.executable``,
@@ -26,6 +28,7 @@ machine") lists what stays observable and why that is bounded.
 import gc
 import json
 import os
+import socket
 import sys
 
 CONFIG_MAX_BYTES = 1 << 20
@@ -270,3 +273,31 @@ def _rename_code():
 def _bare(code):
     """No file name with a directory in ``code`` or the code nested in its constants."""
     return os.sep not in code.co_filename and all(_bare(c) for c in code.co_consts if isinstance(c, type(code)))
+
+
+HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
+
+
+def own_hostname(cfg):
+    """Set the UTS namespace's host name (as its root, before any capability is dropped): runs see ``sandbox``,
+    never the machine's name. False where the worker has no UTS namespace of its own."""
+    if not cfg.get("uts"):
+        return False
+    try:
+        socket.sethostname(HOSTNAME)
+    except OSError:
+        return False
+    return socket.gethostname() == HOSTNAME
+
+
+def no_network():
+    """True when no interface other than loopback exists and loopback cannot reach anything (fresh netns)."""
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.connect(("127.0.0.1", 9))
+            return False
+        finally:
+            s.close()
+    except OSError:
+        return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import marshal
 import os
 import select
 import shutil
@@ -18,12 +19,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
+from lorapop.modeltext import quiet_compile
 from lorapop.tmpdirs import owned_tempdir
 
 from .base import RUN_STATUSES, WORKER_DIED, ExecResult
-from .worker import _HDR, REPORT, REQUEST  # the result's length prefix (pack_result); a run's request and report
+from .worker import _HDR, REPORT, REQUEST, compiler_id  # the result's length prefix (pack_result); a run's request and
+# report; what a program compiled here must share with the worker's interpreter
 
 WORKER_PY = Path(__file__).with_name("worker.py")
 # The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
@@ -65,6 +69,31 @@ def codec_modules(python: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()
     rows = [line.split(" ", 1) for line in out.stdout.splitlines() if " " in line]
     return (tuple(n for kind, n in rows if kind == "codec"), tuple(n for kind, n in rows if kind == "needs"))
+
+
+PRECOMPILE_MAX_CHARS = 16384  # longer programs are compiled by their run (bounded work here, whatever the text)
+_COMPILER = compiler_id()
+
+
+@functools.lru_cache(maxsize=256)  # each program runs at least twice (the two hash seeds), a task's in every check
+def precompiled(code: str) -> bytes | None:
+    """``code`` compiled as the run would compile it (``compile(code, "<program>", "exec")`` in a bare interpreter:
+    no inherited future flags, no optimization), as marshal's bytes; None where the run must compile it itself: a
+    long text (the trainer's work stays bounded), any error (the run meets it as a script does) or a set constant
+    (built from this process's iteration order, a set of strings could iterate in another order than the run's own
+    compile of it gives)."""
+    if len(code) > PRECOMPILE_MAX_CHARS:
+        return None
+    try:
+        compiled = quiet_compile(code)  # what it warns of is the run's business, not the trainer's log
+    except Exception:
+        return None
+    return None if _holds_a_set(compiled.co_consts) else marshal.dumps(compiled)
+
+
+def _holds_a_set(consts) -> bool:
+    return any(type(c) is frozenset or (type(c) is tuple and _holds_a_set(c))
+               or (type(c) is CodeType and _holds_a_set(c.co_consts)) for c in consts)
 
 
 def unpack_result(data):
@@ -195,12 +224,14 @@ class WorkerHandle:
         c = self.ex.config
         cap = c.max_repr_chars if max_chars is None else min(c.max_repr_chars, max_chars)
         t0 = time.perf_counter()
-        program = code.encode("utf-8", "surrogatepass")
+        compiled = precompiled(code) if self.info.get("compiler") == _COMPILER else None
+        program = code.encode("utf-8", "surrogatepass") if compiled is None else compiled
         code_r, code_w = os.pipe()
         res_r, res_w = os.pipe()
         try:
             try:
-                socket.send_fds(self.ctl, [REQUEST.pack(timeout_s, len(program))], [code_r, res_w])
+                request = REQUEST.pack(timeout_s, len(program), compiled is not None)
+                socket.send_fds(self.ctl, [request], [code_r, res_w])
             except OSError:
                 os.close(code_w)
                 self.kill()

@@ -21,7 +21,8 @@ Startup, once per worker:
 
 Per run: fork; the child unblocks signals, closes every descriptor but its two pipe ends (the worker's own are open
 files it shares, whose flags and locks a run could set for the next), sets its own limits (CPU, address space,
-processes), drops to the run uid as root, reads its program, runs it as a fresh ``__main__`` module and writes
+processes), drops to the run uid as root, reads its program (compiled by the trainer where its interpreter is this
+one: handle.precompiled), runs it as a fresh ``__main__`` module and writes
 ``repr(_result)`` or its error. The worker waits for the child's exit up to the wall clock, then kills every other
 process of the namespace (as its PID 1; else the run's process group), reaps, and re-reads everything of itself a run
 could reach (health.py: the runs' read-only filesystem whole, its limits, priority, scheduler, CPU set, host name;
@@ -30,6 +31,7 @@ a fresh worker: the tmpfs and the namespaces die with it, whole."""
 
 import builtins
 import json
+import marshal
 import os
 import _signal
 import signal
@@ -43,11 +45,12 @@ import resource
 _HDR = struct.Struct(">I")
 # Per run, in fixed binary forms rather than JSON, whose encoder and decoder touched 50 of the worker's pages a run:
 # each was shared with the run just forked, so copied again (the hello and the config stay JSON).
-REQUEST = struct.Struct(">dQ")  # the run's wall clock (s), the program's length in bytes; two pipe ends attached
+# the run's wall clock (s), the program's length in bytes, whether it comes compiled (marshal: compiler_id() the same
+# on both sides, handle.py); two pipe ends attached
+REQUEST = struct.Struct(">dQ?")
 REPORT = struct.Struct(">ci?dq")  # b"R", wait status, timed out, duration (s), RLIMIT_CPU (s); then why to retire
 _CMSG = socket.CMSG_SPACE(8)  # two descriptors' room
 _repr, _len, _isinstance, _str = repr, len, isinstance, str  # a program that rebinds builtins: its result still goes
-HOSTNAME = "sandbox"  # every worker's host name: outputs cannot depend on the machine's
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
@@ -131,8 +134,14 @@ def pack_result(status, value, error):
     return _HDR.pack(_len(body)) + body
 
 
-def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
-    """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text."""
+def compiler_id():
+    """What a program compiled in another process must share with this interpreter to be loaded here unchanged."""
+    return sys.version + " " + sys.modules["_frozen_importlib_external"].MAGIC_NUMBER.hex()
+
+
+def _prepare(cfg, code_fd, res_fd, cpu_s, size, compiled, reset_dumpable):
+    """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text, or
+    its code compiled by the trainer (marshal's bytes)."""
     # _signal, not signal's wrappers, which make enum members: each object a child makes costs it page copies (30)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # ignored by the worker only
@@ -160,7 +169,8 @@ def _prepare(cfg, code_fd, res_fd, cpu_s, size, reset_dumpable):
         if cfg["ctypes_path"] and reset_dumpable:
             cfg["nondumpable"](cfg["ctypes_path"])
     os.chdir(cfg["work"])
-    code = _read_exact(code_fd, size).decode("utf-8", "surrogatepass")
+    code = _read_exact(code_fd, size)
+    code = code if compiled else code.decode("utf-8", "surrogatepass")
     os.close(code_fd)
     return code
 
@@ -182,7 +192,8 @@ def _child(forked):
         sys.stderr = sys.__stderr__ = _CappedOut("<stderr>", "backslashreplace", count)
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
-            program = compile(code, "<program>", "exec")
+            # compiled by the trainer (no compiler's garbage on pages shared with the worker: 70 page copies a run)
+            program = compile(code, "<program>", "exec") if _isinstance(code, _str) else marshal.loads(code)
             del code
             exec(program, g)
             try:
@@ -278,7 +289,7 @@ def _run_one(req, fds, cfg, state):
     pid = os.fork()
     if pid == 0:  # the run's child: back to the top of the module with what _child needs (_serve, below)
         try:
-            return (cfg, *fds, cpu_s, req[1], cfg["dumpable_after_setuid"]())
+            return (cfg, *fds, cpu_s, req[1], req[2], cfg["dumpable_after_setuid"]())
         except BaseException:  # never on as a second worker; the trainer reads no result: "crashed"
             os._exit(1)
     os.close(fds[0]), os.close(fds[1])
@@ -334,8 +345,8 @@ def main():
     import gc
 
     is_pid1 = os.getpid() == 1
-    net_isolated = _no_network()  # before the chroot: sockets cannot be made after the filter
-    own_hostname = _own_hostname(cfg)
+    net_isolated = ambient.no_network()  # before the chroot: sockets cannot be made after the filter
+    own_hostname = ambient.own_hostname(cfg)
     lockdown = _load_lockdown(cfg)  # before the chroot, which hides its file
     dumpable_after_setuid = ambient.dumpable_after_setuid()  # opens its file before the chroot hides /proc
     nproc = int(cfg["max_procs"])
@@ -372,7 +383,7 @@ def main():
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
                "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None),
                "dumpable_after_setuid": dumpable_after_setuid, "nondumpable": ambient.nondumpable}
-    hello = {"hello": True, "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"], "nproc": nproc,
+    hello = {"hello": True, "compiler": compiler_id(), "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"], "nproc": nproc,
              "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
              "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
     del cfg, loaded, locked, kept
@@ -418,18 +429,6 @@ def _serve_one(ctl, run_cfg, state):
         resp = REPORT.pack(b"R", 0, False, 0.0, 0) + ("worker: " + _describe(exc)).encode("utf-8", "replace")
     ctl.send(resp)
     return len(resp) == REPORT.size  # a report with no reason to retire
-
-
-def _own_hostname(cfg):
-    """Set the UTS namespace's host name (as its root, before any capability is dropped): runs see ``sandbox``,
-    never the machine's name. False where the worker has no UTS namespace of its own."""
-    if not cfg.get("uts"):
-        return False
-    try:
-        socket.sethostname(HOSTNAME)
-    except OSError:
-        return False
-    return socket.gethostname() == HOSTNAME
 
 
 def _load_lockdown(cfg):
@@ -478,19 +477,6 @@ def _lockdown(cfg, loaded, own_pids, depth):
         sys.modules["ambient"].hide_module(sys.modules.pop(name))
     out["lockdown_error"] = "; ".join(errors) or None
     return out
-
-
-def _no_network():
-    """True when no interface other than loopback exists and loopback cannot reach anything (fresh netns)."""
-    try:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            s.connect(("127.0.0.1", 9))
-            return False
-        finally:
-            s.close()
-    except OSError:
-        return True
 
 
 if __name__ == "__main__":
