@@ -60,6 +60,7 @@ RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program 
 _REPR = compile("[repr, None][1](_result)", "<result>", "eval")
 _REPR = _REPR.replace(co_consts=tuple(_repr if c is None else c for c in _REPR.co_consts))
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
+_HELD = []  # the worker's socket and health state, kept: a run's child leaves the loop's frames without freeing them
 
 
 class _OutputLimit(BaseException):
@@ -394,6 +395,7 @@ def main():
     state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1, own_fs=chrooted)
     state["check"] = health.check
     _send(ctl, hello)
+    _HELD.extend((ctl, state))  # what they hold a run could read itself (its own limits, its filesystem); not the config
     del hello
     return ctl, run_cfg, state
 
