@@ -17,15 +17,15 @@ def baseline(fs_top, fork_probe, own_fs=True):
     ``fs_top``: the root of the runs' filesystem; ``fork_probe``: runs may fork inside a pid namespace; ``own_fs``:
     the filesystem is the worker's own tmpfs, so its counters are the runs' alone (without a chroot, the working area
     lies on a host filesystem whose free space other processes move all the time)."""
+    limits = sorted(n for n in dir(resource) if n.startswith("RLIMIT_")) if resource is not None else []
     state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1, "own_fs": own_fs,
-             "rlimits": tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
-             if resource is not None else ()}
+             "rlimits": tuple(getattr(resource, n) for n in limits)}
     # What the filter refuses to the worker now it refuses to every run for the worker's life (a seccomp filter
     # cannot be removed): such a call is not made again after each run, where each refusal raised an exception.
     refused = {name for name, call, args in _PROBES if _or_refused(call, *args) == "refused"}
     state["xattrs"] = _or_refused(os.listxattr, fs_top) != "refused"  # a directory: no link to follow
     state["probes"] = tuple((call, args) for name, call, args in _PROBES if name not in refused)
-    state["names"] = ("filesystem", "filesystem counters", "resource limits",
+    state["names"] = ("filesystem", "filesystem counters", *limits,
                       *(name for name, _, _ in _PROBES if name not in refused))
     observable(state)  # once to settle: reading a directory may set its access time, once (relatime)
     state["observable"] = observable(state)
@@ -70,10 +70,11 @@ def observable(state):
     """Everything of the worker that a run forked from it can observe and that any run can reach to change, so that a
     run which changed any of it cannot hand the change to the next run: the whole filesystem the runs see (every
     entry, its metadata, timestamps and extended attributes; the filesystem's block and inode counters), every
-    resource limit, the priority, scheduler and CPU set (which another process of the same uid could set on the
-    worker, were the calls not refused) and the host and domain name. Categories are read whole (every entry, every
-    RLIMIT_*), not as a list of fields known to have leaked. What the filter refuses to the worker is left out: it
-    refuses it to every run alike, so no run can read it, nor hand anything to the next run through it.
+    resource limit (each named when it changed), the priority, scheduler and CPU set (which another process of the
+    same uid could set on the worker, were the calls not refused) and the host and domain name. Categories are read
+    whole (every entry, every RLIMIT_*), not as a list of fields known to have leaked. What the filter refuses to the
+    worker is left out: it refuses it to every run alike, so no run can read it, nor hand anything to the next run
+    through it.
 
     Not re-read after each run: the worker's process-private state (environment, working directory, umask, signal
     mask and handlers, descriptors, credentials, process group). A run gets a copy of it at fork, and nothing a run
@@ -84,8 +85,12 @@ def observable(state):
     it runs in the worker after every run, and each page it writes (objects made, functions called) was shared with
     the run just forked, so is copied again each time (a text form of it cost 30 page copies a run more)."""
     top = state["fs_top"]
-    return (_tree(top, state["xattrs"]), _statvfs(top) if state["own_fs"] else None,
-            tuple(map(_getrlimit, state["rlimits"])), *[call(*args) for call, args in state["probes"]])
+    seen = [_tree(top, state["xattrs"]), _statvfs(top) if state["own_fs"] else None]
+    for which in state["rlimits"]:  # one list, no map or comprehension objects made
+        seen.append(_getrlimit(which))
+    for call, args in state["probes"]:
+        seen.append(call(*args))
+    return seen
 
 
 def _or_refused(call, *args):
