@@ -11,9 +11,10 @@ They print nothing. The warnings a parse would print (``SyntaxWarning`` for ``1i
 ``DeprecationWarning`` for an invalid escape such as ``'\\d'``) are compile-time warnings, which the warnings module
 never deduplicates: a reply full of them wrote tens of kilobytes to the trainer's log at every parse. Every parse of
 model text is given one file name, :data:`MODEL_TEXT` (:data:`PROGRAM` for a program compiled for its run), and one
-filter ignores whatever warnings come from those "modules": thread-safe (no filter is changed per call, as ``warnings.catch_warnings`` would; validation runs in
-threads) and blind to every warning of the trainer's own code. The filter is put back in first place whenever
-something installed another in front of it (``-W error``, a test harness).
+filter ignores whatever warnings come from those "modules": thread-safe (no filter is changed per call, as
+``warnings.catch_warnings`` would; validation runs in threads) and blind to every warning of the trainer's own code.
+The filter is put back in first place whenever something installed another in front of it (``-W error``, a test
+harness).
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ def quiet_parse(text: str, mode: str = "exec") -> ast.AST:
     return ast.parse(text, filename=MODEL_TEXT, mode=mode)
 
 
-def quiet_compile(text: str) -> CodeType:
-    """The code a bare interpreter's ``compile(text, PROGRAM, "exec")`` gives (no future flag inherited from the
-    caller, no optimization), printing no warning; raises what ``compile`` raises."""
+def quiet_compile(source: str | ast.Module) -> CodeType:
+    """The code a bare interpreter's ``compile(source, PROGRAM, "exec")`` gives (no future flag inherited from the
+    caller, no optimization), from the text or its parsed tree, printing no warning; raises what ``compile`` raises."""
     _quiet()
-    return compile(text, PROGRAM, "exec", dont_inherit=True, optimize=0)
+    return compile(source, PROGRAM, "exec", dont_inherit=True, optimize=0)
 
 
 def parse_text(text: str, mode: str = "exec") -> ast.AST:

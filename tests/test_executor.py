@@ -201,6 +201,7 @@ _COMPILED_ALIKE = [
     "_result = sorted(x for x in {'b', 'a', 'c'})",
     "_result = 1 +",
     "_result = 2\n" + "\n".join(f"v{i} = {i}" for i in range(3000)),
+    "g = " + "lambda: " * 450 + "7\n_result = 2",
 ]
 
 
@@ -212,13 +213,76 @@ def test_a_program_compiled_in_the_trainer_runs_as_one_compiled_by_its_run(ex, m
 
     assert all(w.info.get("compiler") == worker.compiler_id() for w in ex._all if w.proc is not None)
     assert all(handle.precompiled(p) is not None for p in _COMPILED_ALIKE[:3])
-    assert [handle.precompiled(p) for p in _COMPILED_ALIKE[3:]] == [None] * 3
+    assert [handle.precompiled(p) for p in _COMPILED_ALIKE[3:]] == [None] * 4
     seed = ex.hashseeds[0]
     here = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
     monkeypatch.setattr(handle, "precompiled", lambda code: None)
     there = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
     assert here == there, (here, there)
     assert here[0][0] == "ok" and here[4][0] == "error" and "SyntaxError" in here[4][2], here
+
+
+def test_the_trainer_compiles_only_what_costs_about_its_text():
+    """A 5,600-character chain of folded string constants took one compile in the trainer 4.4 GB and 3.6 s (the
+    compiler keeps every intermediate): such a program, a deeply nested one (whose compile depends on the trainer's
+    recursion limit), and one that breaks the trainer's own walk or marshal are left to their run, at once."""
+    import resource
+    import time
+
+    from lorapop.executor import handle
+
+    chain = "def f(x):\n    return len(" + "+".join(["'\U0010ffff'*4096"] * 370) + ")\n"
+    nested = "def f(x):\n    g = " + "lambda: " * 1200 + "x\n    return x + 1\n"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.process_time()
+    assert [handle.precompiled(p) for p in (chain, nested, "x = " + "(" * 300 + ")" * 300)] == [None] * 3
+    assert time.process_time() - t0 < 1.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+    assert handle.precompiled("x = 10 ** 9 + 7\ns = 'ab' + str(x) * 2 + -x * 'c'\n") is not None
+
+
+def test_the_compiler_id_holds_what_changes_a_compile(tmp_path):
+    """The trainer's own interpreter settings that change what a compile gives (int literals past 4300 digits, code
+    without column positions, the optimization level) are in the id its compile must share with the worker's."""
+    import subprocess
+    import sys
+
+    from lorapop.executor import worker
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    ids = [subprocess.run([sys.executable, *flags, "-c", "from lorapop.executor.worker import compiler_id; "
+                           "print(compiler_id(0)); print(compiler_id())"], capture_output=True, text=True,
+                          check=True, cwd=str(tmp_path), env=env).stdout.split("\n")[:2]
+           for flags in ([], ["-X", "int_max_str_digits=0"], ["-X", "no_debug_ranges"], ["-O"])]
+    assert ids[0] == [worker.compiler_id(0), worker.compiler_id()], ids
+    assert len({i[0] for i in ids[:3]}) == 3, ids
+    assert ids[3][0] == ids[0][0] != ids[3][1], ids  # -O: the same compiled at 0, another by default
+
+
+def test_a_run_compiles_before_its_streams_count(ex):
+    """The warnings a program's compile writes go to no stream of the run, as a script's go to its stderr and count
+    against nothing: a set constant leaves the compile to the run, and 1,500 warnings had made it an output_limit."""
+    prog = "_t = 1 in {1, 2}\ndef g():\n" + "    1()\n" * 1500 + "_result = 5\n"
+    got = ex.run(prog)
+    assert (got.status, got.value) == ("ok", "5"), got
+
+
+def test_what_the_worker_keeps_for_its_health_check_holds_no_host_limit(ex):
+    """The worker keeps its health baseline where a run can reach it: the limits each run sets itself (the host's
+    RLIMIT_NPROC follows the machine's memory) are not in it; each of the rest is what the run reads itself."""
+    import resource
+
+    code = ("import fractions\nsys = fractions.sys\nr = sys.modules['resource']\n"
+            "kept = [v for v in sys.modules['health']._KEPT[0][2:] if type(v) is tuple and len(v) == 2 "
+            "and all(type(x) is int for x in v)]\n"
+            "own = [r.getrlimit(getattr(r, n)) for n in sorted(dir(r)) if n.startswith('RLIMIT_')]\n"
+            "_result = [kept, own]")
+    got = ex.run(code)
+    assert got.ok, got
+    kept, own = eval(got.value)
+    assert kept and all(v in own for v in kept), (kept, own)
+    host = resource.getrlimit(resource.RLIMIT_NPROC)
+    assert host != (1, 1) and host not in kept, (host, kept)
 
 
 def test_a_slow_run_gets_the_clock_it_is_given(ex):

@@ -632,6 +632,18 @@ def test_a_program_that_deletes_its_result_makes_no_task(ex):
             assert isinstance(got, Invalid), (case, kind, got)
 
 
+def test_a_declared_source_encoding_other_than_utf8_is_refused():
+    """A script saved as the UTF-8 the program is decodes it by its declared encoding (``len('éé')`` is 4 under
+    latin-1; ``'é'`` is a SyntaxError under ascii); runs take the text as it is: refused, not misjudged."""
+    body = "def f(x):\n    return [len('éé'), x]\n"
+    for line in ("# -*- coding: latin-1 -*-", "# coding: ascii", "#!/usr/bin/env python\n# vim: fileencoding=cp1252",
+                 "# coding=bogus"):
+        got = check_program(line + "\n" + body)
+        assert got is not None and got.reason == "encoding_declared", (line, got)
+    for line in ("# -*- coding: utf-8 -*-", "# coding=UTF8", "# a comment", ""):
+        assert check_program(line + "\n" + body) is None, line
+
+
 def test_a_limit_a_program_sets_itself_gives_it_a_script_s_headroom(ex, tmp_path):
     """sys.setrecursionlimit(N) with an absolute N (competitive code's idiom) left the program the worker's frames
     fewer than a script (1992 against 1997 at 2000), so a teacher's gold could be a RecursionError where a script

@@ -12,12 +12,16 @@ except ImportError:  # pragma: no cover - non-POSIX
     resource = None
 
 
-def baseline(fs_top, fork_probe, own_fs=True):
+def baseline(fs_top, fork_probe, own_fs=True, per_run=()):
     """The state :func:`check` compares against: what a run could reach, read now (after the worker's setup).
     ``fs_top``: the root of the runs' filesystem; ``fork_probe``: runs may fork inside a pid namespace; ``own_fs``:
     the filesystem is the worker's own tmpfs, so its counters are the runs' alone (without a chroot, the working area
-    lies on a host filesystem whose free space other processes move all the time)."""
-    limits = sorted(n for n in dir(resource) if n.startswith("RLIMIT_")) if resource is not None else []
+    lies on a host filesystem whose free space other processes move all the time); ``per_run``: the limits each run
+    sets for itself, left out: no run reads the worker's (each reads its own) and none can set them (prlimit on
+    another process is refused), while the baseline, which a run can reach (the worker keeps it), would hand it the
+    host's (RLIMIT_NPROC follows the machine's memory). Everything kept is what a run reads itself."""
+    limits = sorted(n for n in dir(resource) if n.startswith("RLIMIT_") and getattr(resource, n) not in per_run) \
+        if resource is not None else []
     state = {"fs_top": fs_top, "fork_probe": fork_probe, "last_pid": 1, "own_fs": own_fs,
              "rlimits": tuple(getattr(resource, n) for n in limits)}
     # What the filter refuses to the worker now it refuses to every run for the worker's life (a seccomp filter

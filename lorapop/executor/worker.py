@@ -135,9 +135,14 @@ def pack_result(status, value, error):
     return _HDR.pack(_len(body)) + body
 
 
-def compiler_id():
-    """What a program compiled in another process must share with this interpreter to be loaded here unchanged."""
-    return sys.version + " " + sys.modules["_frozen_importlib_external"].MAGIC_NUMBER.hex()
+def compiler_id(optimize=None):
+    """What a program compiled in another process must share with this interpreter to be loaded here unchanged: the
+    version and bytecode, the longest int literal read, whether code keeps column positions, the optimization level
+    (``optimize``: the one a caller compiles at; this interpreter's own by default)."""
+    digits = getattr(sys, "get_int_max_str_digits", lambda: None)()
+    columns = list(compile("x", "", "eval").co_positions())[-1][2] is not None
+    level = sys.flags.optimize if optimize is None else optimize
+    return f"{sys.version} {sys.modules['_frozen_importlib_external'].MAGIC_NUMBER.hex()} {digits} {columns} {level}"
 
 
 def _prepare(cfg, code_fd, res_fd, cpu_s, size, compiled, reset_dumpable):
@@ -188,14 +193,15 @@ def _child(forked):
             code = _prepare(cfg, *setup)
         finally:
             del cfg, setup
-        count = [0, max_out]
-        sys.stdout = sys.__stdout__ = _CappedOut("<stdout>", "surrogateescape", count)
-        sys.stderr = sys.__stderr__ = _CappedOut("<stderr>", "backslashreplace", count)
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
-            # compiled by the trainer (no compiler's garbage on pages shared with the worker: 70 page copies a run)
+            # compiled by the trainer (no compiler's garbage on pages shared with the worker: 70 page copies a run);
+            # before the streams are the run's, so its compile's warnings count against no limit, as in a script
             program = compile(code, "<program>", "exec") if _isinstance(code, _str) else marshal.loads(code)
             del code
+            count = [0, max_out]
+            sys.stdout = sys.__stdout__ = _CappedOut("<stdout>", "surrogateescape", count)
+            sys.stderr = sys.__stderr__ = _CappedOut("<stderr>", "backslashreplace", count)
             exec(program, g)
             try:
                 text = eval(_REPR, g)
@@ -384,18 +390,22 @@ def main():
                "max_repr_chars": cfg["max_repr_chars"], "max_open_files": cfg["max_open_files"],
                "timeout_s": cfg["timeout_s"], "ctypes_path": locked.pop("ctypes_path", None),
                "dumpable_after_setuid": dumpable_after_setuid, "nondumpable": ambient.nondumpable}
-    hello = {"hello": True, "compiler": compiler_id(), "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop, "uid": cfg["uid"], "nproc": nproc,
-             "net_isolated": net_isolated, "own_hostname": own_hostname, "hashseed": hashseed, "preloaded": loaded,
+    hello = {"hello": True, "compiler": compiler_id(), "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop,
+             "uid": cfg["uid"], "nproc": nproc, "net_isolated": net_isolated, "own_hostname": own_hostname,
+             "hashseed": hashseed, "preloaded": loaded,
              "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
     del cfg, loaded, locked, kept
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
-    state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1, own_fs=chrooted)
+    per_run = [resource.RLIMIT_CPU, *([resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS]
+                                      if run_cfg["memory_bytes"] else []), *([resource.RLIMIT_NPROC] if nproc else [])]
+    state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1, own_fs=chrooted,
+                            per_run=per_run)
     state["check"] = health.check
     _send(ctl, hello)
-    _HELD.extend((ctl, state))  # what they hold a run could read itself (its own limits, its filesystem); not the config
+    _HELD.extend((ctl, state))  # nothing a run could not read itself (health.baseline); not the config
     del hello
     return ctl, run_cfg, state
 

@@ -10,7 +10,9 @@ program that gets past them (a module's plain attribute can hand it what the ban
 from __future__ import annotations
 
 import ast
+import codecs
 import functools
+import re
 import sys
 import types
 
@@ -48,13 +50,30 @@ def _first_bad_module(name: str | None) -> str | None:
     return None
 
 
+# PEP 263's declaration, read on a program's first two lines as the interpreter reads it in a file
+_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.ASCII)
+
+
 def parse_program(src: str) -> ast.Module | Invalid:
     if len(src) > MAX_PROGRAM_CHARS:
         return Invalid("too_long", f"program has {len(src)} chars")
+    for line in re.split(r"\r\n|\r|\n", src, maxsplit=2)[:2]:
+        # A script saved as the UTF-8 it is decodes by a declared encoding (`# coding: latin-1` makes 'éé' four
+        # characters); runs take the text as the text it is. So any other encoding is refused, never misjudged.
+        declared = _CODING.match(line)
+        if declared is not None and _codec_name(declared.group(1)) != "utf-8":
+            return Invalid("encoding_declared", f"coding: {declared.group(1)[:40]}")
     try:
         return parse_text(src)
     except NotLiteral as exc:
         return Invalid("syntax_error", exc.detail)
+
+
+def _codec_name(name: str) -> str | None:
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return None
 
 
 def check_program(src: str, importable: frozenset[str] | None = None) -> Invalid | None:
