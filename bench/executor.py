@@ -44,7 +44,6 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/unprivileged.py
 
 import unprivileged  # noqa: E402
 from lorapop.executor import ExecutorConfig, SandboxExecutor  # noqa: E402
-from lorapop.executor.handle import precompiled  # noqa: E402
 from lorapop.tasks import TASK_TYPES, Invalid, Proposal, read_seed_file  # noqa: E402
 from lorapop.tasks.common import DETERMINISM_SEEDS  # noqa: E402
 from lorapop.tasks.validity import call_code, check_call_args, check_literal, check_program  # noqa: E402
@@ -109,7 +108,7 @@ def isolation_cost(props: list[Proposal]) -> dict:
     try:
         for _ in range(5):
             for name, ex in (("new", new), ("old", old)):
-                precompiled.cache_clear()  # each pass compiles its programs anew, as training meets new ones
+                getattr(getattr(ex, "compiler", None), "clear", lambda: None)()  # programs new each pass
                 t0 = time.perf_counter()
                 TASK_TYPES["code_o"].validate_many(props, ex)
                 times[name].append(time.perf_counter() - t0)
@@ -153,10 +152,9 @@ def cpu():
             pass
     return total, faults, pids
 print(json.dumps({"ready": True}), flush=True)
-from lorapop.executor import handle
-fresh = getattr(getattr(handle, "precompiled", None), "cache_clear", lambda: None)
+fresh = getattr(getattr(ex, "compiler", None), "clear", lambda: None)
 for line in sys.stdin:
-    fresh()  # programs compiled in the trainer are kept for their next runs: each pass meets them new, as training does
+    fresh()  # programs compiled for their runs are kept for their next runs: each pass meets them new, as training does
     t0, (c0, f0, p0) = time.perf_counter(), cpu()
     res = TASK_TYPES["code_o"].validate_many(props, ex)
     c1, f1, p1 = cpu()

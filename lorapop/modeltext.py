@@ -1,7 +1,6 @@
 """The one parser of model-written text in the trainer: :func:`parse_text` and :func:`literal_of` (programs,
 inputs, outputs, answers, through lorapop/tasks/values.py; the styles' shape checks, the yardsticks, the program
-diagnostics, the eval harness's sanitiser through :func:`quiet_parse`), and :func:`quiet_compile`, which compiles a
-program for its sandbox run.
+diagnostics, the eval harness's sanitiser through :func:`quiet_parse`).
 
 Both are total: whatever a text makes ``ast.parse`` or ``ast.literal_eval`` raise (``OverflowError`` from
 ``"1"*320 + "+1j"``, an int past a float's range added to a complex; ``MemoryError``, ``RecursionError``, anything
@@ -10,11 +9,10 @@ else) is :class:`NotLiteral`, that one text's failure, never the step's or anoth
 They print nothing. The warnings a parse would print (``SyntaxWarning`` for ``1if`` or ``0x1for``,
 ``DeprecationWarning`` for an invalid escape such as ``'\\d'``) are compile-time warnings, which the warnings module
 never deduplicates: a reply full of them wrote tens of kilobytes to the trainer's log at every parse. Every parse of
-model text is given one file name, :data:`MODEL_TEXT` (:data:`PROGRAM` for a program compiled for its run), and one
-filter ignores whatever warnings come from those "modules": thread-safe (no filter is changed per call, as
-``warnings.catch_warnings`` would; validation runs in threads) and blind to every warning of the trainer's own code.
-The filter is put back in first place whenever something installed another in front of it (``-W error``, a test
-harness).
+model text is given one file name, :data:`MODEL_TEXT`, and one filter ignores whatever warnings come from that
+"module": thread-safe (no filter is changed per call, as ``warnings.catch_warnings`` would; validation runs in
+threads) and blind to every warning of the trainer's own code. The filter is put back in first place whenever
+something installed another in front of it (``-W error``, a test harness).
 """
 
 from __future__ import annotations
@@ -22,11 +20,9 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from types import CodeType
 from typing import Any
 
 MODEL_TEXT = "<model-text>"  # the file name model-written text is parsed under: its warnings are ignored by it
-PROGRAM = "<program>"  # the file name a sandbox run compiles its program under (lorapop/executor/worker.py)
 
 
 class NotLiteral(ValueError):
@@ -42,11 +38,11 @@ _QUIET: list = []  # the filter entry installed by _quiet, to see at a glance wh
 
 
 def _quiet() -> None:
-    """Put the filter that ignores every warning of :data:`MODEL_TEXT` and :data:`PROGRAM` first among the warning
-    filters, where a filter installed later (``-W error``, a test harness's ``always``) would otherwise win over it."""
+    """Put the filter that ignores every warning of :data:`MODEL_TEXT` first among the warning filters, where a filter
+    installed later (``-W error``, a test harness's ``always``) would otherwise win over it."""
     if _QUIET and warnings.filters and warnings.filters[0] is _QUIET[0]:
         return
-    warnings.filterwarnings("ignore", module=f"(?:{re.escape(MODEL_TEXT)}|{re.escape(PROGRAM)})\\Z")
+    warnings.filterwarnings("ignore", module=re.escape(MODEL_TEXT) + r"\Z")
     _QUIET[:] = warnings.filters[:1]
 
 
@@ -55,13 +51,6 @@ def quiet_parse(text: str, mode: str = "exec") -> ast.AST:
     that reads a ``SyntaxError``'s position, and must then catch every exception itself)."""
     _quiet()
     return ast.parse(text, filename=MODEL_TEXT, mode=mode)
-
-
-def quiet_compile(source: str | ast.Module) -> CodeType:
-    """The code a bare interpreter's ``compile(source, PROGRAM, "exec")`` gives (no future flag inherited from the
-    caller, no optimization), from the text or its parsed tree, printing no warning; raises what ``compile`` raises."""
-    _quiet()
-    return compile(source, PROGRAM, "exec", dont_inherit=True, optimize=0)
 
 
 def parse_text(text: str, mode: str = "exec") -> ast.AST:

@@ -190,55 +190,67 @@ def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
 
 
 # Programs whose compiled form carries what a compile in another process could change: shared and interned
-# constants, signed zeros, nested code, a warning at compile time, a set constant and a syntax error (compiled by
-# their run), and one longer than the trainer compiles.
+# constants, signed zeros, nested code, a warning at compile time, a deep nest; and what the run compiles itself: a
+# set constant, a syntax error, a text longer than the helper takes.
 _COMPILED_ALIKE = [
-    "a = (1, 2)\ndef f():\n    return (1, 2)\n_result = [a is f(), 'ab_c' is f.__code__.co_consts[-1] if False "
-    "else 'x_y' is 'x_y', -0.0, 0.0, str(-0.0)]",
+    "a = (1, 2)\ndef f():\n    return (1, 2)\n_result = [a is f(), 'x_y' is 'x_y', -0.0, 0.0, str(-0.0)]",
     "class C:\n    'doc'\n    def m(self, *, k=(3,)):\n        return [len(C.__doc__), k, (lambda: f'{k!r:>6}')()]\n"
     "_result = C().m()",
     "x = 1\n_result = [x is 1, __name__, __doc__]",
+    "g = " + "lambda: " * 450 + "7\n_result = 2",
     "_result = sorted(x for x in {'b', 'a', 'c'})",
     "_result = 1 +",
     "_result = 2\n" + "\n".join(f"v{i} = {i}" for i in range(3000)),
-    "g = " + "lambda: " * 450 + "7\n_result = 2",
 ]
 
 
-def test_a_program_compiled_in_the_trainer_runs_as_one_compiled_by_its_run(ex, monkeypatch):
-    """The trainer compiles a program for its run (its compiler garbage was 70 page copies a run in the child): the
-    same interpreter (the hello's compiler id), so the run gets the code its own compile would give, with the same
-    result or error; what the trainer does not compile (errors, set constants, long texts) the run compiles."""
-    from lorapop.executor import handle, worker
-
-    assert all(w.info.get("compiler") == worker.compiler_id() for w in ex._all if w.proc is not None)
-    assert all(handle.precompiled(p) is not None for p in _COMPILED_ALIKE[:3])
-    assert [handle.precompiled(p) for p in _COMPILED_ALIKE[3:]] == [None] * 4
+def test_a_program_compiled_by_the_helper_runs_as_one_compiled_by_its_run(ex, monkeypatch):
+    """The executor's helper compiles a program for its run (its compiler garbage was 70 page copies a run in the
+    child): the workers' interpreter (the hello's compiler id), so the run gets the code its own compile would give,
+    with the same result or error; what the helper does not compile (errors, set constants, long texts) the run
+    compiles."""
+    ex.run("_result = 1")
+    assert all(w.info.get("compiler") == ex.compiler.ident for w in ex._all if w.proc is not None)
+    assert all(ex.compiler.compile(p) is not None for p in _COMPILED_ALIKE[:4])
+    assert [ex.compiler.compile(p) for p in _COMPILED_ALIKE[4:]] == [None] * 3
     seed = ex.hashseeds[0]
     here = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
-    monkeypatch.setattr(handle, "precompiled", lambda code: None)
+    monkeypatch.setattr(ex.compiler, "compile", lambda code: None)
     there = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
     assert here == there, (here, there)
-    assert here[0][0] == "ok" and here[4][0] == "error" and "SyntaxError" in here[4][2], here
+    assert here[0][0] == "ok" and here[5][0] == "error" and "SyntaxError" in here[5][2], here
 
 
-def test_the_trainer_compiles_only_what_costs_about_its_text():
-    """A 5,600-character chain of folded string constants took one compile in the trainer 4.4 GB and 3.6 s (the
-    compiler keeps every intermediate): such a program, a deeply nested one (whose compile depends on the trainer's
-    recursion limit), and one that breaks the trainer's own walk or marshal are left to their run, at once."""
+def _nested_finally(levels: int) -> str:
+    lines, ind = ["def f(x):"], 1
+    for _ in range(levels):
+        lines += [" " * ind + "try:", " " * (ind + 1) + "return x", " " * ind + "finally:"]
+        ind += 1
+    return "\n".join(lines + [" " * ind + "x += 1", " return x", "_result = f(1)"]) + "\n"
+
+
+def test_the_trainer_never_pays_for_a_costly_compile():
+    """Compiles that cost far more than their text: a chain of folded constants (4.4 GB from 5,623 characters), nested
+    finally bodies, written once per way out of each try (3.7 GB from 626 characters), a match OR-pattern whose names'
+    swaps grow with the cube of their number. The helper meets each under the runs' memory limit and the trainer's
+    clock for it: the trainer's own memory does not move, and the helper serves the next program."""
     import resource
     import time
 
-    from lorapop.executor import handle
-
-    chain = "def f(x):\n    return len(" + "+".join(["'\U0010ffff'*4096"] * 370) + ")\n"
-    nested = "def f(x):\n    g = " + "lambda: " * 1200 + "x\n    return x + 1\n"
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.process_time()
-    assert [handle.precompiled(p) for p in (chain, nested, "x = " + "(" * 300 + ")" * 300)] == [None] * 3
-    assert time.process_time() - t0 < 1.0
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
-    assert handle.precompiled("x = 10 ** 9 + 7\ns = 'ab' + str(x) * 2 + -x * 'c'\n") is not None
+    chain = "def f(x):\n    return len(" + "+".join(["'\\U0010ffff'*4096"] * 370) + ")\n_result = f(1)\n"
+    names = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz0123456789"][:450]
+    match = ("def f(x):\n    match x:\n        case [" + ",".join(names) + "]|[" + ",".join(reversed(names))
+             + "]:\n            return 1\n        case _:\n            return x\n_result = f(1)\n")
+    with SandboxExecutor(ExecutorConfig(n_workers=1, memory_mb=256)) as small:
+        assert small.compiler.compile("_result = 1") is not None
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for program in (chain, _nested_finally(14), match):
+            t0 = time.monotonic()
+            small.compiler.compile(program)  # compiled or not, within the helper's limits
+            assert time.monotonic() - t0 < 5.0
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+        assert small.compiler.compile(_nested_finally(14)) is None  # past the runs' memory: the run's to meet
+        assert small.compiler.compile("_result = 2") is not None
 
 
 def test_the_compiler_id_holds_what_changes_a_compile(tmp_path):

@@ -5,10 +5,8 @@ worker is :mod:`.worker`."""
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
-import marshal
 import os
 import select
 import shutil
@@ -20,15 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import CodeType
 from typing import Any
 
-from lorapop.modeltext import quiet_compile, quiet_parse
 from lorapop.tmpdirs import owned_tempdir
 
 from .base import RUN_STATUSES, WORKER_DIED, ExecResult
-from .worker import _HDR, REPORT, REQUEST, compiler_id  # the result's length prefix (pack_result); a run's request and
-# report; what a program compiled here must share with the worker's interpreter
+from .worker import _HDR, REPORT, REQUEST  # the result's length prefix (pack_result); a run's request and report
 
 WORKER_PY = Path(__file__).with_name("worker.py")
 # The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
@@ -70,88 +65,6 @@ def codec_modules(python: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()
     rows = [line.split(" ", 1) for line in out.stdout.splitlines() if " " in line]
     return (tuple(n for kind, n in rows if kind == "codec"), tuple(n for kind, n in rows if kind == "needs"))
-
-
-PRECOMPILE_MAX_CHARS = 16384  # longer programs are compiled by their run (bounded work here, whatever the text)
-PRECOMPILE_MAX_DEPTH = 60  # syntax trees nested deeper are compiled by their run (see _compiles_cheaply)
-_COMPILER = compiler_id(optimize=0)  # the level compiled at here; the worker's hello gives its own interpreter's
-
-
-@functools.lru_cache(maxsize=256)  # each program runs at least twice (the two hash seeds), a task's in every check
-def precompiled(code: str) -> bytes | None:
-    """``code`` compiled as the run would compile it (``compile(code, "<program>", "exec")`` in a bare interpreter:
-    no inherited future flags, no optimization), as marshal's bytes; None where the run must compile it itself, under
-    its own time and memory limits: a long or deeply nested text or one whose constants would fold into sequences
-    (the trainer's work stays bounded, see _compiles_cheaply), any error (the run meets it as a script does) or a set
-    constant (built from this process's iteration order, a set of strings could iterate in another order than the
-    run's own compile of it gives). Nothing it meets is raised."""
-    if len(code) > PRECOMPILE_MAX_CHARS:
-        return None
-    try:
-        tree = quiet_parse(code)  # the parse folds nothing: its work is the text's
-        if not _compiles_cheaply(tree):
-            return None
-        compiled = quiet_compile(tree)  # what it warns of is the run's business, not the trainer's log
-        return None if _holds_a_set(compiled) else marshal.dumps(compiled)
-    except Exception:  # noqa: BLE001 - whatever the text causes here, its run meets on its own
-        return None
-
-
-def _compiles_cheaply(tree: ast.AST) -> bool:
-    """Whether compiling ``tree`` costs about what its text does. The compiler folds operators on constants, keeping
-    every intermediate until it ends, and CPython bounds a folded repetition (``'a' * 4096``) but not a
-    concatenation: a chain of such terms in 5,623 characters took one compile 4.4 GB and 3.6 s. So no operator may
-    join two expressions made only of constants where either holds a string, bytes or tuple (numbers fold within
-    CPython's own bounds), and the tree is at most PRECOMPILE_MAX_DEPTH deep: the compiler's depth limit follows the
-    trainer's recursion limit, not the run's, so a deep program compiled here could be one a script cannot compile."""
-    try:
-        _made(tree, 0)
-    except _Costly:
-        return False
-    return True
-
-
-class _Costly(Exception):
-    pass
-
-
-_FOLDED = (ast.Tuple, ast.UnaryOp, ast.BinOp, ast.Subscript, ast.Slice)  # what folding joins into one constant
-
-
-def _made(node: ast.AST, depth: int) -> tuple[bool, bool]:
-    """(made only of constants, holds a string, bytes or tuple) of ``node``, its children first; raises _Costly."""
-    if depth > PRECOMPILE_MAX_DEPTH:
-        raise _Costly
-    if not node._fields:  # a context or an operator: neutral
-        return True, False
-    constant, sequence = True, False
-    for name in node._fields:
-        value = getattr(node, name, None)
-        for child in value if type(value) is list else (value,):
-            if isinstance(child, ast.AST):
-                c, q = _made(child, depth + 1)
-                constant, sequence = constant and c, sequence or q
-    if isinstance(node, ast.Constant):
-        return True, isinstance(node.value, (str, bytes))
-    if not isinstance(node, _FOLDED):
-        return False, False
-    sequence = sequence or isinstance(node, ast.Tuple)
-    if constant and sequence and isinstance(node, ast.BinOp):
-        raise _Costly
-    return constant, sequence
-
-
-def _holds_a_set(code: CodeType) -> bool:
-    stack = list(code.co_consts)
-    while stack:
-        c = stack.pop()
-        if type(c) is frozenset:
-            return True
-        if type(c) is tuple:
-            stack.extend(c)
-        elif type(c) is CodeType:
-            stack.extend(c.co_consts)
-    return False
 
 
 def unpack_result(data):
@@ -282,7 +195,8 @@ class WorkerHandle:
         c = self.ex.config
         cap = c.max_repr_chars if max_chars is None else min(c.max_repr_chars, max_chars)
         t0 = time.perf_counter()
-        compiled = precompiled(code) if self.info.get("compiler") == _COMPILER else None
+        compiled = self.ex.compiler.compile(code)  # by the helper (compiler.py), for this worker's interpreter only
+        compiled = compiled if compiled is not None and self.ex.compiler.ident == self.info.get("compiler") else None
         program = code.encode("utf-8", "surrogatepass") if compiled is None else compiled
         code_r, code_w = os.pipe()
         res_r, res_w = os.pipe()

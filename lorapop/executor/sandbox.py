@@ -59,12 +59,14 @@ import os
 import queue
 import random
 import shutil
+import sys
 import threading
 import warnings
 
 from lorapop.progress import progress
 
 from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError, resolve_hashseeds
+from .compiler import Compiler
 from .handle import WorkerHandle
 
 # Run uids as root: above the ranges hosts hand out (logins, systemd's dynamic and container ranges, /etc/subuid
@@ -106,6 +108,8 @@ class SandboxExecutor:
         self._hello_checked = False
         self.hashseeds = resolve_hashseeds(self.config)
         self.mode = self._probe_mode()
+        c = self.config  # programs compiled for their runs in a helper, under the runs' memory limit (compiler.py)
+        self.compiler = Compiler(c.python or sys.executable, int(c.memory_mb) << 20, min(1.0, float(c.timeout_s)))
 
     def _probe_mode(self) -> dict:
         """How workers are isolated: "root" (namespaces made with real privileges, runs under their own uid),
@@ -290,6 +294,8 @@ class SandboxExecutor:
             workers, self._all = self._all, []
         for w in workers:
             w.close()
+        if getattr(self, "compiler", None) is not None:
+            self.compiler.close()
         if self.config.uid_base is None:  # every uid of these workers was drawn
             with _UIDS_LOCK:
                 _UIDS_TAKEN.difference_update(w.uid for w in workers)

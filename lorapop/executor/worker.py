@@ -21,8 +21,8 @@ Startup, once per worker:
 
 Per run: fork; the child unblocks signals, closes every descriptor but its two pipe ends (the worker's own are open
 files it shares, whose flags and locks a run could set for the next), sets its own limits (CPU, address space,
-processes), drops to the run uid as root, reads its program (compiled by the trainer where its interpreter is this
-one: handle.precompiled), runs it as a fresh ``__main__`` module and writes
+processes), drops to the run uid as root, reads its program (compiled by the executor's helper where its interpreter
+is this one: compiler.py), runs it as a fresh ``__main__`` module and writes
 ``repr(_result)`` or its error. The worker waits for the child's exit up to the wall clock, then kills every other
 process of the namespace (as its PID 1; else the run's process group), reaps, and re-reads everything of itself a run
 could reach (health.py: the runs' read-only filesystem whole, its limits, priority, scheduler, CPU set, host name;
@@ -147,7 +147,7 @@ def compiler_id(optimize=None):
 
 def _prepare(cfg, code_fd, res_fd, cpu_s, size, compiled, reset_dumpable):
     """The child's setup, in a frame of its own that is gone before the program runs; returns the program's text, or
-    its code compiled by the trainer (marshal's bytes)."""
+    its code compiled by the executor's helper (marshal's bytes)."""
     # _signal, not signal's wrappers, which make enum members: each object a child makes costs it page copies (30)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, ())  # the worker blocks SIGCHLD; a program starts with none
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # ignored by the worker only
@@ -195,7 +195,7 @@ def _child(forked):
             del cfg, setup
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
-            # compiled by the trainer (no compiler's garbage on pages shared with the worker: 70 page copies a run);
+            # compiled by the helper (no compiler's garbage on pages shared with the worker: 70 page copies a run);
             # before the streams are the run's, so its compile's warnings count against no limit, as in a script
             program = compile(code, "<program>", "exec") if _isinstance(code, _str) else marshal.loads(code)
             del code

@@ -1,0 +1,183 @@
+"""Programs compiled for their runs, in a helper process: the trainer's side of it (:class:`Compiler`) and the helper's
+own code (:data:`HELPER`).
+
+A run that compiles its own program leaves the compiler's objects on pages it shares with its worker, each of them
+then copied (about 70 page copies a run, measured); code compiled once, elsewhere, and loaded from marshal's bytes
+costs the run far less, and a task's program runs at least twice (the two hash seeds) and again in every check.
+
+Not in the trainer. The compile of a hostile text can cost far more than the text: CPython folds operators on
+constants keeping every intermediate (a chain of ``'\\U0010ffff'*4096`` terms, 5,623 characters: 4.4 GB and 3.6 s in
+one compile), writes a ``finally`` body once per way out of its ``try`` (nesting triples it per level: 3.7 GB from
+626 characters) and reorders a match OR-pattern's names with swaps that grow with the cube of their number; a check
+of the tree's shape closes one such stage at a time. So the helper compiles, started as a worker is (the same
+interpreter, ``-s -S``, a scrubbed environment, nothing imported but what compiling needs), with the runs' own
+address-space limit, and the trainer waits for each answer at most the runs' wall clock: past it the helper is
+killed and started again. Whatever the helper does not compile (an error, the limits, a set constant, a text over
+``MAX_CHARS``, an interpreter other than the workers') the run compiles itself, as it always could, under its own
+limits. The helper compiles exactly as a run does (``compile(text, "<program>", "exec")`` in an interpreter whose
+:func:`worker.compiler_id` the workers share; its depth limit no looser than a script's), so a program gives the same
+result either way (tests/test_executor.py).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+_LEN = struct.Struct(">I")
+MAX_CHARS = 16384  # longer programs are compiled by their run
+MAX_CODE_BYTES = 4 << 20  # a longer compiled form is not sent back (nor kept): its run compiles it
+
+# The helper: argv = [address-space limit in bytes (0: none), the directory of worker.py]. It answers its compiler id,
+# then for each text (length-prefixed UTF-8) marshal's bytes of its code, or nothing (length 0) where it did not
+# compile it. A set constant is not sent: built in this process's iteration order, a set of strings could iterate
+# in another order than the run's own compile gives. Its compile runs two frames deeper than a script's (which runs
+# before any frame): a program nested to within those of the limit fails here, and its run compiles it as a script.
+HELPER = r"""
+import marshal, sys
+sys.path.insert(0, sys.argv[2])
+import resource, worker
+limit = int(sys.argv[1])
+if limit:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+def has_set(code):
+    stack = list(code.co_consts)
+    while stack:
+        c = stack.pop()
+        if type(c) is frozenset:
+            return True
+        if type(c) is tuple:
+            stack.extend(c)
+        elif type(c) is type(code):
+            stack.extend(c.co_consts)
+    return False
+
+def serve(inp, out, size):
+    while True:
+        head = inp.read(4)
+        if len(head) < 4:
+            return
+        text = inp.read(size.unpack(head)[0]).decode("utf-8", "surrogatepass")
+        try:
+            code = compile(text, "<program>", "exec")
+            data = b"" if has_set(code) else marshal.dumps(code)
+        except BaseException:  # MemoryError (the runs' limit), RecursionError, SyntaxError: the run's to meet
+            data = b""
+        code = text = None
+        data = data if len(data) <= %d else b""
+        out.write(size.pack(len(data)) + data)
+        out.flush()
+
+ident = worker.compiler_id().encode()
+out = sys.stdout.buffer
+out.write(len(ident).to_bytes(4, "big") + ident)
+out.flush()
+serve(sys.stdin.buffer, out, __import__("struct").Struct(">I"))
+""" % MAX_CODE_BYTES
+
+
+class Compiler:
+    """The trainer's side of one helper: :meth:`compile` is thread-safe (one text at a time), keeps the last
+    ``cache`` answers by text, starts the helper on first use and again after it was killed or ended."""
+
+    def __init__(self, python: str, memory_bytes: int, timeout_s: float, cache: int = 256):
+        self.python, self.memory_bytes, self.timeout_s, self.cache_size = python, memory_bytes, timeout_s, cache
+        self.ident: str | None = None  # the helper's compiler id, once started
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, bytes | None] = OrderedDict()
+        self._closed = False
+
+    def compile(self, code: str) -> bytes | None:
+        """Marshal's bytes of ``code`` compiled as its run would compile it, or None: its run compiles it."""
+        if len(code) > MAX_CHARS:
+            return None
+        with self._lock:
+            if code in self._cache:
+                self._cache.move_to_end(code)
+                return self._cache[code]
+            data = self._ask(code.encode("utf-8", "surrogatepass"))
+            self._cache[code] = data
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            return data
+
+    def clear(self) -> None:
+        """Forget every answer kept (a benchmark's pass meets its programs new, as training does)."""
+        with self._lock:
+            self._cache.clear()
+
+    def _ask(self, text: bytes) -> bytes | None:
+        if self._proc is None or self._proc.poll() is not None:
+            if self._closed or not self._start():
+                return None
+        try:
+            os.write(self._proc.stdin.fileno(), _LEN.pack(len(text)) + text)
+            data = self._read(time.monotonic() + self.timeout_s)
+        except OSError:
+            data = None
+        if data is None:  # past its clock, or gone: the next text gets a fresh helper
+            self._stop()
+        return data or None
+
+    def _read(self, deadline: float) -> bytes | None:
+        """One length-prefixed answer from the helper, or None when it ended or the deadline passed first."""
+        head = self._exactly(_LEN.size, deadline)
+        if head is None or _LEN.unpack(head)[0] > MAX_CODE_BYTES:
+            return None
+        return self._exactly(_LEN.unpack(head)[0], deadline)
+
+    def _exactly(self, n: int, deadline: float) -> bytes | None:
+        fd, chunks, got = self._proc.stdout.fileno(), [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, n - got)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _start(self) -> bool:
+        try:
+            self._proc = subprocess.Popen(
+                [self.python, "-s", "-S", "-c", HELPER, str(int(self.memory_bytes)), str(Path(__file__).parent)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
+                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, start_new_session=True, close_fds=True)
+        except OSError:
+            self._proc = None
+            return False
+        ident = self._read(time.monotonic() + max(self.timeout_s, 30.0))
+        if ident is None:
+            self._stop()
+            return False
+        self.ident = ident.decode("utf-8", "replace")
+        return True
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+            proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._stop()
