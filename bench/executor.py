@@ -150,6 +150,14 @@ def cpu():
                 faults[1] += int(fields[8])
         except (OSError, AttributeError, IndexError, ValueError):
             pass
+    helper = getattr(getattr(getattr(ex, "compiler", None), "_proc", None), "pid", None)
+    if helper is not None:  # the process that compiles programs for their runs (compiler.py): its CPU is theirs
+        try:
+            fields = open(f"/proc/{helper}/stat").read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:13]) / tick
+            pids.add(f"compiler {helper}")
+        except (OSError, IndexError, ValueError):
+            pass
     return total, faults, pids
 print(json.dumps({"ready": True}), flush=True)
 fresh = getattr(getattr(ex, "compiler", None), "clear", lambda: None)
@@ -256,7 +264,7 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
            "speedup": statistics.median(a / b for a, b in zip(per["now"], per["subprocess"])),
            "speedup_rounds": [round(a / b, 2) for a, b in zip(per["now"], per["subprocess"])],
            "valid": valid["now"], "rounds": rounds,
-           # the same ratio in CPU time (the trainer's and every sandbox process's; the fresh interpreters'): what a
+           # the same ratio in CPU time (the trainer's, its compile helper's and every sandbox process's; the fresh interpreters'): what a
            # task costs, whatever else the machine (or the hypervisor) does meanwhile
            "speedup_cpu": statistics.median(ratios("now", "subprocess")),
            "speedup_cpu_rounds": [round(r, 2) for r in ratios("now", "subprocess")],
