@@ -264,8 +264,8 @@ def interleaved(path: Path, props: list[Proposal], rounds: int, before: str | No
            "speedup": statistics.median(a / b for a, b in zip(per["now"], per["subprocess"])),
            "speedup_rounds": [round(a / b, 2) for a, b in zip(per["now"], per["subprocess"])],
            "valid": valid["now"], "rounds": rounds,
-           # the same ratio in CPU time (the trainer's, its compile helper's and every sandbox process's; the fresh interpreters'): what a
-           # task costs, whatever else the machine (or the hypervisor) does meanwhile
+           # the same ratio in CPU time (the trainer's, its compile helper's and every sandbox process's; the fresh
+           # interpreters'): what a task costs, whatever else the machine (or the hypervisor) does meanwhile
            "speedup_cpu": statistics.median(ratios("now", "subprocess")),
            "speedup_cpu_rounds": [round(r, 2) for r in ratios("now", "subprocess")],
            # page faults per validated task, medians over the rounds: [in the workers, in their runs]
