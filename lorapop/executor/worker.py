@@ -135,14 +135,13 @@ def pack_result(status, value, error):
     return _HDR.pack(_len(body)) + body
 
 
-def compiler_id(optimize=None):
+def compiler_id():
     """What a program compiled in another process must share with this interpreter to be loaded here unchanged: the
-    version and bytecode, the longest int literal read, whether code keeps column positions, the optimization level
-    (``optimize``: the one a caller compiles at; this interpreter's own by default)."""
+    version and bytecode, the longest int literal read, whether code keeps column positions, the optimization level."""
     digits = getattr(sys, "get_int_max_str_digits", lambda: None)()
     columns = list(compile("x", "", "eval").co_positions())[-1][2] is not None
-    level = sys.flags.optimize if optimize is None else optimize
-    return f"{sys.version} {sys.modules['_frozen_importlib_external'].MAGIC_NUMBER.hex()} {digits} {columns} {level}"
+    magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER.hex()
+    return f"{sys.version} {magic} {digits} {columns} {sys.flags.optimize}"
 
 
 def _prepare(cfg, code_fd, res_fd, cpu_s, size, compiled, reset_dumpable):
