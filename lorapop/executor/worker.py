@@ -44,9 +44,9 @@ import resource
 
 _HDR = struct.Struct(">I")
 # Per run, in fixed binary forms rather than JSON, whose encoder and decoder touched 50 of the worker's pages a run:
-# each was shared with the run just forked, so copied again (the hello and the config stay JSON).
-# the run's wall clock (s), the program's length in bytes, whether it comes compiled (marshal: compiler_id() the same
-# on both sides, handle.py); two pipe ends attached
+# each was shared with the run just forked, so copied again (the hello and the config stay JSON). A request: the
+# run's wall clock (s), the program's length in bytes, whether it comes compiled (marshal's bytes from a helper whose
+# compiler_id() is this worker's: compiler.py), with two pipe ends attached
 REQUEST = struct.Struct(">dQ?")
 REPORT = struct.Struct(">ci?dq")  # b"R", wait status, timed out, duration (s), RLIMIT_CPU (s); then why to retire
 _CMSG = socket.CMSG_SPACE(8)  # two descriptors' room
