@@ -119,7 +119,9 @@ class Compiler:
             if self._closed or not self._start():
                 return None
         try:
-            os.write(self._proc.stdin.fileno(), _LEN.pack(len(text)) + text)
+            view = memoryview(_LEN.pack(len(text)) + text)
+            while view:  # a text over a pipe's capacity goes in more than one write
+                view = view[os.write(self._proc.stdin.fileno(), view):]
             data = self._read(time.monotonic() + self.timeout_s)
         except OSError:
             data = None
