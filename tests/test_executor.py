@@ -190,14 +190,15 @@ def test_a_program_runs_beneath_no_frame_of_the_worker(ex):
 
 
 # Programs whose compiled form carries what a compile in another process could change: shared and interned
-# constants, signed zeros, nested code, a warning at compile time, a deep nest; and what the run compiles itself: a
-# set constant, a syntax error, a text longer than the helper takes.
+# constants, signed zeros, nested code, a warning at compile time, a nest; and what the run compiles itself: a
+# compiled form far longer than its text, a set constant, a syntax error, a text longer than the helper takes.
 _COMPILED_ALIKE = [
     "a = (1, 2)\ndef f():\n    return (1, 2)\n_result = [a is f(), 'x_y' is 'x_y', -0.0, 0.0, str(-0.0)]",
     "class C:\n    'doc'\n    def m(self, *, k=(3,)):\n        return [len(C.__doc__), k, (lambda: f'{k!r:>6}')()]\n"
     "_result = C().m()",
     "x = 1\n_result = [x is 1, __name__, __doc__]",
-    "g = " + "lambda: " * 450 + "7\n_result = 2",
+    "g = " + "lambda: " * 40 + "7\n_result = 2",
+    "g = " + "lambda: " * 450 + "7\n_result = 2",  # its qualified names make 1.9 MB of 3.6 KB
     "_result = sorted(x for x in {'b', 'a', 'c'})",
     "_result = 1 +",
     "_result = 2\n" + "\n".join(f"v{i} = {i}" for i in range(3000)),
@@ -212,13 +213,13 @@ def test_a_program_compiled_by_the_helper_runs_as_one_compiled_by_its_run(ex, mo
     ex.run("_result = 1")
     assert all(w.info.get("compiler") == ex.compiler.ident for w in ex._all if w.proc is not None)
     assert all(ex.compiler.compile(p) is not None for p in _COMPILED_ALIKE[:4])
-    assert [ex.compiler.compile(p) for p in _COMPILED_ALIKE[4:]] == [None] * 3
+    assert [ex.compiler.compile(p) for p in _COMPILED_ALIKE[4:]] == [None] * 4
     seed = ex.hashseeds[0]
     here = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
     monkeypatch.setattr(ex.compiler, "compile", lambda code: None)
     there = [(r.status, r.value, r.error) for r in ex.run_many(_COMPILED_ALIKE, hashseed=seed)]
     assert here == there, (here, there)
-    assert here[0][0] == "ok" and here[5][0] == "error" and "SyntaxError" in here[5][2], here
+    assert here[0][0] == "ok" and here[6][0] == "error" and "SyntaxError" in here[6][2], here
 
 
 def _nested_finally(levels: int) -> str:
@@ -251,6 +252,26 @@ def test_the_trainer_never_pays_for_a_costly_compile():
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
         assert small.compiler.compile(_nested_finally(14)) is None  # past the runs' memory: the run's to meet
         assert small.compiler.compile("_result = 2") is not None
+
+
+def test_a_slow_or_bloated_compile_holds_up_no_other_run(ex):
+    """A program whose compiled form is far longer than its text (folded constants: 2.3 KB made 4 MB, sent to every run
+    and kept) is left to its run; and while the helper is busy with a slow text (nested finally bodies), another
+    run's compile does not wait for it: that run compiles its own."""
+    import threading
+    import time
+
+    bloated = "def f(x):\n    return [" + ",".join(f"'{chr(0x10000 + i)}'*4096" for i in range(255)) + "]\n"
+    assert len(bloated) < 3000 and ex.compiler.compile(bloated) is None
+    assert ex.compiler._cache_bytes < 1 << 20
+    slow = threading.Thread(target=ex.compiler.compile, args=(_nested_finally(13),))
+    slow.start()
+    time.sleep(0.02)
+    t0 = time.monotonic()
+    ex.compiler.compile("_result = 3")
+    assert time.monotonic() - t0 < 0.15
+    slow.join()
+    assert ex.run("_result = 3").value == "3"
 
 
 def test_the_compiler_id_holds_what_changes_a_compile(tmp_path):

@@ -11,12 +11,13 @@ one compile), writes a ``finally`` body once per way out of its ``try`` (nesting
 626 characters) and reorders a match OR-pattern's names with swaps that grow with the cube of their number; a check
 of the tree's shape closes one such stage at a time. So the helper compiles, started as a worker is (the same
 interpreter, ``-s -S``, a scrubbed environment, nothing imported but what compiling needs), with the runs' own
-address-space limit, and the trainer waits for each answer at most the runs' wall clock: past it the helper is
-killed and started again. Whatever the helper does not compile (an error, the limits, a set constant, a text over
-``MAX_CHARS``, an interpreter other than the workers') the run compiles itself, as it always could, under its own
-limits. The helper compiles exactly as a run does (``compile(text, "<program>", "exec")`` in an interpreter whose
-:func:`worker.compiler_id` the workers share; its depth limit no looser than a script's), so a program gives the same
-result either way (tests/test_executor.py).
+address-space limit; the trainer waits for each answer at most 0.2 s (an honest program compiles in milliseconds),
+past which the helper is killed and started again, and a run whose compile finds the helper busy compiles its own
+(a slow text holds up no other run). Whatever the helper does not compile (an error, the limits, a set constant, a
+text over ``MAX_CHARS``, a compiled form far longer than its text, an interpreter other than the workers') the run
+compiles itself, as it always could, under its own limits. The helper compiles exactly as a run does
+(``compile(text, "<program>", "exec")`` in an interpreter whose :func:`worker.compiler_id` the workers share; its
+depth limit no looser than a script's), so a program gives the same result either way (tests/test_executor.py).
 """
 
 from __future__ import annotations
@@ -32,13 +33,20 @@ from pathlib import Path
 
 _LEN = struct.Struct(">I")
 MAX_CHARS = 16384  # longer programs are compiled by their run
-MAX_CODE_BYTES = 4 << 20  # a longer compiled form is not sent back (nor kept): its run compiles it
+# A compiled form longer than 16 bytes a byte of its text (at least 64 KiB) is not sent back, nor kept: its run
+# compiles it. Folded constants can make it far longer than its text (2.3 KB gave 4 MB), and it goes to every run.
+CODE_BYTES_PER_TEXT_BYTE, MIN_CODE_BYTES = 16, 1 << 16
+MAX_CODE_BYTES = CODE_BYTES_PER_TEXT_BYTE * 4 * MAX_CHARS
+CACHE_BYTES = 16 << 20  # texts and answers kept, at most
+WAIT_S = 0.02  # a caller that finds the helper busy this long compiles in its run: no text holds up another's run
 
 # The helper: argv = [address-space limit in bytes (0: none), the directory of worker.py]. It answers its compiler id,
 # then for each text (length-prefixed UTF-8) marshal's bytes of its code, or nothing (length 0) where it did not
-# compile it. A set constant is not sent: built in this process's iteration order, a set of strings could iterate
-# in another order than the run's own compile gives. Its compile runs two frames deeper than a script's (which runs
-# before any frame): a program nested to within those of the limit fails here, and its run compiles it as a script.
+# compile it; after a compile that ran out of memory it exits (its heap stays grown otherwise: 250 MB), and the
+# trainer starts another. A set constant is not sent: built in this process's iteration order, a set of strings could
+# iterate in another order than the run's own compile gives. Its compile runs two frames deeper than a script's
+# (which runs before any frame): a program nested to within those of the limit fails here, and its run compiles it
+# as a script.
 HELPER = r"""
 import marshal, sys
 sys.path.insert(0, sys.argv[2])
@@ -64,35 +72,44 @@ def serve(inp, out, size):
         head = inp.read(4)
         if len(head) < 4:
             return
-        text = inp.read(size.unpack(head)[0]).decode("utf-8", "surrogatepass")
+        raw = inp.read(size.unpack(head)[0])
+        spent = False
         try:
-            code = compile(text, "<program>", "exec")
+            code = compile(raw.decode("utf-8", "surrogatepass"), "<program>", "exec")
             data = b"" if has_set(code) else marshal.dumps(code)
-        except BaseException:  # MemoryError (the runs' limit), RecursionError, SyntaxError: the run's to meet
+        except MemoryError:  # the runs' limit
+            data, spent = b"", True
+        except BaseException:  # RecursionError, SyntaxError, ...: the run's to meet
             data = b""
-        code = text = None
-        data = data if len(data) <= %d else b""
+        code = None
+        data = data if len(data) <= max(%d, %d * len(raw)) else b""
         out.write(size.pack(len(data)) + data)
         out.flush()
+        if spent:
+            return
 
 ident = worker.compiler_id().encode()
 out = sys.stdout.buffer
 out.write(len(ident).to_bytes(4, "big") + ident)
 out.flush()
 serve(sys.stdin.buffer, out, __import__("struct").Struct(">I"))
-""" % MAX_CODE_BYTES
+""" % (MIN_CODE_BYTES, CODE_BYTES_PER_TEXT_BYTE)
 
 
 class Compiler:
-    """The trainer's side of one helper: :meth:`compile` is thread-safe (one text at a time), keeps the last
-    ``cache`` answers by text, starts the helper on first use and again after it was killed or ended."""
+    """The trainer's side of one helper: :meth:`compile` is thread-safe (the helper takes one text at a time; a caller
+    that finds it busy for WAIT_S gets None), keeps the last ``cache`` answers by text (at most CACHE_BYTES), starts
+    the helper on first use and again after it was killed or ended. ``timeout_s``: the longest wait for one answer,
+    after which the helper is killed (an honest program compiles in milliseconds)."""
 
     def __init__(self, python: str, memory_bytes: int, timeout_s: float, cache: int = 256):
         self.python, self.memory_bytes, self.timeout_s, self.cache_size = python, memory_bytes, timeout_s, cache
         self.ident: str | None = None  # the helper's compiler id, once started
         self._proc: subprocess.Popen | None = None
-        self._lock = threading.Lock()
+        self._helper = threading.Lock()  # held while the helper compiles one text
+        self._lock = threading.Lock()  # the cache's
         self._cache: OrderedDict[str, bytes | None] = OrderedDict()
+        self._cache_bytes = 0
         self._closed = False
 
     def compile(self, code: str) -> bytes | None:
@@ -103,16 +120,26 @@ class Compiler:
             if code in self._cache:
                 self._cache.move_to_end(code)
                 return self._cache[code]
+        if not self._helper.acquire(timeout=WAIT_S):
+            return None  # busy (a slow text, maybe): this run compiles its own, and nothing is kept
+        try:
             data = self._ask(code.encode("utf-8", "surrogatepass"))
-            self._cache[code] = data
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-            return data
+        finally:
+            self._helper.release()
+        with self._lock:
+            if code not in self._cache:
+                self._cache[code] = data
+                self._cache_bytes += len(code) + len(data or b"")
+            while self._cache and (len(self._cache) > self.cache_size or self._cache_bytes > CACHE_BYTES):
+                old, kept = self._cache.popitem(last=False)
+                self._cache_bytes -= len(old) + len(kept or b"")
+        return data
 
     def clear(self) -> None:
         """Forget every answer kept (a benchmark's pass meets its programs new, as training does)."""
         with self._lock:
             self._cache.clear()
+            self._cache_bytes = 0
 
     def _ask(self, text: bytes) -> bytes | None:
         if self._proc is None or self._proc.poll() is not None:
@@ -180,6 +207,6 @@ class Compiler:
                     pass
 
     def close(self) -> None:
-        with self._lock:
+        with self._helper:
             self._closed = True
             self._stop()

@@ -109,7 +109,7 @@ class SandboxExecutor:
         self.hashseeds = resolve_hashseeds(self.config)
         self.mode = self._probe_mode()
         c = self.config  # programs compiled for their runs in a helper, under the runs' memory limit (compiler.py)
-        self.compiler = Compiler(c.python or sys.executable, int(c.memory_mb) << 20, min(1.0, float(c.timeout_s)))
+        self.compiler = Compiler(c.python or sys.executable, int(c.memory_mb) << 20, min(0.2, float(c.timeout_s)))
 
     def _probe_mode(self) -> dict:
         """How workers are isolated: "root" (namespaces made with real privileges, runs under their own uid),
