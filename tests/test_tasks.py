@@ -576,12 +576,13 @@ _SCRIPT_STEP = {
     "deleted, builtins rebound": ("def f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    g['__builtins__'] = "
                                   "{'_result': x[::-1]}\n    g['_result'] = type('D', (), {'__del__': lambda s: "
                                   "g.pop('_result', None)})()\n    return x", "[1, 2, 3]"),
-    # a key colliding with '_result' pops it while the lookup compares keys (the store compared them first)
-    "deleted by a colliding key": ("def f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    once = []\n"
-                                   "    def eq(s, o):  # the store's compare, then the lookup's\n        once.append(1)\n"
-                                   "        if len(once) == 2:\n            g.pop('_result', None)\n        return False\n    K = type('K', (str,), "
-                                   "{'__eq__': eq, '__hash__': lambda s: hash('_result')})\n    g[K('zz')] = 0\n"
-                                   "    return x", "[1, 2, 3]"),
+    # a key colliding with '_result' pops it while the lookup compares keys (at the store there is none to pop)
+    "deleted by a colliding key": ("def f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    busy = []\n"
+                                   "    def eq(s, o):  # at the store (no _result yet) and at the lookup\n"
+                                   "        if not busy:\n            busy.append(1)\n"
+                                   "            g.pop('_result', None)\n            busy.pop()\n        return False\n"
+                                   "    K = type('K', (str,), {'__eq__': eq, '__hash__': lambda s: hash('_result')})\n"
+                                   "    g[K('zz')] = 0\n    return x", "[1, 2, 3]"),
     # a script looks the name repr up before it calls it: a key colliding with 'repr' sees that
     "the repr lookup": ("seen = []\ndef f(x):\n    g = (i for i in ()).gi_frame.f_globals\n    K = type('K', (str,), "
                         "{'__eq__': lambda s, o: seen.append(1) or False, '__hash__': lambda s: hash('repr')})\n"
