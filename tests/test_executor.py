@@ -274,6 +274,48 @@ def test_a_slow_or_bloated_compile_holds_up_no_other_run(ex):
     assert ex.run("_result = 3").value == "3"
 
 
+def test_an_interrupted_compile_leaves_no_answer_for_the_next_text(ex, monkeypatch):
+    """A wait for the helper's answer that ends any other way than by reading it whole (KeyboardInterrupt in the
+    trainer, a cancelled task) ends the helper: an answer left in its pipe had been read as the next text's, and
+    every later program ran the code of the one before it."""
+    from lorapop.executor import compiler
+
+    real = compiler.Compiler._read
+    calls = []
+
+    def interrupted(self, deadline):
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return real(self, deadline)
+
+    ex.run("_result = 'A'")
+    monkeypatch.setattr(compiler.Compiler, "_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ex.compiler.compile("_result = 'B'")
+    assert [ex.run(f"_result = {v!r}").value for v in "BCD"] == ["'B'", "'C'", "'D'"]
+
+
+def test_a_trainer_holding_many_files_still_runs_programs(ex):
+    """select refuses a descriptor past 1,023: a trainer holding that many files (an engine, Ray) had every run come
+    back crashed. The waits use poll."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not hold 1,200 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while len(held) < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        assert ex.run("_result = 6 * 7").value == "42"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_the_compiler_id_holds_what_changes_a_compile(tmp_path):
     """An interpreter's settings that change what a compile gives (int literals past 4300 digits, code without column
     positions, the optimization level) are in the id a program's compile must share with its worker's."""

@@ -5,6 +5,7 @@ Torch-free and process-free: :mod:`.sandbox` implements it, :mod:`.ray_executor`
 from __future__ import annotations
 
 import random
+import select
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -155,3 +156,29 @@ class IsolationError(RuntimeError):
 def isolated(protections: dict) -> bool:
     """Whether a run is walled off from the host: its own network, files and pids, no privileges, the filter."""
     return all(bool(protections.get(k)) for k in ISOLATION_KEYS)
+
+
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+_WRITABLE = select.POLLOUT | select.POLLHUP | select.POLLERR
+
+
+def ready(reads: list, writes: list, timeout: float) -> tuple[list, list]:
+    """``select.select(reads, writes, [], timeout)``'s two lists, through ``poll``: select refuses any descriptor past
+    1,023, and a trainer holding that many files (an engine, Ray) had every run come back crashed. Items are
+    descriptors or objects with ``fileno()``; an ended or broken one counts as ready, as select counts it."""
+    poller, items = select.poll(), {}
+    for obj, flags, side in [(o, select.POLLIN | select.POLLPRI, 0) for o in reads] + \
+            [(o, select.POLLOUT, 1) for o in writes]:
+        fd = obj if isinstance(obj, int) else obj.fileno()
+        entry = items.setdefault(fd, [0, None, None])
+        entry[0] |= flags
+        entry[1 + side] = obj
+        poller.register(fd, entry[0])
+    r, w = [], []
+    for fd, events in poller.poll(max(0.0, timeout) * 1000):
+        _, obj_r, obj_w = items[fd]
+        if obj_r is not None and events & _READABLE:
+            r.append(obj_r)
+        if obj_w is not None and events & _WRITABLE:
+            w.append(obj_w)
+    return r, w

@@ -23,13 +23,14 @@ depth limit no looser than a script's), so a program gives the same result eithe
 from __future__ import annotations
 
 import os
-import select
 import struct
 import subprocess
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
+
+from .base import ready
 
 _LEN = struct.Struct(">I")
 MAX_CHARS = 16384  # longer programs are compiled by their run
@@ -123,16 +124,16 @@ class Compiler:
         if not self._helper.acquire(timeout=WAIT_S):
             return None  # busy (a slow text, maybe): this run compiles its own, and nothing is kept
         try:
-            data = self._ask(code.encode("utf-8", "surrogatepass"))
+            data, decided = self._ask(code.encode("utf-8", "surrogatepass"))
         finally:
             self._helper.release()
         with self._lock:
-            if code not in self._cache:
+            if decided and code not in self._cache:  # not a helper found gone twice: the next ask may do better
                 self._cache[code] = data
-                self._cache_bytes += len(code) + len(data or b"")
+                self._cache_bytes += 4 * len(code) + len(data or b"")  # a str takes up to 4 bytes a character
             while self._cache and (len(self._cache) > self.cache_size or self._cache_bytes > CACHE_BYTES):
                 old, kept = self._cache.popitem(last=False)
-                self._cache_bytes -= len(old) + len(kept or b"")
+                self._cache_bytes -= 4 * len(old) + len(kept or b"")
         return data
 
     def clear(self) -> None:
@@ -141,37 +142,51 @@ class Compiler:
             self._cache.clear()
             self._cache_bytes = 0
 
-    def _ask(self, text: bytes) -> bytes | None:
-        if self._proc is None or self._proc.poll() is not None:
-            if self._closed or not self._start():
-                return None
-        try:
-            view = memoryview(_LEN.pack(len(text)) + text)
-            while view:  # a text over a pipe's capacity goes in more than one write
-                view = view[os.write(self._proc.stdin.fileno(), view):]
-            data = self._read(time.monotonic() + self.timeout_s)
-        except OSError:
-            data = None
-        if data is None:  # past its clock, or gone: the next text gets a fresh helper
-            self._stop()
-        return data or None
+    def _ask(self, text: bytes) -> tuple[bytes | None, bool]:
+        """(the answer, or None; whether it is the helper's decision: an answer, or its clock run out). Every exchange
+        not read whole ends the helper, whatever ended it (a missed clock, a helper gone, an exception in this thread:
+        KeyboardInterrupt, a cancelled task): an answer left in the pipe would be read as the next text's. A helper
+        found gone (it exits after a compile that ran out of memory) is started again, once."""
+        for _ in range(2):
+            if self._proc is None or self._proc.poll() is not None:
+                if self._closed or not self._start():
+                    return None, False
+            whole = False
+            try:
+                view = memoryview(_LEN.pack(len(text)) + text)
+                while view:  # a text over a pipe's capacity goes in more than one write
+                    view = view[os.write(self._proc.stdin.fileno(), view):]
+                data = self._read(time.monotonic() + self.timeout_s)
+                whole = data is not None
+                if whole:
+                    return data or None, True
+                return None, True  # past its clock: this text is the run's
+            except (OSError, EOFError):
+                continue  # gone before it answered: a fresh helper, once
+            finally:
+                if not whole:
+                    self._stop()
+        return None, False
 
     def _read(self, deadline: float) -> bytes | None:
-        """One length-prefixed answer from the helper, or None when it ended or the deadline passed first."""
+        """One length-prefixed answer from the helper, or None when the deadline passed first; EOFError when the
+        helper ended."""
         head = self._exactly(_LEN.size, deadline)
-        if head is None or _LEN.unpack(head)[0] > MAX_CODE_BYTES:
+        if head is None:
             return None
+        if _LEN.unpack(head)[0] > MAX_CODE_BYTES:
+            raise EOFError("an answer over the bound")
         return self._exactly(_LEN.unpack(head)[0], deadline)
 
     def _exactly(self, n: int, deadline: float) -> bytes | None:
         fd, chunks, got = self._proc.stdout.fileno(), [], 0
         while got < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not ready([fd], [], left)[0]:
                 return None
             chunk = os.read(fd, n - got)
             if not chunk:
-                return None
+                raise EOFError("the helper ended")
             chunks.append(chunk)
             got += len(chunk)
         return b"".join(chunks)
@@ -185,9 +200,15 @@ class Compiler:
         except OSError:
             self._proc = None
             return False
-        ident = self._read(time.monotonic() + max(self.timeout_s, 30.0))
+        ident = None
+        try:
+            ident = self._read(time.monotonic() + max(self.timeout_s, 30.0))
+        except (OSError, EOFError):
+            pass
+        finally:
+            if ident is None:  # its id unread (whatever ended the wait): never asked a text
+                self._stop()
         if ident is None:
-            self._stop()
             return False
         self.ident = ident.decode("utf-8", "replace")
         return True

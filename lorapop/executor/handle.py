@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -22,7 +21,7 @@ from typing import Any
 
 from lorapop.tmpdirs import owned_tempdir
 
-from .base import RUN_STATUSES, WORKER_DIED, ExecResult
+from .base import RUN_STATUSES, WORKER_DIED, ExecResult, ready
 from .worker import _HDR, REPORT, REQUEST  # the result's length prefix (pack_result); a run's request and report
 
 WORKER_PY = Path(__file__).with_name("worker.py")
@@ -173,7 +172,7 @@ class WorkerHandle:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            r, _, _ = select.select([self.ctl], [], [], left)
+            r, _ = ready([self.ctl], [], left)
             if r:
                 break
         try:
@@ -275,7 +274,7 @@ class WorkerHandle:
             reading = res_open and watch and now >= rest_until
             rl = ([self.ctl] if report is None else []) + ([res_r] if reading else [])
             wait = left if reading or not (res_open and watch) else min(left, rest_until - now)
-            r, w, _ = select.select(rl, [code_w] if code_w in pending else [], [], wait)
+            r, w = ready(rl, [code_w] if code_w in pending else [], wait)
             if w:
                 write_some()
             if res_r in r:
