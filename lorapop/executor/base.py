@@ -4,6 +4,7 @@ Torch-free and process-free: :mod:`.sandbox` implements it, :mod:`.ray_executor`
 
 from __future__ import annotations
 
+import errno
 import random
 import select
 from dataclasses import dataclass
@@ -176,6 +177,8 @@ def ready(reads: list, writes: list, timeout: float) -> tuple[list, list]:
         poller.register(fd, entry[0])
     r, w = [], []
     for fd, events in poller.poll(max(0.0, timeout) * 1000):
+        if events & select.POLLNVAL:  # a closed descriptor: select raises, and a poll loop would spin to its clock
+            raise OSError(errno.EBADF, "descriptor not open", fd)
         _, obj_r, obj_w = items[fd]
         if obj_r is not None and events & _READABLE:
             r.append(obj_r)
