@@ -296,6 +296,27 @@ def test_an_interrupted_compile_leaves_no_answer_for_the_next_text(ex, monkeypat
     assert [ex.run(f"_result = {v!r}").value for v in "BCD"] == ["'B'", "'C'", "'D'"]
 
 
+def test_an_interrupted_run_leaves_no_report_for_the_next_run(ex, monkeypatch):
+    """A run whose wait for the worker's report ends any other way (KeyboardInterrupt, a cancelled task) ends that
+    worker: its report, left on the socket, had been read as the next run's, every later verdict one run behind (a
+    timeout read for an honest run, an honest run crashed). And a clock past what poll takes (2**31 ms) is a clock."""
+    from lorapop.executor import handle
+
+    real = handle.WorkerHandle._exchange
+
+    def interrupted(self, *args):
+        monkeypatch.setattr(handle.WorkerHandle, "_exchange", real)
+        raise KeyboardInterrupt
+
+    with SandboxExecutor(ExecutorConfig(n_workers=1)) as one:
+        one.run("_result = 0")
+        monkeypatch.setattr(handle.WorkerHandle, "_exchange", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            one.run("import time\ntime.sleep(0.3)\n_result = 'A'")
+        assert [one.run(f"_result = {v!r}").value for v in "BC"] == ["'B'", "'C'"]
+        assert one.run("_result = 'D'", timeout_s=3e6).value == "'D'"
+
+
 def test_a_trainer_holding_many_files_still_runs_programs(ex):
     """select refuses a descriptor past 1,023: a trainer holding that many files (an engine, Ray) had every run come
     back crashed. The waits use poll."""

@@ -175,8 +175,10 @@ def ready(reads: list, writes: list, timeout: float) -> tuple[list, list]:
         entry[0] |= flags
         entry[1 + side] = obj
         poller.register(fd, entry[0])
+    if timeout != timeout:
+        raise ValueError("timeout is NaN")
     r, w = [], []
-    for fd, events in poller.poll(max(0.0, timeout) * 1000):
+    for fd, events in poller.poll(min(max(0.0, timeout) * 1000, 2 ** 31 - 1)):  # poll takes at most 2**31-1 ms
         if events & select.POLLNVAL:  # a closed descriptor: select raises, and a poll loop would spin to its clock
             raise OSError(errno.EBADF, "descriptor not open", fd)
         _, obj_r, obj_w = items[fd]

@@ -107,6 +107,7 @@ class Compiler:
         self.python, self.memory_bytes, self.timeout_s, self.cache_size = python, memory_bytes, timeout_s, cache
         self.ident: str | None = None  # the helper's compiler id, once started
         self._proc: subprocess.Popen | None = None
+        self._ended: list[subprocess.Popen] = []  # killed, not yet reaped
         self._helper = threading.Lock()  # held while the helper compiles one text
         self._lock = threading.Lock()  # the cache's
         self._cache: OrderedDict[str, bytes | None] = OrderedDict()
@@ -216,11 +217,14 @@ class Compiler:
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
+            self._ended.append(proc)  # reaped here, or by a later stop if this wait is interrupted
+        for proc in list(self._ended):
             try:
                 proc.kill()
             except OSError:
                 pass
             proc.wait()
+            self._ended.remove(proc)
             for f in (proc.stdin, proc.stdout):
                 try:
                     f.close()

@@ -214,6 +214,11 @@ class WorkerHandle:
             try:
                 report, raw, overflow = self._exchange(program, code_w, pending, res_r,
                                                        time.monotonic() + timeout_s + c.grace_s, cap)
+            except BaseException:
+                # Ended before the worker's report was read (KeyboardInterrupt, a cancelled task): the report
+                # would be read as the next run's, and every later verdict of this worker one run behind
+                self.kill()
+                raise
             finally:
                 for fd in pending:
                     os.close(fd)
