@@ -367,7 +367,8 @@ def test_what_the_worker_keeps_for_its_health_check_holds_no_host_limit(ex):
     import resource
 
     code = ("import fractions\nsys = fractions.sys\nr = sys.modules['resource']\n"
-            "kept = [v for v in sys.modules['health']._KEPT[0][2:] if type(v) is tuple and len(v) == 2 "
+            "kept = [v for v in sys._getframe(1).f_globals['_HELD'][1]['observable'][2:] if type(v) is tuple "
+            "and len(v) == 2 "
             "and all(type(x) is int for x in v)]\n"
             "own = [r.getrlimit(getattr(r, n)) for n in sorted(dir(r)) if n.startswith('RLIMIT_')]\n"
             "_result = [kept, own]")

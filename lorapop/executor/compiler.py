@@ -31,6 +31,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from .base import ready
+from .worker import _write_all  # every byte, in as many writes as it takes
 
 _LEN = struct.Struct(">I")
 MAX_CHARS = 16384  # longer programs are compiled by their run
@@ -89,11 +90,11 @@ def serve(inp, out, size):
         if spent:
             return
 
-ident = worker.compiler_id().encode()
+size, ident = __import__("struct").Struct(">I"), worker.compiler_id().encode()
 out = sys.stdout.buffer
-out.write(len(ident).to_bytes(4, "big") + ident)
+out.write(size.pack(len(ident)) + ident)
 out.flush()
-serve(sys.stdin.buffer, out, __import__("struct").Struct(">I"))
+serve(sys.stdin.buffer, out, size)
 """ % (MIN_CODE_BYTES, CODE_BYTES_PER_TEXT_BYTE)
 
 
@@ -154,9 +155,7 @@ class Compiler:
                     return None, False
             whole = False
             try:
-                view = memoryview(_LEN.pack(len(text)) + text)
-                while view:  # a text over a pipe's capacity goes in more than one write
-                    view = view[os.write(self._proc.stdin.fileno(), view):]
+                _write_all(self._proc.stdin.fileno(), _LEN.pack(len(text)) + text)  # over a pipe's capacity too
                 data = self._read(time.monotonic() + self.timeout_s)
                 whole = data is not None
                 if whole:

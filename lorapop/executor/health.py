@@ -32,15 +32,10 @@ def baseline(fs_top, fork_probe, own_fs=True, per_run=()):
     state["names"] = ("filesystem", "filesystem counters", *limits,
                       *(name for name, _, _ in _PROBES if name not in refused))
     observable(state)  # once to settle: reading a directory may set its access time, once (relatime)
+    # Kept as read: the worker holds this state where no run's child frees it (worker._HELD), so the hundreds of
+    # numbers, tuples and stat results are not freed on pages the child shares with it (about 45 copies a run)
     state["observable"] = observable(state)
-    _KEPT.append(state["observable"])
     return state
-
-
-# The baseline is referenced here too, from a module every run keeps: each run's child unwinds the worker's loop
-# before its program runs, and freeing the hundreds of numbers, tuples and stat results the baseline was read as
-# would copy the pages they lie on, in every run (about 45 a run, measured).
-_KEPT = []
 
 
 def _tree(top, xattrs=True):
