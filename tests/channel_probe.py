@@ -76,7 +76,7 @@ _result = {
     'result_fd': (attempt(lambda: os.fstat(3).st_ino), attempt(lambda: os.dup(3))),
     'fds': [(fd, os.get_blocking(fd)) for fd in fds],
     'modules': sorted(sys.modules), 'builtins': sorted(dir(sys.modules['builtins'])),
-    'fractions': sorted(vars(sys.modules['fractions'])), 'recursion': sys.getrecursionlimit(),
+    'collections': sorted(vars(sys.modules['collections'])), 'recursion': sys.getrecursionlimit(),
     'switch': sys.getswitchinterval(), 'flags': tuple(sys.flags),
     'pipe_inode': attempt(new_pipe), 'pidfd_inode': attempt(lambda: os.fstat(os.pidfd_open(1)).st_ino),
     'abstract_socket': attempt(abstract), 'dev_shm': os.path.exists('/dev/shm'),
@@ -131,7 +131,7 @@ WRITERS = {
     "session": "os.setsid()",
     "process_group": "os.setpgid(0, 0)",
     "host_name": "import socket\nsocket.sethostname('note')",
-    "module_attribute": "sys.modules['fractions'].NOTE = 1",
+    "module_attribute": "sys.modules['collections'].NOTE = 1",  # a module lean and full workers both hold
     "builtins": "sys.modules['builtins'].NOTE = 1",
     "recursion_limit": "sys.setrecursionlimit(50000)",
     "switch_interval": "sys.setswitchinterval(0.5)",

@@ -105,7 +105,7 @@ def test_run_uids_are_drawn_apart_from_the_hosts_ranges_and_from_each_other():
 def test_a_worker_is_replaced_after_worker_max_runs():
     """What a worker process holds for its whole life (its memory layout) lasts worker_max_runs runs at most."""
     with SandboxExecutor(ExecutorConfig(n_workers=1, worker_max_runs=3, timeout_s=2.0)) as e:
-        pool = e._pool(e.hashseeds[0])
+        pool = e._pool(e.hashseeds[0], e.lean)
         w = pool.queue[0]
         pids = []
         for _ in range(7):
@@ -138,7 +138,7 @@ def test_a_run_sees_the_same_limits_zone_and_filesystem_size_on_every_machine(ex
                        timeout_s=0.4).value) == (cpu, cpu + 1)
     with SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=2.0)) as e:
         e.run("_result = 1")
-        w = e._pool(e.hashseeds[0]).queue[0]
+        w = e._pool(e.hashseeds[0], e.lean).queue[0]
         before = w.proc.pid
         killed = e.run("import os\nos.kill(0, 9)")
         assert killed.status == "crashed" and "signal 9" in (killed.error or ""), killed

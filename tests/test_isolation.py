@@ -153,9 +153,11 @@ def test_unprivileged_path_holds(host):
 def test_probe_sees_the_leaks_of_an_unisolated_sandbox(host):
     """Control: the same probe, unprivileged, with every layer turned off (the opt-out), does get the secret, write
     on the host and connect to it - so the assertions above can fail."""
-    # a long clock: os.system starts a shell, which on a loaded machine took longer than the probe's one second
+    # a long clock: os.system starts a shell, which on a loaded machine took longer than the probe's one second;
+    # room for many processes: without namespaces the runs share the uid's count with every process of that uid on
+    # the machine (another test's sandbox as uid 65534 included), so the probe's 4 could leave no room for the shell
     off = {"isolate_network": False, "isolate_filesystem": False, "isolate_pids": False, "seccomp": False,
-           "allow_unisolated": True, "timeout_s": 20.0}
+           "allow_unisolated": True, "timeout_s": 20.0, "max_procs": 256}
     out = run_unprivileged(dict(host.spec(), executor=off, proposals_only=True))
     assert out["protections"]["mechanism"] == "none"
     assert host.secret in json.dumps(out["proposals"])

@@ -13,6 +13,7 @@ from typing import Protocol
 from lorapop.configlib import ConfigError, check_fields, doc
 
 WORKER_DIED = "worker died"  # ExecResult.error of a run whose worker process ended under it
+ESCALATED = "escalated"  # a lean worker's run that imported what its worker lacks: the executor runs it again
 RUN_STATUSES = ("ok", "error", "memory", "output_limit", "crashed")  # what a child may report of itself
 
 DEFAULT_PRELOAD = (
@@ -20,6 +21,10 @@ DEFAULT_PRELOAD = (
     "fractions", "decimal", "operator", "copy", "typing", "dataclasses", "enum", "array",
     "numbers", "unicodedata", "textwrap", "json", "__future__",
 )  # the codecs: preload_codecs (kept compiled, so that a package's attributes are a script's before their import)
+LEAN_PRELOAD = (
+    "re", "math", "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "string",
+    "operator", "copy", "typing", "__future__",
+)  # what most programs import: the seeds' imports and the usual helpers of function-style code
 
 
 @dataclass
@@ -80,6 +85,13 @@ class ExecutorConfig:
                                      "that str.encode and bytes.decode know every codec plain Python knows (a codec "
                                      "the sandbox lacked failed there alone); kept compiled in the worker and "
                                      "executed by the run that uses one (lorapop/executor/stored.py)")
+    lean_preload: tuple[str, ...] = doc(LEAN_PRELOAD, "the modules of the lean workers every run tries first (a "
+                                        "subset of preload; no codecs): a run that imports anything its lean "
+                                        "worker lacks (a codec's module included) is run again from its start on a "
+                                        "worker with all of preload and the codecs, and only that run counts. A "
+                                        "smaller worker forks and exits faster (each run copies its page tables and "
+                                        "tears them down): about a tenth of a validated task's CPU. Empty: every "
+                                        "run on the full workers (docs/METHOD.md, \"The sandbox\")")
     ray: bool = doc(False, "run validation and checking jobs on Ray executor actors "
                          "(any node of engine.ray_address's cluster, or a local Ray), "
                          "each wrapping this same sandbox with every protection above; "
@@ -92,6 +104,11 @@ class ExecutorConfig:
 
     def validate(self) -> None:
         check_fields(self, "executor")
+        extra = sorted(set(self.lean_preload) - set(self.preload))
+        if extra:
+            raise ConfigError(f"executor.lean_preload names {extra}, which executor.preload does not: a lean worker "
+                              "must hold nothing the full one lacks. Add them to preload, or drop them from "
+                              "lean_preload")
         seeds = tuple(self.hashseeds)
         if seeds and (len(seeds) != N_HASHSEEDS or len(set(seeds)) != N_HASHSEEDS
                       or not all(isinstance(x, int) and 1 <= x < 2**32 for x in seeds)):

@@ -21,8 +21,8 @@ from typing import Any
 
 from lorapop.tmpdirs import owned_tempdir
 
-from .base import RUN_STATUSES, WORKER_DIED, ExecResult, ready
-from .worker import _HDR, REPORT, REQUEST  # the result's length prefix (pack_result); a run's request and report
+from .base import ESCALATED, RUN_STATUSES, WORKER_DIED, ExecResult, ready
+from .worker import _HDR, ESCALATE_EXIT, REPORT, REQUEST  # the result's length prefix; a run's request and report
 
 WORKER_PY = Path(__file__).with_name("worker.py")
 # The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
@@ -84,9 +84,10 @@ class WorkerHandle:
     it reads the result from, whose other ends go to the worker with the request and from it to the forked child. The
     worker never holds the program or the result."""
 
-    def __init__(self, ex: Any, hashseed: int, uid: int):
-        """``ex``: the executor whose ``config`` and ``mode`` (its isolation mechanism) the worker starts with."""
-        self.ex, self.hashseed, self.uid = ex, hashseed, uid
+    def __init__(self, ex: Any, hashseed: int, uid: int, lean: bool = False):
+        """``ex``: the executor whose ``config`` and ``mode`` (its isolation mechanism) the worker starts with;
+        ``lean``: a worker with only ``lean_preload``, whose runs that import anything else end "escalated"."""
+        self.ex, self.hashseed, self.uid, self.lean = ex, hashseed, uid, lean
         self.proc: subprocess.Popen | None = None
         self.ctl: socket.socket | None = None
         self.info: dict = {}
@@ -131,7 +132,7 @@ class WorkerHandle:
         self.served = 0
         if c.uid_base is None:  # a fresh uid for each worker process (sandbox.py, draw_uid)
             self.uid = self.ex.draw_uid(self)
-        codecs = codec_modules(c.python or sys.executable) if c.preload_codecs else ((), ())
+        codecs = codec_modules(c.python or sys.executable) if c.preload_codecs and not self.lean else ((), ())
         wcfg = {
             "timeout_s": c.timeout_s, "memory_bytes": int(c.memory_mb) << 20, "fsize_bytes": int(c.fsize_mb) << 20,
             "max_procs": c.max_procs, "max_open_files": c.max_open_files, "max_output_chars": c.max_output_chars,
@@ -139,7 +140,8 @@ class WorkerHandle:
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
             "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
             "root": None if chroot else self.root, "chroot": chroot,
-            "preload": [*c.preload, *codecs[1]], "stored": codecs[0],
+            "preload": list(c.lean_preload) if self.lean else [*c.preload, *codecs[1]], "stored": codecs[0],
+            "escalate": self.lean,
             "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
         }
         # TZ: the time module reads the zone when the worker imports it, before the chroot hides the host's
@@ -233,6 +235,8 @@ class WorkerHandle:
         self.served += 1
         if report.get("retire") or self.served >= c.worker_max_runs:
             self.kill()  # its tmpfs and namespaces go with it; the next call starts a fresh worker
+        if self.lean and escalated(report):
+            return ExecResult(ESCALATED, None, None, float(report.get("duration", 0.0)))
         return run_result(report, raw, overflow, timeout_s, cap)
 
     def _exchange(self, code: bytes, code_w: int, pending: set, res_r: int, deadline: float, max_chars: int
@@ -340,6 +344,14 @@ class WorkerHandle:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def escalated(report: dict) -> bool:
+    """Whether a lean worker's run ended at an import its worker lacks (worker.py, _Escalate): the exit code alone
+    decides, whatever the run wrote, so the full worker's run is the only one that counts. A program that exits so
+    on its own gets the same: its run again on a full worker, where that exit is a crash like any other."""
+    st = int(report.get("wstatus") or 0)
+    return not report.get("timed_out") and os.WIFEXITED(st) and os.WEXITSTATUS(st) == ESCALATE_EXIT
 
 
 def run_result(report: dict, raw: bytes, overflow: bool, timeout_s: float, max_repr_chars: int) -> ExecResult:

@@ -65,7 +65,7 @@ import warnings
 
 from lorapop.progress import progress
 
-from .base import WORKER_DIED, ExecResult, ExecutorConfig, IsolationError, resolve_hashseeds
+from .base import ESCALATED, WORKER_DIED, ExecResult, ExecutorConfig, IsolationError, resolve_hashseeds
 from .compiler import Compiler
 from .handle import WorkerHandle
 
@@ -102,11 +102,14 @@ class SandboxExecutor:
         for k, v in overrides.items():
             setattr(self.config, k, v)
         self._lock = threading.Lock()
-        self._pools: dict[int, queue.Queue] = {}
+        self._pools: dict[tuple[int, bool], queue.Queue] = {}  # (hash seed, lean)
         self._all: list[WorkerHandle] = []
         self._closed = False
         self._hello_checked = False
         self.hashseeds = resolve_hashseeds(self.config)
+        extra = sorted(set(self.config.lean_preload) - set(self.config.preload))
+        if extra:
+            self.config.validate()  # refuses it, saying what to change
         self.mode = self._probe_mode()
         c = self.config  # programs compiled for their runs in a helper, under the runs' memory limit (compiler.py)
         self.compiler = Compiler(c.python or sys.executable, int(c.memory_mb) << 20, min(0.2, float(c.timeout_s)))
@@ -153,22 +156,29 @@ class SandboxExecutor:
             _UIDS_TAKEN.add(uid)
         return uid
 
+    @property
+    def lean(self) -> bool:
+        """Whether runs try a lean worker first (ExecutorConfig.lean_preload). Not without namespaces (the opt-out):
+        there a worker imports from the host's files anyway, and its runs share the caller's process count, which
+        twice the workers would eat into (RLIMIT_NPROC where runs may fork)."""
+        return bool(self.config.lean_preload) and self.mode["mechanism"] != "none"
+
     def _default_seed(self) -> int:
         return int(self.config.default_hashseed or self.hashseeds[0])
 
-    def _pool(self, hashseed: int) -> queue.Queue:
+    def _pool(self, hashseed: int, lean: bool = False) -> queue.Queue:
         with self._lock:
             if self._closed:
                 raise RuntimeError("executor is closed")
-            pool = self._pools.get(hashseed)
+            pool = self._pools.get((hashseed, lean))
             if pool is None:
                 pool = queue.Queue()
                 for _ in range(max(1, int(self.config.n_workers))):
                     base = self.config.uid_base  # None: drawn when the worker starts (draw_uid)
-                    w = WorkerHandle(self, hashseed, None if base is None else base + len(self._all))
+                    w = WorkerHandle(self, hashseed, None if base is None else base + len(self._all), lean)
                     self._all.append(w)
                     pool.put(w)
-                self._pools[hashseed] = pool
+                self._pools[(hashseed, lean)] = pool
             return pool
 
     def _started(self, w: WorkerHandle) -> WorkerHandle:
@@ -207,7 +217,7 @@ class SandboxExecutor:
 
     @property
     def protections(self) -> dict:
-        """What the first worker of the default seed reported as in force (starts it if needed), and the
+        """What the first full worker of the default seed reported as in force (starts it if needed), and the
         mechanism: "root", "userns" or "none". :func:`isolated` of it says whether runs are walled off."""
         pool = self._pool(self._default_seed())
         w = pool.get()
@@ -224,9 +234,9 @@ class SandboxExecutor:
 
     @property
     def importable(self) -> frozenset[str] | None:
-        """The modules a program can import in a run: what the worker had loaded when it began serving (nothing
-        else can be loaded after its chroot; a built-in module it had not loaded may need one that cannot be, so
-        they are left out too); None without the chroot."""
+        """The modules a program can import in a run: what the full worker had loaded when it began serving
+        (nothing else can be loaded after its chroot; a built-in module it had not loaded may need one that cannot
+        be, so they are left out too); None without the chroot."""
         pool = self._pool(self._default_seed())
         w = pool.get()
         try:
@@ -237,10 +247,18 @@ class SandboxExecutor:
 
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
             max_result_chars: int | None = None) -> ExecResult:
-        pool = self._pool(self._default_seed() if hashseed is None else int(hashseed))
+        """One run: on a lean worker first (ExecutorConfig.lean_preload), and again from its start on a full worker
+        when it imported what the lean one lacks; only the full worker's run then counts."""
+        seed = self._default_seed() if hashseed is None else int(hashseed)
         t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
         cap = self.config.max_repr_chars if max_result_chars is None else min(self.config.max_repr_chars,
                                                                               max(1, int(max_result_chars)))
+        res = self._run_on(self._pool(seed, True), code, t, cap) if self.lean else None
+        if res is None or res.status == ESCALATED:
+            res = self._run_on(self._pool(seed, False), code, t, cap)
+        return res
+
+    def _run_on(self, pool: queue.Queue, code: str, t: float, cap: int) -> ExecResult:
         w = pool.get()
         try:
             res = self._started(w).call(code, t, cap)

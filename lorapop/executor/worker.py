@@ -54,13 +54,30 @@ _repr, _len, _isinstance, _str = repr, len, isinstance, str  # a program that re
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
+ESCALATE_EXIT = 93  # base.ESCALATE_EXIT: a lean worker's run that imported what its worker lacks
 # repr(_result) as a script's last line takes it: as deep as the program's module, with the program's globals and
 # locals, the name repr looked up first as there; the repr called a constant of the code (no name a program could
 # rebind; [repr, None][1]: a callee the compiler accepts)
 _REPR = compile("[repr, None][1](_result)", "<result>", "eval")
 _REPR = _REPR.replace(co_consts=tuple(_repr if c is None else c for c in _REPR.co_consts))
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
+_LEAN = []  # a lean worker's _Escalate, armed in each run's child
 _HELD = []  # the worker's socket and health state, kept: a run's child leaves the loop's frames without freeing them
+
+
+class _Escalate:
+    """The last finder of a lean worker (config ``lean_preload``): in a run's child, a module that nothing before it
+    on ``sys.meta_path`` has (nothing loads from a file after the chroot) ends the run at once, with nothing written,
+    under an exit code the trainer reads as "run it again from its start on a full worker" (sandbox.py), where the
+    import goes as it would have. Before any module it lacks, a lean worker's run is the full worker's run; the
+    worker itself never imports after its setup (and would find the module missing, as a full one would)."""
+
+    armed = False  # set in the run's child alone, once its setup is done (the filter refuses getpid to both)
+
+    def find_spec(self, name, path=None, target=None):
+        if self.armed:
+            os._exit(ESCALATE_EXIT)
+        return None
 
 
 class _OutputLimit(BaseException):
@@ -192,6 +209,8 @@ def _child(forked):
             code = _prepare(cfg, *setup)
         finally:
             del cfg, setup
+        if _LEAN:  # from here on an import the worker lacks is the program's (a compile's included)
+            _LEAN[0].armed = True
         g = {"__name__": "__main__", "__builtins__": builtins}
         try:
             # compiled by the helper (no compiler's garbage on pages shared with the worker: 70 page copies a run);
@@ -350,6 +369,7 @@ def main():
     loaded, kept = _preimport(cfg["preload"]), stored.install(cfg.get("stored", ()))  # kept compiled, not loaded
     import gc
 
+    escalate = bool(cfg.get("escalate"))  # a lean worker (handle.py)
     is_pid1 = os.getpid() == 1
     net_isolated = ambient.no_network()  # before the chroot: sockets cannot be made after the filter
     own_hostname = ambient.own_hostname(cfg)
@@ -391,11 +411,14 @@ def main():
                "dumpable_after_setuid": dumpable_after_setuid, "nondumpable": ambient.nondumpable}
     hello = {"hello": True, "compiler": compiler_id(), "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop,
              "uid": cfg["uid"], "nproc": nproc, "net_isolated": net_isolated, "own_hostname": own_hostname,
-             "hashseed": hashseed, "preloaded": loaded,
+             "hashseed": hashseed, "preloaded": loaded, "lean": escalate,
              "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
     del cfg, loaded, locked, kept
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
+    if escalate:
+        _LEAN.append(_Escalate())
+        sys.meta_path.append(_LEAN[0])
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
     per_run = [resource.RLIMIT_CPU, *([resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS]

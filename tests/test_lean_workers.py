@@ -1,0 +1,107 @@
+"""Lean workers (ExecutorConfig.lean_preload): every run tries a worker that preloads only the common modules, and a
+run that imports anything that worker lacks is run again from its start on a full worker, whose run alone counts.
+What must hold: the verdict of every program is the full worker's, whichever worker served it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lorapop.configlib import ConfigError
+from lorapop.executor import ExecutorConfig, SandboxExecutor
+from lorapop.executor.handle import escalated, run_result
+from lorapop.executor.worker import ESCALATE_EXIT
+from lorapop.tasks import TASK_TYPES, Proposal, read_seed_file
+
+ROOT = os.geteuid() == 0
+SEEDS = (101, 202, 303)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The same sandbox with lean workers (the default) and without."""
+    kw = dict(timeout_s=2.0, n_workers=1, hashseeds=SEEDS, require_isolation=ROOT)
+    lean, full = SandboxExecutor(ExecutorConfig(**kw)), SandboxExecutor(ExecutorConfig(lean_preload=(), **kw))
+    yield lean, full
+    lean.close()
+    full.close()
+
+
+def _served(ex: SandboxExecutor) -> dict[bool, int]:
+    out = {True: 0, False: 0}
+    for w in ex._all:
+        out[w.lean] += w.served
+    return out
+
+
+# (program, whether a lean worker lacks what it needs). Imports a lean worker has, and ones it lacks: a preloaded
+# module, a codec's (C and pure Python), a module no worker has (ModuleNotFoundError on the full worker too), caught
+# or not; an import after output (the full run's output counts from nothing) and after a long computation; an
+# import inside a function that only one path calls.
+PROGRAMS = [
+    ("def f(x):\n    return sorted(x)\n_result = f([3, 1, 2])", False),
+    ("import collections, typing, copy, heapq\n_result = collections.Counter('abca').most_common(1)", False),
+    ("import decimal\n_result = str(decimal.Decimal(1) / 7)", True),
+    ("from fractions import Fraction\n_result = Fraction(3, 6)", True),
+    ("_result = 'ab'.encode('gbk') + 'c'.encode('cp1252')", True),
+    ("_result = b'\\xff'.decode('cp437')", True),
+    ("import nosuchmodule\n_result = 1", True),
+    ("try:\n    import nosuchmodule\nexcept ImportError as e:\n    _result = ('caught', e.name)", True),
+    ("import dataclasses\n@dataclasses.dataclass\nclass P:\n    x: int\n_result = repr(P(3))", True),
+    ("print('x' * 6000)\nimport decimal\nprint('y' * 6000)\n_result = 1", True),
+    ("n = sum(range(200000))\nimport json\n_result = (n, json.dumps([1]))", False),
+    ("def g(k):\n    if k:\n        import unicodedata\n        return unicodedata.name('a')\n    return 'lean'\n"
+     "_result = [g(0)]", False),
+    ("def g(k):\n    if k:\n        import unicodedata\n        return unicodedata.name('a')\n    return 'lean'\n"
+     "_result = [g(0), g(1)]", True),
+    ("import os\nos._exit(%d)" % ESCALATE_EXIT, True),  # a program's own exit with that code: a crash, as before
+    ("def r(n):\n    return r(n + 1)\n_result = r(0)", False),
+    ("x = [0] * (1 << 30)", False),
+]
+
+
+def test_a_lean_workers_verdict_is_the_full_workers(pair):
+    """Each program alone: the same status, value and error with lean workers as without them, the lean worker
+    serving every program first and the full worker exactly those that import what it lacks."""
+    lean, full = pair
+    for program, escalates in PROGRAMS:
+        before = _served(lean)
+        a, b = lean.run(program), full.run(program)
+        assert (a.status, a.value, a.error) == (b.status, b.value, b.error), (program, a, b)
+        after = _served(lean)
+        assert after[True] == before[True] + 1 and after[False] == before[False] + escalates, (program, after)
+    assert "decimal" in lean.importable  # the full worker's modules, which the static check takes
+
+
+def test_validation_of_the_seed_tasks_is_the_same_with_lean_workers(pair):
+    """The 256 shipped seed tasks, validated through the trainer's path under the same hash seeds: every verdict
+    (valid or not, why, and the outputs) the same with lean workers as without them."""
+    from lorapop.data import data_dir
+
+    lean, full = pair
+    props = [Proposal("code_o", t.program, t.inputs)
+             for t in read_seed_file(data_dir() / "seeds" / "azr_7b_coder_seed_io.jsonl", "code_o")]
+    got = [TASK_TYPES["code_o"].validate_many(props, ex) for ex in (lean, full)]
+
+    def key(r):
+        return ("valid", r.outputs) if hasattr(r, "outputs") else (r.reason, r.detail.split(" object at ")[0])
+    assert [key(r) for r in got[0]] == [key(r) for r in got[1]]
+    assert sum(hasattr(r, "outputs") for r in got[0]) >= 200
+
+
+def test_only_a_lean_workers_exit_code_runs_again():
+    """The trainer reads the escalation from the lean run's exit code alone (whatever it wrote); a timed-out run is a
+    timeout, and a full worker's run that exits with that code is a crash like any other exit."""
+    report = {"wstatus": ESCALATE_EXIT << 8, "timed_out": False, "duration": 0.1}
+    assert escalated(report) and not escalated(dict(report, timed_out=True))
+    assert not escalated(dict(report, wstatus=(ESCALATE_EXIT + 1) << 8)) and not escalated(dict(report, wstatus=9))
+    r = run_result(report, b"", False, 1.0, 400)
+    assert (r.status, r.error) == ("crashed", f"exited with code {ESCALATE_EXIT} before returning a result")
+
+
+def test_lean_preload_must_be_within_preload():
+    with pytest.raises(ConfigError, match="lean_preload"):
+        SandboxExecutor(ExecutorConfig(preload=("re",), lean_preload=("re", "math")))
+    with pytest.raises(ConfigError, match="lean_preload"):
+        ExecutorConfig(preload=("re",), lean_preload=("json",)).validate()
