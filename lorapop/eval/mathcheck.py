@@ -31,13 +31,13 @@ import atexit
 import json
 import os
 import re
-import select
 import subprocess
 import sys
 import threading
 import time
 
 from lorapop.eval.data import last_boxed
+from lorapop.executor.base import ready
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _SCI = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
@@ -166,7 +166,7 @@ class MathChecker:
         fd = self._proc.stdout.fileno()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not ready([fd], [], left)[0]:  # poll: any descriptor number (select stops at 1023)
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -210,6 +210,9 @@ class MathChecker:
                     return res
             except (OSError, ValueError):
                 pass
+            except BaseException:  # an interrupt: the helper may still answer this request, so it is not kept
+                self._stop()
+                raise
             self.n_timeouts += 1
             self._stop()  # a stuck (or garbled) helper is replaced on the next check
             return {"pass": False, "answer": extract_answer(output) or last_number(output), "timeout": True}

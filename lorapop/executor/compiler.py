@@ -231,6 +231,12 @@ class Compiler:
                     pass
 
     def close(self) -> None:
-        with self._helper:
+        # a compile ends within its clock; a close that waited longer stops the helper under it (its answer is then
+        # "gone", never another text's), so no compile can hold the process's exit
+        got = self._helper.acquire(timeout=max(1.0, 5 * self.timeout_s))
+        try:
             self._closed = True
             self._stop()
+        finally:
+            if got:
+                self._helper.release()

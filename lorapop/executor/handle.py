@@ -190,7 +190,7 @@ class WorkerHandle:
     def call(self, code: str, timeout_s: float, max_chars: int | None = None) -> ExecResult:
         """One run. ``max_chars``: the longest result taken (at most the config's ``max_repr_chars``, the default);
         no more of a longer one is read than that many characters can take."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None or self.ctl is None:
             self.kill()
             self.start()
         c = self.ex.config
@@ -199,33 +199,36 @@ class WorkerHandle:
         compiled = self.ex.compiler.compile(code)  # by the helper (compiler.py), for this worker's interpreter only
         compiled = compiled if compiled is not None and self.ex.compiler.ident == self.info.get("compiler") else None
         program = code.encode("utf-8", "surrogatepass") if compiled is None else compiled
-        code_r, code_w = os.pipe()
-        res_r, res_w = os.pipe()
+        # Every pipe end this call opened and has not closed, closed exactly once whatever happens (another thread's
+        # new pipe may reuse a number closed twice): the program's write end leaves it once _exchange wrote it all.
+        pending: set[int] = set()
         try:
+            code_r, code_w = os.pipe()
+            pending.update((code_r, code_w))
+            res_r, res_w = os.pipe()
+            pending.update((res_r, res_w))
             try:
                 request = REQUEST.pack(timeout_s, len(program), compiled is not None)
                 socket.send_fds(self.ctl, [request], [code_r, res_w])
             except OSError:
-                os.close(code_w)
                 self.kill()
                 return ExecResult("crashed", None, WORKER_DIED, time.perf_counter() - t0)
             finally:
-                os.close(code_r)
-                os.close(res_w)
-            pending = {code_w}  # closed exactly once: another thread's new pipe may reuse a number closed twice
-            try:
-                report, raw, overflow = self._exchange(program, code_w, pending, res_r,
-                                                       time.monotonic() + timeout_s + c.grace_s, cap)
-            except BaseException:
-                # Ended before the worker's report was read (KeyboardInterrupt, a cancelled task): the report
-                # would be read as the next run's, and every later verdict of this worker one run behind
-                self.kill()
-                raise
-            finally:
-                for fd in pending:
+                for fd in (code_r, res_w):  # the worker's now (or nobody's)
+                    pending.discard(fd)
                     os.close(fd)
+            report, raw, overflow = self._exchange(program, code_w, pending, res_r,
+                                                   time.monotonic() + timeout_s + c.grace_s, cap)
+        except BaseException:
+            # Ended anywhere after the request may have gone and before its report was read (an exception of the
+            # trainer's own, raised in any step): the report would be read as the next run's, and every later
+            # verdict of this worker one run behind. The main thread's interrupts never land here (sandbox.py,
+            # _off_main); a MemoryError could.
+            self.kill()
+            raise
         finally:
-            os.close(res_r)
+            for fd in pending:
+                os.close(fd)
         took = time.perf_counter() - t0
         if report is None or "wstatus" not in report:
             late = took >= timeout_s
@@ -337,7 +340,7 @@ class WorkerHandle:
             self.root = None
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None and self.ctl is not None:
             try:
                 self.ctl.shutdown(socket.SHUT_RDWR)  # EOF: the worker exits, its namespaces die with it
                 self.proc.wait(timeout=2)

@@ -102,6 +102,8 @@ class SandboxExecutor:
         for k, v in overrides.items():
             setattr(self.config, k, v)
         self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the main thread's calls, for the runner (_off_main)
+        self._runner: threading.Thread | None = None
         self._pools: dict[tuple[int, bool], queue.Queue] = {}  # (hash seed, lean)
         self._all: list[WorkerHandle] = []
         self._closed = False
@@ -215,10 +217,51 @@ class SandboxExecutor:
             self._degrade("; ".join(gaps))
         self._hello_checked = True  # only once it passed, or the opt-out accepted what is missing
 
+    def _off_main(self, fn, *args):
+        """``fn(*args)``, on a thread other than the main one. Python runs signal handlers on the main thread only,
+        and a handler's exception (KeyboardInterrupt, a SIGTERM handler's SystemExit, a cancelled task) lands
+        between any two steps: in the executor's own steps (a worker taken from its pool, a request sent and its
+        report not yet read, the compile helper's lock taken) it left a pool short of a worker for good, every later
+        verdict of a worker one run behind, or the lock held, so that ``close`` and the process's exit hung. From
+        the main thread, those steps run on the executor's runner thread: an interrupt ends the caller's wait, and
+        the steps finish, leaving every worker, lock and descriptor as they should be (the run's result is dropped).
+        The hand-off is one put on a queue (a single call) and a wait."""
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args)
+        box: list = [None, None]
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                box[0] = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - the caller's, raised where it waits
+                box[1] = exc
+            finally:
+                done.set()
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("executor is closed")
+            if self._runner is None or not self._runner.is_alive():
+                self._runner = threading.Thread(target=self._serve_jobs, name="lorapop-sandbox-runner", daemon=True)
+                self._runner.start()
+        self._jobs.put(job)
+        done.wait()
+        if box[1] is not None:
+            raise box[1]
+        return box[0]
+
+    def _serve_jobs(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
     @property
     def protections(self) -> dict:
         """What the first full worker of the default seed reported as in force (starts it if needed), and the
         mechanism: "root", "userns" or "none". :func:`isolated` of it says whether runs are walled off."""
+        return self._off_main(self._protections)
+
+    def _protections(self) -> dict:
         pool = self._pool(self._default_seed())
         w = pool.get()
         try:
@@ -237,6 +280,9 @@ class SandboxExecutor:
         """The modules a program can import in a run: what the full worker had loaded when it began serving
         (nothing else can be loaded after its chroot; a built-in module it had not loaded may need one that cannot
         be, so they are left out too); None without the chroot."""
+        return self._off_main(self._importable)
+
+    def _importable(self) -> frozenset[str] | None:
         pool = self._pool(self._default_seed())
         w = pool.get()
         try:
@@ -248,7 +294,12 @@ class SandboxExecutor:
     def run(self, code: str, *, timeout_s: float | None = None, hashseed: int | None = None,
             max_result_chars: int | None = None) -> ExecResult:
         """One run: on a lean worker first (ExecutorConfig.lean_preload), and again from its start on a full worker
-        when it imported what the lean one lacks; only the full worker's run then counts."""
+        when it imported what the lean one lacks; only the full worker's run then counts. Never on the main thread
+        (_off_main)."""
+        return self._off_main(self._run, code, timeout_s, hashseed, max_result_chars)
+
+    def _run(self, code: str, timeout_s: float | None, hashseed: int | None, max_result_chars: int | None
+             ) -> ExecResult:
         seed = self._default_seed() if hashseed is None else int(hashseed)
         t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
         cap = self.config.max_repr_chars if max_result_chars is None else min(self.config.max_repr_chars,
@@ -282,11 +333,12 @@ class SandboxExecutor:
             return []
         it = iter(range(len(codes)))
         it_lock = threading.Lock()
+        stop = threading.Event()  # the caller stopped waiting (an interrupt): the others end after their run
 
         bar = progress("sandbox", total=len(codes), unit="runs")
 
         def drain():
-            while True:
+            while not stop.is_set():
                 with it_lock:
                     i = next(it, None)
                 if i is None:
@@ -301,22 +353,33 @@ class SandboxExecutor:
         with bar:
             for th in threads:
                 th.start()
-            drain()
-            for th in threads:
-                th.join()
+            try:
+                drain()
+                for th in threads:
+                    th.join()
+            except BaseException:
+                stop.set()
+                raise
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             workers, self._all = self._all, []
-        for w in workers:
-            w.close()
+        self._jobs.put(None)  # the runner ends after the job it may be finishing
+        failed = []
+        for w in workers:  # each closed whatever another's close raised (a worker that never finished starting)
+            try:
+                w.close()
+            except Exception as exc:  # noqa: BLE001 - reported below, once every worker is closed
+                failed.append(exc)
         if getattr(self, "compiler", None) is not None:
             self.compiler.close()
         if self.config.uid_base is None:  # every uid of these workers was drawn
             with _UIDS_LOCK:
                 _UIDS_TAKEN.difference_update(w.uid for w in workers)
+        if failed:
+            raise failed[0]
 
     def __enter__(self):
         return self
