@@ -29,7 +29,8 @@ LEAN_PRELOAD = (
 
 @dataclass
 class ExecutorConfig:
-    n_workers: int = doc(2, "worker processes per hash seed (parallel runs)", ge=1)
+    n_workers: int = doc(2, "worker processes per hash seed (parallel runs); with lean_preload, as many lean "
+                            "and as many full ones", ge=1)
     timeout_s: float = doc(5.0, "default wall-clock limit per run, seconds; a task's validation runs must end "
                                 "within half of it (every check runs it again: lorapop/tasks/common.py)", gt=0)
     memory_mb: int = doc(512, "address-space limit per run (RLIMIT_AS), MiB, "
