@@ -149,3 +149,42 @@ def test_a_process_holding_many_files_still_checks_math(checker):
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert checker.score(["7"], "\\boxed{7}")["pass"]
+
+
+def test_an_interrupted_start_leaves_no_reply_for_the_next_answer():
+    """Ctrl-C while the helper starts: its "ready" unread had been taken for the next answer's reply, a right answer
+    judged wrong."""
+    import signal
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    c = MathChecker(timeout_s=30.0)
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # the helper loads sympy first: seconds
+        with pytest.raises(KeyboardInterrupt):
+            c.score(["42"], "\\boxed{42}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    try:
+        assert c.score(["42"], "\\boxed{42}")["pass"]
+    finally:
+        c.close()
+
+
+def test_a_long_answer_is_written_whole_while_signals_arrive(checker):
+    """A write to the helper that a signal interrupts returns short: a 1 MiB answer was cut, and judged wrong after
+    the clock."""
+    import signal
+
+    hits = []
+    old = signal.signal(signal.SIGALRM, lambda *_: hits.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+    try:
+        res = checker.score(["42"], "x " * (1 << 19) + "\\boxed{42}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert res["pass"] and not res.get("timeout") and hits, res

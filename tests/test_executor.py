@@ -98,8 +98,8 @@ def test_run_uids_are_drawn_apart_from_the_hosts_ranges_and_from_each_other():
     with SandboxExecutor(ExecutorConfig(n_workers=3)) as a, SandboxExecutor(ExecutorConfig(n_workers=3)) as b:
         for e in (a, b):
             e.run_many(["_result = 1"] * 6)
-        uids = [w.uid for e in (a, b) for w in e._all]
-    assert len(uids) == 6 and len(set(uids)) == 6 and all(UID_LO <= u < UID_HI for u in uids), uids
+        uids = [w.uid for e in (a, b) for w in e._all if w.uid is not None]  # the workers started
+    assert len(uids) >= 6 and len(set(uids)) == len(uids) and all(UID_LO <= u < UID_HI for u in uids), uids
 
 
 def test_a_worker_is_replaced_after_worker_max_runs():

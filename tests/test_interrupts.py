@@ -125,25 +125,78 @@ def test_a_worker_left_without_its_socket_is_replaced():
     assert w.proc is None
 
 
-@pytest.mark.parametrize("where", ["run", "batch"])
-def test_close_after_an_interrupted_call_is_prompt(where):
-    """A call interrupted while its run goes on (a clock of seconds): close ends within a few seconds."""
+def _interrupted(ex: SandboxExecutor, call) -> None:
+    """``call(ex)`` on the main thread, interrupted 0.3 s in by a SIGALRM handler's KeyboardInterrupt (its run goes
+    on), then ``ex`` closed."""
     def interrupt(*_):
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGALRM, interrupt)
-    ex = SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=5.0, require_isolation=ROOT))
     try:
         ex.run("_result = 0")
         signal.setitimer(signal.ITIMER_REAL, 0.3)
         with pytest.raises(KeyboardInterrupt):
-            if where == "run":
-                ex.run("while True:\n    pass")
-            else:
-                ex.run_many(["while True:\n    pass"] * 3)
+            call(ex)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-        t0 = time.monotonic()
         ex.close()
-        assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("where", ["run", "batch"])
+def test_close_after_an_interrupted_call_is_prompt(where):
+    """A call interrupted while its run goes on (a clock of seconds): close ends within a few seconds."""
+    ex = SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=5.0, require_isolation=ROOT))
+    t0 = time.monotonic()
+    _interrupted(ex, (lambda e: e.run("while True:\n    pass")) if where == "run"
+                 else (lambda e: e.run_many(["while True:\n    pass"] * 3)))
+    assert time.monotonic() - t0 < 12
+
+
+def _children() -> set[int]:
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out.update(int(p) for p in open(f"/proc/self/task/{tid}/children").read().split())
+        except OSError:
+            pass
+    return out
+
+
+def test_a_run_finishing_after_close_starts_no_worker():
+    """close while an interrupted call's run goes on: that run meets its worker gone, and its retry may start no
+    worker that close could no longer reach."""
+    before = _children()
+    ex = SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=3.0, require_isolation=ROOT))
+    _interrupted(ex, lambda e: e.run("while True:\n    pass"))
+    ex._runner.join(10)  # the interrupted call's steps, finished
+    assert not ex._runner.is_alive()
+    time.sleep(0.5)
+    assert _children() - before <= set(), _children() - before
+    assert all(w.proc is None for w in ex._all)
+
+
+def test_a_call_waiting_when_another_thread_closes_is_told(monkeypatch):
+    """close from another thread between a main-thread call's check and its hand-off: the call says the executor
+    is closed, within seconds, rather than waiting for good."""
+    ex = SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=2.0, require_isolation=ROOT))
+    ex.run("_result = 0")
+    jobs = ex._jobs
+
+    class ClosedMeanwhile:
+        def put(self, job):
+            if job is not None:  # the call's hand-off: another thread closes first (close's own put goes on)
+                ex._jobs = jobs
+                closer = threading.Thread(target=ex.close)
+                closer.start()
+                closer.join(10)
+                ex._runner.join(10)
+            jobs.put(job)
+
+        def get(self):
+            return jobs.get()
+    ex._jobs = ClosedMeanwhile()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="closed"):
+        ex.run("_result = 1")
+    assert time.monotonic() - t0 < 10

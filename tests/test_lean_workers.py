@@ -8,10 +8,9 @@ import os
 
 import pytest
 
-from lorapop.configlib import ConfigError
 from lorapop.executor import ExecutorConfig, SandboxExecutor
 from lorapop.executor.handle import escalated, run_result
-from lorapop.executor.worker import ESCALATE_EXIT
+from lorapop.executor.stored import ESCALATE_EXIT
 from lorapop.tasks import TASK_TYPES, Proposal, read_seed_file
 
 ROOT = os.geteuid() == 0
@@ -100,8 +99,37 @@ def test_only_a_lean_workers_exit_code_runs_again():
     assert (r.status, r.error) == ("crashed", f"exited with code {ESCALATE_EXIT} before returning a result")
 
 
-def test_lean_preload_must_be_within_preload():
-    with pytest.raises(ConfigError, match="lean_preload"):
-        SandboxExecutor(ExecutorConfig(preload=("re",), lean_preload=("re", "math")))
-    with pytest.raises(ConfigError, match="lean_preload"):
-        ExecutorConfig(preload=("re",), lean_preload=("json",)).validate()
+def test_a_lean_worker_holds_nothing_the_full_one_lacks():
+    """A module named in lean_preload but not in preload stays out of the lean worker too: the program that imports
+    it gets the full worker's error, as without lean workers."""
+    kw = dict(timeout_s=2.0, n_workers=1, preload=("re", "math"), preload_codecs=False, require_isolation=ROOT)
+    with SandboxExecutor(ExecutorConfig(lean_preload=("re", "fractions"), **kw)) as ex:
+        got = ex.run("import fractions\n_result = 1")
+        assert got.status == "error" and "No module named 'fractions'" in got.error, got
+        assert "fractions" not in {m for w in ex._all if w.lean for m in w.info.get("preloaded", ())}
+
+
+def test_a_run_has_the_same_room_on_either_worker(pair):
+    """A run's address-space limit counts its worker's mappings, and a lean worker maps less: it fills its address
+    space (not its memory) up to the full worker's, so the largest allocation that succeeds is the same on both
+    but for the heap's own steps (a student's unused import had moved a run onto the full worker, 4.8 MB
+    shorter, and into a MemoryError)."""
+    lean, _ = pair
+    room = ("def room():\n    lo, hi = 0, 1 << 31\n    while hi - lo > 4096:\n        mid = (lo + hi) // 2\n"
+            "        try:\n            b = bytes(mid)\n            del b\n            lo = mid\n"
+            "        except MemoryError:\n            hi = mid\n    return lo\n_result = room()")
+    before = _served(lean)
+    a, b = lean.run(room), lean.run("import fractions\n" + room)
+    assert _served(lean)[False] == before[False] + 1  # the second on the full worker
+    # within the heap's own steps (glibc grows it 128 KiB at a time), less than one import costs a script's room
+    assert a.ok and b.ok and abs(int(a.value) - int(b.value)) <= 512 << 10, (a, b)
+
+
+def test_an_escalated_runs_time_is_both_runs_time(pair):
+    """Validation bounds a run's time (too_slow): the lean run cut short at the import counts too, or a program
+    could spend its clock there and pass as half as slow as it was."""
+    lean, full = pair
+    spin = ("import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.3:\n    pass\n"
+            "import decimal\n_result = 1")
+    a, b = lean.run(spin), full.run(spin)
+    assert a.ok and b.ok and a.duration_s >= 0.6 and b.duration_s < a.duration_s, (a, b)

@@ -38,6 +38,7 @@ import time
 
 from lorapop.eval.data import last_boxed
 from lorapop.executor.base import ready
+from lorapop.executor.worker import write_all
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _SCI = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
@@ -197,13 +198,19 @@ class MathChecker:
     def score(self, golds: list[str], output: str) -> dict:
         """``{"pass": bool, "answer": str | None}`` (+ ``"timeout": True`` when the bound was hit)."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            try:
+                if self._proc is None or self._proc.poll() is not None:
+                    self._stop()
+                    self._start()
+            except BaseException:  # an interrupted start: its "ready" unread would be taken for the next reply
                 self._stop()
-                self._start()
+                raise
             try:
                 self._next_id += 1
                 rid = self._next_id
-                self._proc.stdin.write((json.dumps([rid, list(golds), output]) + "\n").encode())
+                # all of it: a write a signal interrupted returns short (a long answer was cut, and the helper
+                # waited for the rest of its line until the clock ended)
+                write_all(self._proc.stdin.fileno(), (json.dumps([rid, list(golds), output]) + "\n").encode())
                 line = self._readline(self.timeout_s)
                 res = json.loads(line) if line is not None else None
                 if isinstance(res, dict) and res.pop("id", None) == rid and isinstance(res.get("pass"), bool):

@@ -149,6 +149,17 @@ def nproc_base(userns, release=None):
     return n
 
 
+def address_space(statm_fd):
+    """Bytes of address space this process maps, read from ``statm_fd`` (its /proc/self/statm, opened before the
+    chroot hid /proc), which it closes."""
+    import resource
+
+    try:
+        return int(os.pread(statm_fd, 64, 0).split()[0]) * resource.getpagesize()
+    finally:
+        os.close(statm_fd)
+
+
 def pinned_limits():
     """Limits a run can read that would otherwise be the host's (its ulimits), the same on every machine instead:
     none of locked memory, message queues, real-time priority or time, nice or file leases; the stack 8 MiB (glibc's

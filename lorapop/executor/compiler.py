@@ -31,7 +31,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from .base import ready
-from .worker import _write_all  # every byte, in as many writes as it takes
+from .worker import write_all  # every byte, in as many writes as it takes
 
 _LEN = struct.Struct(">I")
 MAX_CHARS = 16384  # longer programs are compiled by their run
@@ -155,7 +155,7 @@ class Compiler:
                     return None, False
             whole = False
             try:
-                _write_all(self._proc.stdin.fileno(), _LEN.pack(len(text)) + text)  # over a pipe's capacity too
+                write_all(self._proc.stdin.fileno(), _LEN.pack(len(text)) + text)  # over a pipe's capacity too
                 data = self._read(time.monotonic() + self.timeout_s)
                 whole = data is not None
                 if whole:

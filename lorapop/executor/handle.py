@@ -22,7 +22,8 @@ from typing import Any
 from lorapop.tmpdirs import owned_tempdir
 
 from .base import ESCALATED, RUN_STATUSES, WORKER_DIED, ExecResult, ready
-from .worker import _HDR, ESCALATE_EXIT, REPORT, REQUEST  # the result's length prefix; a run's request and report
+from .stored import ESCALATE_EXIT
+from .worker import _HDR, REPORT, REQUEST  # the result's length prefix (pack_result); a run's request and report
 
 WORKER_PY = Path(__file__).with_name("worker.py")
 # The worker's source compiled under its bare name, so that no frame of it names the install path (ambient.py); its
@@ -124,6 +125,8 @@ class WorkerHandle:
                 *py]
 
     def start(self) -> None:
+        if getattr(self.ex, "_closed", False):  # a run finishing after close (an interrupted caller's): no worker
+            raise RuntimeError("executor is closed")
         c, mode = self.ex.config, self.ex.mode
         # named after this process, so a run killed with -9 does not leave them behind for good (lorapop/tmpdirs.py)
         self.root = str(owned_tempdir(SANDBOX_PREFIX))
@@ -140,8 +143,9 @@ class WorkerHandle:
             "uid": self.uid, "mechanism": mode["mechanism"], "seccomp": c.seccomp,
             "drop_caps": mode["mechanism"] == "userns" and c.drop_privileges, "uts": mode["mechanism"] != "none",
             "root": None if chroot else self.root, "chroot": chroot,
-            "preload": list(c.lean_preload) if self.lean else [*c.preload, *codecs[1]], "stored": codecs[0],
-            "escalate": self.lean,
+            "preload": [m for m in c.lean_preload if m in c.preload] if self.lean else [*c.preload, *codecs[1]],
+            "stored": codecs[0],
+            "escalate": self.lean, "pad_to": self.ex.full_vm() if self.lean else 0,
             "env": {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC"},
         }
         # TZ: the time module reads the zone when the worker imports it, before the chroot hides the host's
@@ -167,6 +171,9 @@ class WorkerHandle:
             self.kill()
             raise RuntimeError(f"sandbox worker failed to start: {err.strip() or 'no hello'}")
         self.info = hello
+        if getattr(self.ex, "_closed", False):  # closed while this one started: close may have passed it already
+            self.kill()
+            raise RuntimeError("executor is closed")
 
     def _recv(self, deadline: float) -> dict | None:
         """The worker's next report, or None when it ended or the deadline passed."""
@@ -350,7 +357,7 @@ class WorkerHandle:
 
 
 def escalated(report: dict) -> bool:
-    """Whether a lean worker's run ended at an import its worker lacks (worker.py, _Escalate): the exit code alone
+    """Whether a lean worker's run ended at an import its worker lacks (stored.py, Escalate): the exit code alone
     decides, whatever the run wrote, so the full worker's run is the only one that counts. A program that exits so
     on its own gets the same: its run again on a full worker, where that exit is a crash like any other."""
     st = int(report.get("wstatus") or 0)

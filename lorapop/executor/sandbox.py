@@ -55,6 +55,7 @@ even with the opt-out.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import random
@@ -104,14 +105,12 @@ class SandboxExecutor:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the main thread's calls, for the runner (_off_main)
         self._runner: threading.Thread | None = None
+        self._full_vm: int | None = None  # a full worker's address space as it begins serving (full_vm)
         self._pools: dict[tuple[int, bool], queue.Queue] = {}  # (hash seed, lean)
         self._all: list[WorkerHandle] = []
         self._closed = False
         self._hello_checked = False
         self.hashseeds = resolve_hashseeds(self.config)
-        extra = sorted(set(self.config.lean_preload) - set(self.config.preload))
-        if extra:
-            self.config.validate()  # refuses it, saying what to change
         self.mode = self._probe_mode()
         c = self.config  # programs compiled for their runs in a helper, under the runs' memory limit (compiler.py)
         self.compiler = Compiler(c.python or sys.executable, int(c.memory_mb) << 20, min(0.2, float(c.timeout_s)))
@@ -164,6 +163,20 @@ class SandboxExecutor:
         there a worker imports from the host's files anyway, and its runs share the caller's process count, which
         twice the workers would eat into (RLIMIT_NPROC where runs may fork)."""
         return bool(self.config.lean_preload) and self.mode["mechanism"] != "none"
+
+    def full_vm(self) -> int:
+        """The address space a full worker holds as it begins serving (its hello), which each lean worker fills its
+        own up to: a run's RLIMIT_AS counts its worker's mappings, and a lean run with more room than a full one
+        had allocations succeed that fail there (a student's unused import then failed it). Starts a full worker
+        of the default seed the first time."""
+        if self._full_vm is None:
+            pool = self._pool(self._default_seed())
+            w = pool.get()
+            try:
+                self._full_vm = int(self._started(w).info.get("vm_bytes") or 0)
+            finally:
+                pool.put(w)
+        return self._full_vm
 
     def _default_seed(self) -> int:
         return int(self.config.default_hashseed or self.hashseeds[0])
@@ -228,16 +241,13 @@ class SandboxExecutor:
         The hand-off is one put on a queue (a single call) and a wait."""
         if threading.current_thread() is not threading.main_thread():
             return fn(*args)
-        box: list = [None, None]
-        done = threading.Event()
+        answer: queue.SimpleQueue = queue.SimpleQueue()  # put and get are single calls: no lock an interrupt keeps
 
         def job() -> None:
             try:
-                box[0] = fn(*args)
+                answer.put((True, fn(*args)))
             except BaseException as exc:  # noqa: BLE001 - the caller's, raised where it waits
-                box[1] = exc
-            finally:
-                done.set()
+                answer.put((False, exc))
 
         with self._lock:
             if self._closed:
@@ -245,11 +255,18 @@ class SandboxExecutor:
             if self._runner is None or not self._runner.is_alive():
                 self._runner = threading.Thread(target=self._serve_jobs, name="lorapop-sandbox-runner", daemon=True)
                 self._runner.start()
+            runner = self._runner
         self._jobs.put(job)
-        done.wait()
-        if box[1] is not None:
-            raise box[1]
-        return box[0]
+        while True:
+            try:
+                ok, value = answer.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not runner.is_alive():  # closed by another thread after the check above: the job never ran
+                    raise RuntimeError("executor is closed") from None
+        if not ok:
+            raise value
+        return value
 
     def _serve_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -306,7 +323,10 @@ class SandboxExecutor:
                                                                               max(1, int(max_result_chars)))
         res = self._run_on(self._pool(seed, True), code, t, cap) if self.lean else None
         if res is None or res.status == ESCALATED:
-            res = self._run_on(self._pool(seed, False), code, t, cap)
+            full = self._run_on(self._pool(seed, False), code, t, cap)
+            # what the run cost is both runs' time (validation's too_slow bounds it): a program that spent its
+            # clock on the lean worker and then imported had passed as half as slow as it was
+            res = full if res is None else dataclasses.replace(full, duration_s=full.duration_s + res.duration_s)
         return res
 
     def _run_on(self, pool: queue.Queue, code: str, t: float, cap: int) -> ExecResult:

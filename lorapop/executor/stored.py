@@ -1,5 +1,5 @@
-"""Modules a sandbox worker keeps compiled instead of loaded (worker.py imports this as a top-level module beside
-itself, before its chroot; standard library only).
+"""Modules a sandbox worker keeps compiled instead of loaded, and a lean worker's last finder (worker.py imports this
+as a top-level module beside itself, before its chroot; standard library only).
 
 Every page of the worker is mapped again in each run's fork, and the fork's page-table copy and the run's exit cost
 in proportion to them. The standard library's codecs (``encodings.*``, which ``str.encode`` and ``bytes.decode``
@@ -19,6 +19,7 @@ import _imp
 import os
 import sys
 
+ESCALATE_EXIT = 93  # the exit code of a lean worker's run that imported what its worker lacks (handle.py reads it)
 _bootstrap = sys.modules["_frozen_importlib"]
 _external = sys.modules["_frozen_importlib_external"]
 
@@ -60,6 +61,17 @@ class StoredModules:
         return spec
 
 
+def preimport(names):
+    """Import ``names``; returns those this install has (the rest stay out of the hello's list)."""
+    loaded = []
+    for name in names:
+        try:
+            loaded.append(__import__(name) and name)
+        except Exception:  # not on this install
+            continue
+    return loaded
+
+
 def install(names):
     """Compile the plain (non-package) modules ``names`` from their files (before the chroot) and put a finder for
     them last on ``sys.meta_path``. Returns the names stored; a name not found, a package, one already loaded or one
@@ -86,3 +98,18 @@ def install(names):
     if store:
         sys.meta_path.append(StoredModules())
     return sorted(store)
+
+
+class Escalate:
+    """The last finder of a lean worker (config ``lean_preload``): in a run's child, a module that nothing before it
+    on ``sys.meta_path`` has (nothing loads from a file after the chroot) ends the run at once, with nothing written,
+    under an exit code the trainer reads as "run it again from its start on a full worker" (sandbox.py), where the
+    import goes as it would have. Before any module it lacks, a lean worker's run is the full worker's run; the
+    worker itself never imports after its setup (and would find the module missing, as a full one would)."""
+
+    armed = False  # set in the run's child alone, once its setup is done (the filter refuses getpid to both)
+
+    def find_spec(self, name, path=None, target=None):
+        if self.armed:
+            os._exit(ESCALATE_EXIT)
+        return None

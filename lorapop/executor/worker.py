@@ -54,30 +54,14 @@ _repr, _len, _isinstance, _str = repr, len, isinstance, str  # a program that re
 _SIGCHLD = {signal.SIGCHLD}
 SIGPENDING = 16  # queued signals per run's user (RLIMIT_SIGPENDING)
 RESULT_FD = 3  # lockdown.RESULT_FD: where the result pipe is while the program runs
-ESCALATE_EXIT = 93  # base.ESCALATE_EXIT: a lean worker's run that imported what its worker lacks
 # repr(_result) as a script's last line takes it: as deep as the program's module, with the program's globals and
 # locals, the name repr looked up first as there; the repr called a constant of the code (no name a program could
 # rebind; [repr, None][1]: a callee the compiler accepts)
 _REPR = compile("[repr, None][1](_result)", "<result>", "eval")
 _REPR = _REPR.replace(co_consts=tuple(_repr if c is None else c for c in _REPR.co_consts))
 _STDIO = (sys.stdout, sys.stderr)  # kept, so a run that puts its own in their place frees nothing (28 page copies)
-_LEAN = []  # a lean worker's _Escalate, armed in each run's child
+_LEAN = []  # a lean worker's stored.Escalate, armed in each run's child, and the room it keeps (main)
 _HELD = []  # the worker's socket and health state, kept: a run's child leaves the loop's frames without freeing them
-
-
-class _Escalate:
-    """The last finder of a lean worker (config ``lean_preload``): in a run's child, a module that nothing before it
-    on ``sys.meta_path`` has (nothing loads from a file after the chroot) ends the run at once, with nothing written,
-    under an exit code the trainer reads as "run it again from its start on a full worker" (sandbox.py), where the
-    import goes as it would have. Before any module it lacks, a lean worker's run is the full worker's run; the
-    worker itself never imports after its setup (and would find the module missing, as a full one would)."""
-
-    armed = False  # set in the run's child alone, once its setup is done (the filter refuses getpid to both)
-
-    def find_spec(self, name, path=None, target=None):
-        if self.armed:
-            os._exit(ESCALATE_EXIT)
-        return None
 
 
 class _OutputLimit(BaseException):
@@ -111,7 +95,8 @@ class _CappedOut:
         return False
 
 
-def _write_all(fd, data):
+def write_all(fd, data):
+    """Every byte of ``data`` to ``fd``, in as many writes as it takes (a signal cuts a write short)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -248,7 +233,7 @@ def _child(forked):
     except BaseException as exc:
         status, error = "crashed", "sandbox setup failed: " + _describe(exc)
     try:
-        _write_all(RESULT_FD, pack_result(status, value, error))
+        write_all(RESULT_FD, pack_result(status, value, error))
     except BaseException:
         pass
     os._exit(0)
@@ -332,20 +317,6 @@ def _run_one(req, fds, cfg, state):
     return REPORT.pack(b"R", wstatus, timed_out, duration, cpu_s) + retire.encode("utf-8", "replace")
 
 
-def _preimport(names):
-    loaded = []
-    for name in names:
-        try:
-            loaded.append(__import__(name) and name)
-        except Exception:  # not on this install: it stays out of the hello's list
-            continue
-    return loaded
-
-
-def _send(ctl, obj):
-    ctl.send(json.dumps(obj).encode("utf-8"))
-
-
 def _recv_request(ctl):
     """(the request's bytes, every descriptor it carries: two pipe ends, or the caller closes them all)."""
     data, anc, _, _ = ctl.recvmsg(64, _CMSG)
@@ -366,10 +337,11 @@ def main():
         os.close(fd)
     ambient.reset_inherited()  # the trainer's umask and ignored signals: a run reads both
     import health, stored  # beside this file, found before the chroot hides them (no ctypes in them: runs may see them)
-    loaded, kept = _preimport(cfg["preload"]), stored.install(cfg.get("stored", ()))  # kept compiled, not loaded
+    loaded, kept = stored.preimport(cfg["preload"]), stored.install(cfg.get("stored", ()))  # kept compiled, not loaded
     import gc
 
-    escalate = bool(cfg.get("escalate"))  # a lean worker (handle.py)
+    lean = (int(cfg.get("pad_to") or 0),) if cfg.get("escalate") else ()  # a lean worker (handle.py): its room
+    statm = os.open("/proc/self/statm", os.O_RDONLY)  # before the chroot hides /proc: the size read below
     is_pid1 = os.getpid() == 1
     net_isolated = ambient.no_network()  # before the chroot: sockets cannot be made after the filter
     own_hostname = ambient.own_hostname(cfg)
@@ -411,14 +383,11 @@ def main():
                "dumpable_after_setuid": dumpable_after_setuid, "nondumpable": ambient.nondumpable}
     hello = {"hello": True, "compiler": compiler_id(), "pid1": is_pid1, "chroot": chrooted, "drop_uid": drop,
              "uid": cfg["uid"], "nproc": nproc, "net_isolated": net_isolated, "own_hostname": own_hostname,
-             "hashseed": hashseed, "preloaded": loaded, "lean": escalate,
+             "hashseed": hashseed, "preloaded": loaded, "lean": bool(lean),
              "importable": sorted({*sys.modules, *kept} - {"__main__", "ambient", "health", "stored"}), **locked}
     del cfg, loaded, locked, kept
     os.dup2(1, 2)  # nothing a run writes reaches the trainer's error file
     ambient.hide_interpreter(chrooted)
-    if escalate:
-        _LEAN.append(_Escalate())
-        sys.meta_path.append(_LEAN[0])
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in forked children
     per_run = [resource.RLIMIT_CPU, *([resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_RSS]
@@ -426,10 +395,22 @@ def main():
     state = health.baseline("/" if chrooted else work, fork_probe=is_pid1 and nproc > 1, own_fs=chrooted,
                             per_run=per_run)
     state["check"] = health.check
-    _send(ctl, hello)
+    hello["vm_bytes"] = ambient.address_space(statm)
+    for pad_to in lean:
+        _go_lean(stored.Escalate(), pad_to - hello["vm_bytes"])
+    ctl.send(json.dumps(hello).encode("utf-8"))
     _HELD.extend((ctl, state))  # nothing a run could not read itself (health.baseline); not the config
     del hello
     return ctl, run_cfg, state
+
+
+def _go_lean(finder, pad):
+    """A lean worker's last finder (stored.Escalate) and room: a run's RLIMIT_AS counts its worker's mappings, so it
+    fills its address space (never memory: calloc'd pages no one touches) up to a full worker's by ``pad`` bytes."""
+    _LEAN.append(finder)
+    sys.meta_path.append(finder)
+    if pad > 0:
+        _LEAN.append(bytes(pad))
 
 
 def _serve(ctl, run_cfg, state):
@@ -452,7 +433,7 @@ def _serve_one(ctl, run_cfg, state):
     if len(fds) != 2:
         for fd in fds:
             os.close(fd)
-        _send(ctl, {"error": "a run request carries two pipe ends"})
+        ctl.send(b'{"error": "a run request carries two pipe ends"}')
         return True
     try:
         resp = _run_one(REQUEST.unpack(data), fds, run_cfg, state)
