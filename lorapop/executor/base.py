@@ -92,7 +92,7 @@ class ExecutorConfig:
                                         "worker lacks (a codec's module included) is run again from its start on a "
                                         "worker with all of preload and the codecs, and only that run counts. A "
                                         "smaller worker forks and exits faster (each run copies its page tables and "
-                                        "tears them down): about a tenth of a validated task's CPU. Empty: every "
+                                        "tears them down): 5-8% of a validated task's time. Empty: every "
                                         "run on the full workers (docs/METHOD.md, \"The sandbox\")")
     ray: bool = doc(False, "run validation and checking jobs on Ray executor actors "
                          "(any node of engine.ray_address's cluster, or a local Ray), "

@@ -39,6 +39,10 @@ directly (mechanism "root"), as anyone else inside a user namespace whose only u
 * **Scrubbed environment**: the worker starts with only PATH, LC_ALL and PYTHONHASHSEED; runs see PATH and LC_ALL.
 * **Hash seeds.** Workers are pooled per PYTHONHASHSEED (fixed at interpreter start), started lazily; the executor's
   three seeds (``hashseeds``) are drawn at random unless the config names them.
+* **Lean workers first.** Per seed, a pool of lean workers (``lean_preload`` only) takes every run first, and a pool
+  of full ones the runs that import what a lean worker lacks, again from their start (docs/METHOD.md).
+* **Never on the main thread.** Python raises a signal handler's exception (Ctrl-C) on the main thread only, between
+  any two steps; the executor's steps run on other threads, so an interrupt ends a caller's wait, not a step.
 
 Not pre-imported on purpose: modules that pull in `random` or `threading` (statistics, queue, secrets...): their
 at-fork hooks cost about a millisecond per run, and both are on the banned list anyway.
@@ -201,7 +205,7 @@ class SandboxExecutor:
             try:
                 w.start()
             except RuntimeError as exc:
-                if self.mode["mechanism"] == "none":
+                if self.mode["mechanism"] == "none" or self._closed:  # closed: no namespace is to blame
                     raise
                 what = "user namespaces refused" if self.mode["mechanism"] == "userns" else "namespaces refused"
                 self._degrade(f"{what} ({exc}); running without namespaces")
@@ -324,9 +328,10 @@ class SandboxExecutor:
         res = self._run_on(self._pool(seed, True), code, t, cap) if self.lean else None
         if res is None or res.status == ESCALATED:
             full = self._run_on(self._pool(seed, False), code, t, cap)
-            # what the run cost is both runs' time (validation's too_slow bounds it): a program that spent its
-            # clock on the lean worker and then imported had passed as half as slow as it was
-            res = full if res is None else dataclasses.replace(full, duration_s=full.duration_s + res.duration_s)
+            # the longer of the two runs (validation's too_slow bounds it): a program that spun on the lean worker
+            # alone and then imported had been charged its full run's time; an honest one, whose two runs do the
+            # same work up to the import, is charged what it costs without lean workers
+            res = full if res is None else dataclasses.replace(full, duration_s=max(full.duration_s, res.duration_s))
         return res
 
     def _run_on(self, pool: queue.Queue, code: str, t: float, cap: int) -> ExecResult:
