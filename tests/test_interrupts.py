@@ -208,3 +208,22 @@ def test_a_call_waiting_when_another_thread_closes_is_told(monkeypatch):
     with pytest.raises(RuntimeError, match="closed"):
         ex.run("_result = 1")
     assert time.monotonic() - t0 < 10
+
+
+def test_a_run_that_meets_the_close_raises_rather_than_judges():
+    """A run on another thread when close lands: it raises, so no check scores the close as the program's crash."""
+    ex = SandboxExecutor(ExecutorConfig(n_workers=1, timeout_s=3.0, require_isolation=ROOT))
+    ex.run("_result = 0")
+    got = []
+
+    def runner():
+        try:
+            got.append(ex.run("while True:\n    pass"))
+        except RuntimeError as exc:
+            got.append(exc)
+    th = threading.Thread(target=runner)
+    th.start()
+    time.sleep(0.3)
+    ex.close()
+    th.join(10)
+    assert len(got) == 1 and isinstance(got[0], RuntimeError) and "closed" in str(got[0]), got

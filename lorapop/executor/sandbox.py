@@ -63,6 +63,7 @@ import dataclasses
 import os
 import queue
 import random
+import re
 import shutil
 import sys
 import threading
@@ -80,6 +81,8 @@ UID_LO, UID_HI = 3_000_000_000, 3_000_000_000 + (1 << 22)
 _UIDS = random.SystemRandom()
 _UIDS_TAKEN: set[int] = set()  # by the workers of every executor of this process
 _UIDS_LOCK = threading.Lock()
+# the modules a program's text imports (an approximation: a name it misses is caught when the run imports it)
+_IMPORTS = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b|import[ \t]+([\w.]+(?:[ \t]*,[ \t]*[\w.]+)*))", re.M)
 ROOT_CAPS = {"chown": 0, "kill": 5, "setgid": 6, "setuid": 7, "sys_chroot": 18, "sys_admin": 21}
 
 USERNS_FIX = ("Run as root, or let ordinary users create user namespaces (sysctl user.max_user_namespaces > 0; "
@@ -110,6 +113,7 @@ class SandboxExecutor:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the main thread's calls, for the runner (_off_main)
         self._runner: threading.Thread | None = None
         self._full_vm: int | None = None  # a full worker's address space as it begins serving (full_vm)
+        self._lean_modules: frozenset[str] | None = None  # what a lean worker can import (its hello)
         self._pools: dict[tuple[int, bool], queue.Queue] = {}  # (hash seed, lean)
         self._all: list[WorkerHandle] = []
         self._closed = False
@@ -216,6 +220,8 @@ class SandboxExecutor:
             except IsolationError:
                 w.kill()  # never left running to serve a later call unchecked
                 raise
+            if w.lean and self._lean_modules is None:
+                self._lean_modules = frozenset(w.info.get("importable") or ())
         return w
 
     def _check_hello(self, info: dict) -> None:
@@ -325,14 +331,25 @@ class SandboxExecutor:
         t = float(timeout_s if timeout_s is not None else self.config.timeout_s)
         cap = self.config.max_repr_chars if max_result_chars is None else min(self.config.max_repr_chars,
                                                                               max(1, int(max_result_chars)))
-        res = self._run_on(self._pool(seed, True), code, t, cap) if self.lean else None
+        res = self._run_on(self._pool(seed, True), code, t, cap) if self.lean and not self._needs_full(code) else None
         if res is None or res.status == ESCALATED:
             full = self._run_on(self._pool(seed, False), code, t, cap)
-            # the longer of the two runs (validation's too_slow bounds it): a program that spun on the lean worker
-            # alone and then imported had been charged its full run's time; an honest one, whose two runs do the
-            # same work up to the import, is charged what it costs without lean workers
-            res = full if res is None else dataclasses.replace(full, duration_s=max(full.duration_s, res.duration_s))
+            # an import no text showed (a codec, a computed name): the run cost both runs' time, and is charged it
+            # (validation's too_slow bounds it; a program that spun on the lean worker alone had passed as half as
+            # slow as it was); an import the text shows never meets the lean worker (_needs_full)
+            res = full if res is None else dataclasses.replace(full, duration_s=full.duration_s + res.duration_s)
         return res
+
+    def _needs_full(self, code: str) -> bool:
+        """Whether the program's text imports a module a lean worker lacks: its run goes to a full worker at once,
+        since on a lean one it would end at that import, after doing the work before it for nothing (charged both
+        runs' time, an honest late import was billed twice). Only a routing: a lean worker's run that imports what
+        it lacks is run again on a full worker whatever the text showed."""
+        lean = self._lean_modules
+        if lean is None or "import" not in code:
+            return False
+        return any(name.strip() not in lean
+                   for a, b in _IMPORTS.findall(code) for name in ((a,) if a else b.split(",")))
 
     def _run_on(self, pool: queue.Queue, code: str, t: float, cap: int) -> ExecResult:
         w = pool.get()
@@ -346,6 +363,8 @@ class SandboxExecutor:
         except IsolationError:  # not a failure of this program: no program may run
             raise
         except Exception as exc:  # a worker that cannot start must not take the caller down
+            if self._closed:  # nor judged by it: a run that met the close is no verdict (a check scored it)
+                raise
             return ExecResult("crashed", None, f"sandbox: {type(exc).__name__}: {exc}"[:300], 0.0)
         finally:
             pool.put(w)
