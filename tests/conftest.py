@@ -51,6 +51,28 @@ def embedded_model():
 # suite time per processor"). Files are ordered by their seconds in tests/durations.json (a recorded run:
 # scripts/test_durations.py); a file not in it goes first, since it may be long and a short file early costs
 # nothing. Within a file the order is unchanged.
+@pytest.fixture
+def many_files():
+    """1,100 descriptors held open for the test (select refuses any numbered past 1,023): what a trainer holding an
+    engine's and Ray's files looks like; skipped where this process may not hold that many."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not hold 1,200 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while len(held) < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        yield held
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def pytest_collection_modifyitems(session, config, items):
     import json
 
